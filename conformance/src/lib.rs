@@ -1,0 +1,1 @@
+//! Black-box harness for driving the tether binaries the way runtimes do.

@@ -1,0 +1,155 @@
+//! Running a delegated plugin (IPAM) the way libcni's `invoke` does: found in CNI_PATH, given the
+//! original stdin bytes and the same environment, its result or error handed back unchanged.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command as Process, Stdio};
+
+use crate::env::Command;
+use crate::error::{CniError, code};
+use crate::result::CniResult;
+
+/// Where to look and what to hand over.
+#[derive(Debug, Clone)]
+pub struct Delegation<'a> {
+    /// CNI_PATH entries.
+    pub path: &'a [PathBuf],
+    /// The caller's whole environment; CNI_COMMAND is replaced per call.
+    pub vars: &'a HashMap<String, String>,
+    /// The stdin bytes the caller received.
+    pub stdin: &'a [u8],
+}
+
+impl Delegation<'_> {
+    /// The first executable named `plugin` in CNI_PATH.
+    pub fn find(&self, plugin: &str) -> Result<PathBuf, CniError> {
+        if plugin.is_empty() || plugin.contains('/') || plugin == "." || plugin == ".." {
+            return Err(CniError::invalid_config(format!("plugin type {plugin:?} is not a plain binary name")));
+        }
+        if self.path.is_empty() {
+            return Err(CniError::invalid_env(format!("CNI_PATH is not set; it is needed to find the {plugin:?} plugin")));
+        }
+        self.path
+            .iter()
+            .map(|dir| dir.join(plugin))
+            .find(|p| is_executable(p))
+            .ok_or_else(|| {
+                let dirs: Vec<String> = self.path.iter().map(|p| p.display().to_string()).collect();
+                CniError::new(code::DELEGATE_FAILED, format!("plugin {plugin:?} not found in CNI_PATH"))
+                    .with_details(format!("searched {}; install it there (e.g. /opt/cni/bin)", dirs.join(":")))
+            })
+    }
+
+    /// Run `plugin` for `command`; Ok holds its stdout.
+    pub fn exec(&self, plugin: &str, command: Command) -> Result<Vec<u8>, CniError> {
+        let bin = self.find(plugin)?;
+        let mut child = Process::new(&bin)
+            .env_clear()
+            .envs(self.vars.iter())
+            .env("CNI_COMMAND", command.as_str())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| {
+                CniError::new(code::DELEGATE_FAILED, format!("cannot execute {}: {e}", bin.display()))
+            })?;
+        // A plugin that exits without reading stdin gives EPIPE here; its exit status tells the story.
+        let _ = child.stdin.take().expect("piped").write_all(self.stdin);
+        let out = child
+            .wait_with_output()
+            .map_err(|e| CniError::new(code::DELEGATE_FAILED, format!("waiting for {}: {e}", bin.display())))?;
+        if !out.stderr.is_empty() {
+            // The delegate's log lines stay logs: ours go to stderr too.
+            log::debug!("{plugin} {}: {}", command.as_str(), String::from_utf8_lossy(&out.stderr).trim_end());
+        }
+        if out.status.success() {
+            return Ok(out.stdout);
+        }
+        // The delegate's error object goes back unchanged: its code and message are the useful part.
+        if let Ok(e) = serde_json::from_slice::<CniError>(&out.stdout) {
+            return Err(e);
+        }
+        let text = if out.stdout.is_empty() { &out.stderr } else { &out.stdout };
+        Err(CniError::new(
+            code::DELEGATE_FAILED,
+            format!("{plugin} {} failed ({})", command.as_str(), out.status),
+        )
+        .with_details(String::from_utf8_lossy(text).trim().to_string()))
+    }
+
+    /// ADD through the delegate, reading its Result in whatever layout it printed.
+    pub fn add(&self, plugin: &str) -> Result<CniResult, CniError> {
+        let stdout = self.exec(plugin, Command::Add)?;
+        CniResult::from_slice(&stdout).map_err(|e| {
+            CniError::new(code::DELEGATE_FAILED, format!("{plugin} ADD printed an unreadable result: {e}"))
+        })
+    }
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn script(dir: &Path, name: &str, body: &str) {
+        let p = dir.join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    fn tempdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("tether-delegate-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn passes_stdin_and_env_and_reads_result() {
+        let d = tempdir("ok");
+        // Echo stdin back as part of a result, proving the bytes arrived unchanged.
+        script(&d, "fake", r#"in=$(cat); [ "$CNI_COMMAND" = ADD ] || exit 9; [ "$CNI_CONTAINERID" = c1 ] || exit 8; printf '{"cniVersion":"1.1.0","ips":[{"address":"10.0.0.2/24"}],"dns":{"domain":"%s"}}' "$(printf %s "$in" | md5sum | cut -c1-8)""#);
+        let vars: HashMap<String, String> = [("CNI_CONTAINERID".to_string(), "c1".to_string())].into();
+        let stdin = br#"{"odd": "bytes",   "kept":true}"#;
+        let path = vec![PathBuf::from("/nonexistent"), d.clone()];
+        let r = Delegation { path: &path, vars: &vars, stdin }.add("fake").unwrap();
+        assert_eq!(r.ips[0].address.to_string(), "10.0.0.2/24");
+        let expect = {
+            let out = Process::new("sh").arg("-c").arg("printf %s \"$0\" | md5sum | cut -c1-8").arg(std::str::from_utf8(stdin).unwrap()).output().unwrap();
+            String::from_utf8(out.stdout).unwrap().trim().to_string()
+        };
+        assert_eq!(r.dns.domain.as_deref(), Some(expect.as_str()));
+    }
+
+    #[test]
+    fn delegate_error_comes_back_unchanged() {
+        let d = tempdir("err");
+        script(&d, "fake", r#"cat >/dev/null; echo '{"cniVersion":"1.1.0","code":102,"msg":"range 10.0.0.0/30 exhausted","details":"2 leased"}'; exit 1"#);
+        let vars = HashMap::new();
+        let path = vec![d.clone()];
+        let e = Delegation { path: &path, vars: &vars, stdin: b"{}" }.add("fake").unwrap_err();
+        assert_eq!((e.code, e.msg.as_str(), e.details.as_str()), (102, "range 10.0.0.0/30 exhausted", "2 leased"));
+        script(&d, "crash", "echo boom >&2; exit 3");
+        let e = Delegation { path: &path, vars: &vars, stdin: b"{}" }.exec("crash", Command::Del).unwrap_err();
+        assert_eq!(e.code, code::DELEGATE_FAILED);
+        assert!(e.details.contains("boom"));
+    }
+
+    #[test]
+    fn missing_plugin_names_it_and_the_path() {
+        let vars = HashMap::new();
+        let path = vec![PathBuf::from("/nonexistent-dir")];
+        let e = Delegation { path: &path, vars: &vars, stdin: b"{}" }.find("tether-ipam").unwrap_err();
+        assert_eq!(e.code, code::DELEGATE_FAILED);
+        assert!(e.msg.contains("tether-ipam") && e.details.contains("/nonexistent-dir"));
+        assert_eq!(Delegation { path: &[], vars: &vars, stdin: b"{}" }.find("x").unwrap_err().code, 4);
+        assert_eq!(Delegation { path: &path, vars: &vars, stdin: b"{}" }.find("../x").unwrap_err().code, 7);
+    }
+}

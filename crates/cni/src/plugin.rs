@@ -1,0 +1,307 @@
+//! The dispatcher every tether binary runs: read the environment and stdin, validate, call the plugin
+//! for the verb, print exactly one Result or one error on stdout.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use crate::config::{NetConf, sniff_version};
+use crate::delegate::Delegation;
+use crate::env::{Command, Env};
+use crate::error::{CniError, code};
+use crate::result::CniResult;
+use crate::version::{self, LATEST, SUPPORTED, Version};
+
+/// One validated invocation.
+#[derive(Debug)]
+pub struct Request {
+    pub env: Env,
+    pub conf: NetConf,
+    /// The whole environment, for handing to a delegate unchanged.
+    pub vars: HashMap<String, String>,
+}
+
+impl Request {
+    pub fn delegation(&self) -> Delegation<'_> {
+        Delegation { path: &self.env.path, vars: &self.vars, stdin: &self.conf.raw }
+    }
+}
+
+/// A CNI plugin: one method per verb. VERSION and all input validation are handled by [`dispatch`].
+pub trait Plugin {
+    /// Binary name, for logs and the "about" line.
+    fn name(&self) -> &'static str;
+    fn add(&self, req: &Request) -> Result<CniResult, CniError>;
+    fn del(&self, req: &Request) -> Result<(), CniError>;
+    fn check(&self, req: &Request) -> Result<(), CniError>;
+    fn status(&self, req: &Request) -> Result<(), CniError>;
+    fn gc(&self, req: &Request) -> Result<(), CniError>;
+}
+
+/// Run as a CNI plugin with the process's environment and standard streams, then exit.
+pub fn run_main<P: Plugin>(plugin: &P) -> ! {
+    crate::logging::install(plugin.name());
+    // A panic becomes a CNI error below; the hook only logs it, without a backtrace on the runtime's stderr.
+    std::panic::set_hook(Box::new(|info| log::error!("internal error: {info}")));
+    let vars: HashMap<String, String> = std::env::vars().collect();
+    let status = dispatch(plugin, &vars, &mut std::io::stdin().lock(), &mut std::io::stdout().lock(), &mut std::io::stderr());
+    std::process::exit(status)
+}
+
+/// Everything [`run_main`] does, with injectable streams so it is unit-tested. Returns the exit status.
+pub fn dispatch<P: Plugin>(
+    plugin: &P,
+    vars: &HashMap<String, String>,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> i32 {
+    let command = match vars.get("CNI_COMMAND").map(String::as_str) {
+        None | Some("") => {
+            let _ = writeln!(stderr, "{}: CNI plugin {}; supported CNI versions: {}", plugin.name(), env!("CARGO_PKG_VERSION"), SUPPORTED.join(", "));
+            return 0;
+        }
+        Some(c) => c,
+    };
+    let mut raw = Vec::new();
+    if let Err(e) = stdin.read_to_end(&mut raw) {
+        return fail(stdout, LATEST, &CniError::new(code::IO, format!("reading stdin: {e}")));
+    }
+    let sniffed = sniff_version(&raw).filter(|v| !v.is_empty());
+    let Some(command) = Command::parse(command) else {
+        let e = CniError::invalid_env(format!(
+            "CNI_COMMAND {command:?} is unknown; expected ADD, DEL, CHECK, STATUS, GC or VERSION"
+        ));
+        return fail(stdout, sniffed.as_deref().unwrap_or(LATEST), &e);
+    };
+    if command == Command::Version {
+        let _ = writeln!(stdout, "{}", version::version_info(sniffed.as_deref().unwrap_or(LATEST)));
+        return 0;
+    }
+    // Errors are stamped with the config's version when it is one we speak, else the newest.
+    let stamp = sniffed.as_deref().filter(|v| Version::parse(v).is_ok()).unwrap_or(LATEST).to_string();
+
+    let outcome = run_verb(plugin, command, vars, &raw);
+    match outcome {
+        Ok(Some((result, v))) => {
+            let _ = writeln!(stdout, "{}", result.to_json(v));
+            0
+        }
+        Ok(None) => 0,
+        Err(e) => {
+            log::warn!("{} {} failed: {e}", plugin.name(), command.as_str());
+            fail(stdout, &stamp, &e)
+        }
+    }
+}
+
+/// Validate env and config for `command`, then call the plugin; a panic inside becomes an error.
+/// ADD's Result comes back with the version to print it in.
+fn run_verb<P: Plugin>(
+    plugin: &P,
+    command: Command,
+    vars: &HashMap<String, String>,
+    raw: &[u8],
+) -> Result<Option<(CniResult, Version)>, CniError> {
+    let env = Env::from_vars(command, vars)?;
+    let conf = NetConf::parse(raw)?;
+    gate_version(command, conf.version)?;
+    crate::logging::configure(&conf.value);
+    let version = conf.version;
+    let req = Request { env, conf, vars: vars.clone() };
+    let call = AssertUnwindSafe(|| match command {
+        Command::Add => plugin.add(&req).map(Some),
+        Command::Del => plugin.del(&req).map(|()| None),
+        Command::Check => plugin.check(&req).map(|()| None),
+        Command::Status => plugin.status(&req).map(|()| None),
+        Command::Gc => plugin.gc(&req).map(|()| None),
+        Command::Version => unreachable!("VERSION is answered before any validation"),
+    });
+    match catch_unwind(call) {
+        Ok(r) => r.map(|o| o.map(|res| (res, version))),
+        Err(panic) => Err(CniError::internal(format!(
+            "{} {}: internal error: {}",
+            plugin.name(),
+            command.as_str(),
+            panic_text(&panic)
+        ))),
+    }
+}
+
+/// CHECK needs 0.4.0; GC and STATUS need 1.1.0.
+fn gate_version(command: Command, v: Version) -> Result<(), CniError> {
+    let needs = match command {
+        Command::Check => Version::V0_4_0,
+        Command::Gc | Command::Status => Version::V1_1_0,
+        _ => return Ok(()),
+    };
+    if v < needs {
+        return Err(CniError::new(
+            code::INCOMPATIBLE_VERSION,
+            format!("config version {v} does not allow {}; it needs cniVersion {needs} or later", command.as_str()),
+        ));
+    }
+    Ok(())
+}
+
+fn fail(stdout: &mut dyn Write, stamp: &str, e: &CniError) -> i32 {
+    let _ = writeln!(stdout, "{}", e.to_json(stamp));
+    1
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_else(|| "panic".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::result::IpConfig;
+    use serde_json::Value;
+
+    /// Answers ADD with one address, panics when the config asks it to, fails DEL with code 7.
+    struct Fake;
+
+    impl Plugin for Fake {
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+        fn add(&self, req: &Request) -> Result<CniResult, CniError> {
+            if req.conf.value.contains_key("panic") {
+                panic!("boom at {}", req.env.ifname());
+            }
+            Ok(CniResult { ips: vec![IpConfig { address: "10.1.2.9/24".parse().unwrap(), gateway: None, interface: None }], ..Default::default() })
+        }
+        fn del(&self, _: &Request) -> Result<(), CniError> {
+            Err(CniError::invalid_config("nope"))
+        }
+        fn check(&self, _: &Request) -> Result<(), CniError> {
+            Ok(())
+        }
+        fn status(&self, _: &Request) -> Result<(), CniError> {
+            Ok(())
+        }
+        fn gc(&self, _: &Request) -> Result<(), CniError> {
+            Ok(())
+        }
+    }
+
+    struct Out {
+        status: i32,
+        stdout: String,
+        stderr: String,
+    }
+
+    impl Out {
+        fn json(&self) -> Value {
+            assert_eq!(self.stdout.lines().count(), 1, "exactly one object on stdout: {:?}", self.stdout);
+            serde_json::from_str(&self.stdout).unwrap()
+        }
+    }
+
+    fn run(cmd: Option<&str>, extra: &[(&str, &str)], stdin: &str) -> Out {
+        let mut vars: HashMap<String, String> = [("CNI_CONTAINERID", "c1"), ("CNI_NETNS", "/run/netns/p"), ("CNI_IFNAME", "net1"), ("CNI_PATH", "/opt/cni/bin")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        if let Some(c) = cmd {
+            vars.insert("CNI_COMMAND".into(), c.into());
+        }
+        for (k, v) in extra {
+            if v.is_empty() {
+                vars.remove(*k);
+            } else {
+                vars.insert(k.to_string(), v.to_string());
+            }
+        }
+        let (mut o, mut e) = (Vec::new(), Vec::new());
+        let status = dispatch(&Fake, &vars, &mut stdin.as_bytes(), &mut o, &mut e);
+        Out { status, stdout: String::from_utf8(o).unwrap(), stderr: String::from_utf8(e).unwrap() }
+    }
+
+    fn conf(v: &str) -> String {
+        format!(r#"{{"cniVersion":"{v}","name":"mgmt","type":"fake"}}"#)
+    }
+
+    #[test]
+    fn version_echoes_input_and_needs_no_attachment_env() {
+        let o = run(Some("VERSION"), &[("CNI_CONTAINERID", ""), ("CNI_NETNS", ""), ("CNI_IFNAME", "")], r#"{"cniVersion":"1.1.0"}"#);
+        assert_eq!(o.status, 0);
+        let v = o.json();
+        assert_eq!(v["cniVersion"], "1.1.0");
+        let sup: Vec<&str> = v["supportedVersions"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+        for s in ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
+            assert!(sup.contains(&s));
+        }
+        let o = run(Some("VERSION"), &[("CNI_NETNS", "dummy"), ("CNI_IFNAME", "dummy"), ("CNI_PATH", "dummy")], "");
+        assert_eq!((o.status, o.json()["cniVersion"].as_str().unwrap()), (0, "1.1.0"));
+        let o = run(Some("VERSION"), &[], r#"{"cniVersion":"0.4.0"}"#);
+        assert_eq!(o.json()["cniVersion"], "0.4.0");
+    }
+
+    #[test]
+    fn unset_command_prints_about_on_stderr_only() {
+        let o = run(None, &[], "");
+        assert_eq!(o.status, 0);
+        assert!(o.stdout.is_empty());
+        assert!(o.stderr.contains("fake") && o.stderr.contains("1.1.0"), "{}", o.stderr);
+    }
+
+    #[test]
+    fn unknown_command_is_code_4() {
+        let o = run(Some("FOO"), &[], &conf("1.1.0"));
+        assert_ne!(o.status, 0);
+        assert_eq!(o.json()["code"], 4);
+        assert!(o.json()["msg"].as_str().unwrap().contains("FOO"));
+    }
+
+    #[test]
+    fn add_prints_result_in_config_layout() {
+        for v in SUPPORTED {
+            let o = run(Some("ADD"), &[], &conf(v));
+            assert_eq!(o.status, 0, "{}", o.stdout);
+            let r = o.json();
+            assert_eq!(r["cniVersion"], *v);
+            assert_eq!(r["ips"][0].get("version").is_some(), v.starts_with('0'), "{v}");
+        }
+    }
+
+    #[test]
+    fn errors_are_one_object_with_code_and_version() {
+        let o = run(Some("ADD"), &[], "{not json");
+        assert_eq!((o.status, o.json()["code"].as_i64()), (1, Some(6)));
+        assert_eq!(o.json()["cniVersion"], LATEST);
+        let o = run(Some("ADD"), &[], r#"{"cniVersion":"9.9.9","name":"n"}"#);
+        assert_eq!(o.json()["code"], 1);
+        assert!(o.json()["details"].as_str().unwrap().contains("1.1.0"));
+        let o = run(Some("ADD"), &[("CNI_IFNAME", "")], &conf("0.4.0"));
+        assert_eq!(o.json()["code"], 4);
+        assert_eq!(o.json()["cniVersion"], "0.4.0");
+        assert!(o.json()["msg"].as_str().unwrap().contains("CNI_IFNAME"));
+        let o = run(Some("DEL"), &[], &conf("1.0.0"));
+        assert_eq!((o.status, o.json()["code"].as_i64()), (1, Some(7)));
+    }
+
+    #[test]
+    fn verb_version_gates_are_code_1() {
+        for (cmd, below) in [("CHECK", "0.3.1"), ("GC", "1.0.0"), ("STATUS", "1.0.0"), ("STATUS", "0.4.0")] {
+            let o = run(Some(cmd), &[], &conf(below));
+            assert_eq!(o.json()["code"], 1, "{cmd} at {below}");
+        }
+        for (cmd, ok) in [("CHECK", "0.4.0"), ("GC", "1.1.0"), ("STATUS", "1.1.0")] {
+            // GC and STATUS run without any attachment variables.
+            let unset: &[(&str, &str)] = if cmd == "CHECK" { &[] } else { &[("CNI_CONTAINERID", ""), ("CNI_NETNS", ""), ("CNI_IFNAME", "")] };
+            let o = run(Some(cmd), unset, &conf(ok));
+            assert_eq!((o.status, o.stdout.as_str()), (0, ""), "{cmd}");
+        }
+    }
+
+    #[test]
+    fn panic_becomes_internal_error() {
+        let o = run(Some("ADD"), &[], r#"{"cniVersion":"1.0.0","name":"n","panic":true}"#);
+        assert_eq!(o.status, 1);
+        let e = o.json();
+        assert_eq!(e["code"], 999);
+        assert!(e["msg"].as_str().unwrap().contains("boom at net1"), "{e}");
+    }
+}
