@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Everything `make test` needs on a brand-new Debian 12 machine, installed idempotently.
+# Root is assumed (CI and the lab both run as root: CNI plugins and netns need it).
+set -euo pipefail
+
+apt_pkgs=(
+  iproute2 iputils-ping kmod jq
+  qemu-system-x86                 # the lab VM (ipvlan is not in this machine's kernel)
+  golang-go golang-github-appc-cni-dev  # the libcni driver, built against Debian's real libcni
+  containernetworking-plugins     # reference ipvlan/macvlan/host-local, the baseline we test against
+)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  [[ $p == \#* ]] && continue
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "deps: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if ! command -v vng >/dev/null; then
+  echo "deps: installing virtme-ng (pip)"
+  pip install --quiet virtme-ng
+fi
+command -v cargo >/dev/null || { echo "deps: cargo is required (rustup toolchain)"; exit 1; }
