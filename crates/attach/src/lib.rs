@@ -1,0 +1,393 @@
+//! `tether-ipvlan`: attach a pod to the physical L2 network through an ipvlan sub-interface.
+//!
+//! Differences from the reference ipvlan plugin, each on purpose:
+//! - every ADD failure after the link exists removes the link and releases the IPAM lease ([`Undo`]);
+//! - DEL never resolves the master, deletes the link and releases the lease even when one of them is
+//!   already gone or fails, and reports the lease error last;
+//! - CHECK resolves the master like ADD, so it works with `master` omitted;
+//! - STATUS checks the master; GC is forwarded to IPAM; a requested MAC is refused (code 2);
+//! - `mtu` above the master's is refused before anything is created.
+
+pub mod config;
+pub mod error;
+
+use std::hash::{BuildHasher, Hasher};
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tether_cni::result::{Interface, Route as CniRoute};
+use tether_cni::{CniError, CniResult, Command, Request, code};
+use tether_link::netlink::EEXIST;
+use tether_link::{IpvlanMode, Link, NetNs, Netlink, NetnsError, Route, sysctl};
+
+pub use config::IpvlanConfig;
+pub use error::AttachError;
+
+/// How long ADD waits for IPv6 duplicate address detection before giving up. Linux needs about 1–2 s
+/// (a random delay of up to 1 s, then one solicitation and a 1 s wait).
+const DAD_WAIT: Duration = Duration::from_secs(5);
+
+/// Open CNI_NETNS, telling "gone" apart from "not a netns".
+fn open_pod_netns(path: &Path) -> Result<NetNs, AttachError> {
+    NetNs::open(path).map_err(|e| match e {
+        NetnsError::Missing { path } => AttachError::NetnsMissing { path },
+        other @ NetnsError::NotANetns { .. } => AttachError::NetnsInvalid(other),
+        other => AttachError::Netns(other),
+    })
+}
+
+/// The master link: `master`, else the chained prevResult's interface, else the default route's
+/// interface — looked up in the pod netns under `linkInContainer`, in the host netns otherwise.
+fn resolve_master(cfg: &IpvlanConfig, prev: Option<&CniResult>, host: &Netlink, pod: &Netlink) -> Result<Link, AttachError> {
+    let (nl, place) = if cfg.link_in_container { (pod, "in the pod network namespace") } else { (host, "on the host") };
+    let name = match &cfg.master {
+        Some(m) => Some(m.clone()),
+        None => IpvlanConfig::chained_master(prev)?,
+    };
+    match name {
+        Some(name) => nl.link_by_name(&name)?.ok_or(AttachError::MasterMissing { name, place }),
+        None => nl.default_route_link()?.ok_or(AttachError::NoDefaultRoute { place: if cfg.link_in_container { "the pod network namespace" } else { "the host" } }),
+    }
+}
+
+/// An ipvlan slave cannot carry its own MAC, so a requested one is refused rather than ignored.
+fn reject_requested_mac(req: &Request) -> Result<(), AttachError> {
+    if let Some(mac) = req.conf.runtime_config("mac") {
+        let value = mac.as_str().map(str::to_string).unwrap_or_else(|| mac.to_string());
+        if !value.is_empty() {
+            return Err(AttachError::Unsupported { field: "runtimeConfig.mac", value });
+        }
+    }
+    if let Some(mac) = req.env.args.get("MAC").filter(|m| !m.is_empty()) {
+        return Err(AttachError::Unsupported { field: "CNI_ARGS MAC", value: mac.to_string() });
+    }
+    Ok(())
+}
+
+/// A name no one else uses: the link is born under it in the pod netns and renamed there, so a clash
+/// with a host interface of the same name (older kernels check the creating netns) cannot happen.
+fn temporary_name() -> String {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    format!("tth{:08x}", h.finish() as u32)
+}
+
+/// Undoes a partial ADD when dropped armed: removes the link, then releases the lease. Errors here are
+/// logged, not returned: the ADD's own error is what the runtime must see.
+struct Undo<'a> {
+    req: &'a Request,
+    pod: &'a Netlink,
+    link: Option<u32>,
+    ipam: Option<String>,
+    armed: bool,
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Some(index) = self.link
+            && let Err(e) = self.pod.delete_link(index)
+        {
+            log::error!("rollback: removing the half-made link #{index}: {e}");
+        }
+        if let Some(plugin) = &self.ipam
+            && let Err(e) = self.req.delegation().exec(plugin, Command::Del)
+        {
+            log::error!("rollback: releasing the lease through {plugin}: {e}");
+        }
+    }
+}
+
+/// ADD: create, rename, address, raise, announce. Nothing is left behind on failure.
+pub fn add(req: &Request) -> Result<CniResult, AttachError> {
+    let cfg = IpvlanConfig::from_conf(&req.conf)?;
+    reject_requested_mac(req)?;
+    let prev = req.conf.prev_result.as_ref();
+    if cfg.ipam_type.is_none() && prev.is_none_or(|p| p.ips.is_empty()) {
+        return Err(AttachError::IpamRequired);
+    }
+    let netns_path = req.env.netns.as_deref().expect("ADD validated CNI_NETNS");
+    let ifname = req.env.ifname();
+    let ns = open_pod_netns(netns_path)?;
+    let rt = Netlink::runtime()?;
+    let host = Netlink::current(&rt)?;
+    let pod = Netlink::in_netns(&rt, &ns)?;
+
+    let master = resolve_master(&cfg, prev, &host, &pod)?;
+    if let (Some(mtu), Some(master_mtu)) = (cfg.mtu, master.mtu)
+        && mtu > master_mtu
+    {
+        return Err(AttachError::MtuTooLarge { mtu, master: master.name.clone(), master_mtu });
+    }
+    if pod.link_by_name(ifname)?.is_some() {
+        return Err(AttachError::IfnameExists { ifname: ifname.to_string(), netns: netns_path.to_owned() });
+    }
+
+    // Under linkInContainer the master is in the pod netns already: create there, no move.
+    let (creator, target) = if cfg.link_in_container { (&pod, None) } else { (&host, Some(&ns)) };
+    let mut tmp = temporary_name();
+    let mut attempts = 0;
+    loop {
+        match creator.create_ipvlan(&tmp, master.index, cfg.mode, cfg.flag, cfg.mtu, target) {
+            Ok(()) => break,
+            Err(e) if e.errno() == Some(EEXIST) && attempts < 3 => {
+                attempts += 1;
+                tmp = temporary_name();
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut undo = Undo { req, pod: &pod, link: None, ipam: None, armed: true };
+    let link = pod.link_by_name(&tmp)?.ok_or_else(|| AttachError::Check(format!("the new link {tmp} vanished from the pod netns")))?;
+    undo.link = Some(link.index);
+    pod.rename(link.index, ifname).map_err(|e| match e.errno() {
+        Some(EEXIST) => AttachError::IfnameExists { ifname: ifname.to_string(), netns: netns_path.to_owned() },
+        _ => e.into(),
+    })?;
+
+    let mut result = match &cfg.ipam_type {
+        Some(plugin) => {
+            // Armed before the call: a failed delegate ADD is followed by its DEL, as the spec asks.
+            undo.ipam = Some(plugin.clone());
+            req.delegation().add(plugin).map_err(AttachError::Cni)?
+        }
+        None => prev.cloned().unwrap_or_default(),
+    };
+    if result.ips.is_empty() {
+        return Err(AttachError::NoAddresses { plugin: cfg.ipam_type.clone().unwrap_or_else(|| "prevResult".into()) });
+    }
+
+    configure(&ns, &pod, &link, ifname, &result)?;
+
+    result.interfaces = vec![Interface {
+        name: ifname.to_string(),
+        mac: link.mac_string(),
+        mtu: link.mtu,
+        sandbox: Some(netns_path.display().to_string()),
+        ..Default::default()
+    }];
+    for ip in &mut result.ips {
+        ip.interface = Some(0);
+    }
+    if result.dns.is_empty()
+        && let Some(dns) = &cfg.dns
+    {
+        result.dns = dns.clone();
+    }
+    undo.armed = false;
+    Ok(result)
+}
+
+/// Sysctls, addresses, link up, IPv6 DAD, routes — in the pod netns.
+fn configure(ns: &NetNs, pod: &Netlink, link: &Link, ifname: &str, result: &CniResult) -> Result<(), AttachError> {
+    let name = ifname.to_string();
+    ns.run(move || {
+        // Announce on link-up and on address changes, so peers drop stale entries when an address moves.
+        if let Err(e) = sysctl::set_interface("ipv4", &name, "arp_notify", "1") {
+            log::warn!("{e}");
+        }
+        // Absent when IPv6 is disabled in the pod; nothing to announce then.
+        if let Err(e) = sysctl::set_interface("ipv6", &name, "ndisc_notify", "1")
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            log::warn!("{e}");
+        }
+    })?;
+    for ip in &result.ips {
+        pod.add_address(link.index, ip.address)?;
+    }
+    pod.set_up(link.index)?;
+    wait_for_dad(pod, link.index, ifname, result)?;
+    for r in &result.routes {
+        let gateway = r.gw.or_else(|| same_family_gateway(result, r));
+        let route = Route { dst: r.dst, gateway, oif: Some(link.index), priority: r.priority, table: r.table };
+        match pod.add_route(&route) {
+            Err(e) if e.errno() == Some(EEXIST) => log::info!("route to {} already present", r.dst),
+            other => other?,
+        }
+    }
+    Ok(())
+}
+
+/// A route without `gw` goes through the gateway of the same family, as the reference plugins do.
+fn same_family_gateway(result: &CniResult, r: &CniRoute) -> Option<IpAddr> {
+    result.ips.iter().filter_map(|ip| ip.gateway).find(|g| g.is_ipv4() == r.dst.addr().is_ipv4())
+}
+
+/// Return only once every IPv6 address has left the tentative state, so the pod can use it at once.
+fn wait_for_dad(pod: &Netlink, index: u32, ifname: &str, result: &CniResult) -> Result<(), AttachError> {
+    let wanted: Vec<_> = result.ips.iter().map(|i| i.address).filter(|a| a.addr().is_ipv6()).collect();
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let start = Instant::now();
+    loop {
+        let addrs = pod.addresses(index)?;
+        let mut pending = None;
+        for w in &wanted {
+            match addrs.iter().find(|a| a.address.addr() == w.addr()) {
+                Some(a) if a.dad_failed => return Err(AttachError::DadFailed { address: w.to_string(), ifname: ifname.to_string() }),
+                Some(a) if a.tentative => pending = Some(*w),
+                _ => {}
+            }
+        }
+        let Some(p) = pending else { return Ok(()) };
+        if start.elapsed() >= DAD_WAIT {
+            return Err(AttachError::DadTimeout { address: p.to_string(), ifname: ifname.to_string(), waited_ms: DAD_WAIT.as_millis() as u64 });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// DEL: remove the link if it is there, release the lease through IPAM, succeed when both are already
+/// gone. Never resolves the master, so a missing master or default route cannot make DEL fail.
+pub fn del(req: &Request) -> Result<(), AttachError> {
+    let ifname = req.env.ifname();
+    let mut link_error = None;
+    if let Some(path) = req.env.netns.as_deref() {
+        match NetNs::open(path) {
+            Ok(ns) => {
+                if let Err(e) = delete_pod_link(&ns, ifname) {
+                    log::error!("DEL: removing {ifname} in {}: {e}", path.display());
+                    link_error = Some(e);
+                }
+            }
+            // The pod is gone, and its links with it.
+            Err(NetnsError::Missing { .. } | NetnsError::NotANetns { .. }) => {}
+            Err(e) => link_error = Some(e.into()),
+        }
+    }
+    // The lease is released even if the link could not be removed, and even when the config is one ADD
+    // would have refused (DEL after a failed ADD).
+    if let Some(plugin) = req.conf.ipam_type() {
+        req.delegation().exec(plugin, Command::Del).map_err(AttachError::Cni)?;
+    }
+    link_error.map_or(Ok(()), Err)
+}
+
+fn delete_pod_link(ns: &NetNs, ifname: &str) -> Result<(), AttachError> {
+    let rt = Netlink::runtime()?;
+    let pod = Netlink::in_netns(&rt, ns)?;
+    match pod.link_by_name(ifname)? {
+        Some(l) if l.kind.as_deref() == Some("ipvlan") => {
+            pod.delete_link(l.index)?;
+        }
+        Some(l) => log::warn!("DEL: {ifname} is a {} link, not ipvlan; leaving it alone", l.kind.as_deref().unwrap_or("unknown")),
+        None => {}
+    }
+    Ok(())
+}
+
+/// CHECK: the attachment still looks exactly as ADD left it, and IPAM still holds the lease.
+pub fn check(req: &Request) -> Result<(), AttachError> {
+    let cfg = IpvlanConfig::from_conf(&req.conf)?;
+    let prev = req
+        .conf
+        .prev_result
+        .as_ref()
+        .ok_or_else(|| AttachError::Cni(CniError::invalid_config("CHECK needs prevResult (the Result of ADD), and the config has none")))?;
+    if let Some(plugin) = &cfg.ipam_type {
+        req.delegation().exec(plugin, Command::Check).map_err(AttachError::Cni)?;
+    }
+    let netns_path = req.env.netns.as_deref().expect("CHECK validated CNI_NETNS");
+    let ifname = req.env.ifname();
+    let sandbox = netns_path.display().to_string();
+    let idx = prev
+        .interfaces
+        .iter()
+        .position(|i| i.name == ifname && i.sandbox.as_deref() == Some(sandbox.as_str()))
+        .ok_or_else(|| AttachError::Check(format!("prevResult lists no interface {ifname:?} with sandbox {sandbox}")))?;
+    let expected = &prev.interfaces[idx];
+    let ns = open_pod_netns(netns_path)?;
+    let rt = Netlink::runtime()?;
+    let host = Netlink::current(&rt)?;
+    let pod = Netlink::in_netns(&rt, &ns)?;
+
+    let link = pod.link_by_name(ifname)?.ok_or_else(|| AttachError::Check(format!("{ifname} does not exist in {sandbox}")))?;
+    if link.kind.as_deref() != Some("ipvlan") {
+        return Err(AttachError::Check(format!("{ifname} is a {} link, not ipvlan", link.kind.as_deref().unwrap_or("unknown"))));
+    }
+    if link.ipvlan_mode != Some(cfg.mode) {
+        return Err(AttachError::Check(format!("{ifname} is in ipvlan mode {}, the config says {}", mode_name(link.ipvlan_mode), mode_name(Some(cfg.mode)))));
+    }
+    // With `master` set, the parent must be that link. Without it, ADD took the default route's
+    // interface or a chained plugin's — which CHECK cannot see again — so the parent must still exist.
+    let (masters, place) = if cfg.link_in_container { (&pod, "pod netns") } else { (&host, "host") };
+    match &cfg.master {
+        Some(_) => {
+            let master = resolve_master(&cfg, None, &host, &pod)?;
+            if link.parent_index != Some(master.index) {
+                return Err(AttachError::Check(format!(
+                    "{ifname}'s master is link #{}, not {} (#{})",
+                    link.parent_index.unwrap_or(0),
+                    master.name,
+                    master.index
+                )));
+            }
+        }
+        None => {
+            let parent = link.parent_index.unwrap_or(0);
+            if masters.link_by_index(parent)?.is_none() {
+                return Err(AttachError::Check(format!("{ifname}'s master (link #{parent}) no longer exists on the {place}")));
+            }
+        }
+    }
+    if let Some(mac) = &expected.mac
+        && link.mac_string().as_deref() != Some(mac.to_ascii_lowercase().as_str())
+    {
+        return Err(AttachError::Check(format!("{ifname} has MAC {}, prevResult says {mac}", link.mac_string().unwrap_or_default())));
+    }
+    let have = pod.addresses(link.index)?;
+    for ip in prev.ips.iter().filter(|ip| ip.interface.is_none_or(|i| i == idx)) {
+        if !have.iter().any(|a| a.address == ip.address) {
+            return Err(AttachError::Check(format!("{ifname} lacks address {}", ip.address)));
+        }
+    }
+    let routes = pod.all_routes()?;
+    for r in &prev.routes {
+        let gw = r.gw.or_else(|| same_family_gateway(prev, r));
+        if !routes.iter().any(|x| x.dst == r.dst && (gw.is_none() || x.gateway == gw)) {
+            return Err(AttachError::Check(format!("route to {}{} is missing", r.dst, gw.map(|g| format!(" via {g}")).unwrap_or_default())));
+        }
+    }
+    Ok(())
+}
+
+fn mode_name(m: Option<IpvlanMode>) -> &'static str {
+    match m {
+        Some(IpvlanMode::L2) => "l2",
+        Some(IpvlanMode::L3) => "l3",
+        Some(IpvlanMode::L3s) => "l3s",
+        None => "unknown",
+    }
+}
+
+/// STATUS: ready when the master exists and IPAM is ready. Any failure is code 50 (or IPAM's 50/51).
+pub fn status(req: &Request) -> Result<(), CniError> {
+    let not_ready = |msg: String| CniError::new(code::NOT_AVAILABLE, msg);
+    let cfg = IpvlanConfig::from_conf(&req.conf).map_err(CniError::from)?;
+    // Under linkInContainer the master appears only with the pod; there is nothing to check up front.
+    if !cfg.link_in_container {
+        let rt = Netlink::runtime().map_err(|e| not_ready(e.to_string()))?;
+        let host = Netlink::current(&rt).map_err(|e| not_ready(e.to_string()))?;
+        resolve_master(&cfg, None, &host, &host).map_err(|e| not_ready(e.to_string()))?;
+    }
+    if let Some(plugin) = &cfg.ipam_type {
+        req.delegation().exec(plugin, Command::Status).map_err(|e| match e.code {
+            code::NOT_AVAILABLE | code::NOT_AVAILABLE_LIMITED => e,
+            _ => CniError::new(code::NOT_AVAILABLE, format!("IPAM {plugin} is not ready: {}", e.msg)).with_details(e.details),
+        })?;
+    }
+    Ok(())
+}
+
+/// GC: the attacher holds nothing outside pod netns (which the runtime removes); IPAM holds the leases.
+pub fn gc(req: &Request) -> Result<(), CniError> {
+    match req.conf.ipam_type() {
+        Some(plugin) => req.delegation().exec(plugin, Command::Gc).map(|_| ()),
+        None => Ok(()),
+    }
+}
