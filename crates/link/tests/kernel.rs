@@ -12,7 +12,7 @@ struct TempNs(String);
 impl TempNs {
     fn new(tag: &str) -> TempNs {
         let name = format!("tl-{tag}-{}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        let _ = Command::new("ip").args(["netns", "del", &name]).stderr(std::process::Stdio::null()).status();
         assert!(Command::new("ip").args(["netns", "add", &name]).status().unwrap().success());
         TempNs(name)
     }

@@ -1,0 +1,141 @@
+//! An AF_PACKET socket on one interface, opened for one probe or announcement and closed after.
+//!
+//! It binds with ETH_P_ALL so it sees frames before any rx_handler (ipvlan, macvlan, bridge) can steer
+//! them to a slave, and a classic BPF filter keeps everything but ARP or ICMPv6 in the kernel, so a
+//! busy NIC does not flood it. It never sets promiscuous mode.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use crate::frame::{ETHERTYPE_ARP, ETHERTYPE_IPV6};
+
+/// Which frames the socket lets through.
+#[derive(Debug, Clone, Copy)]
+pub enum Filter {
+    Arp,
+    Icmpv6,
+}
+
+pub struct PacketSocket {
+    fd: OwnedFd,
+    ifindex: i32,
+}
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
+}
+
+fn bpf(filter: Filter) -> Vec<libc::sock_filter> {
+    let op = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
+    const LDH: u16 = 0x28; // BPF_LD | BPF_H | BPF_ABS
+    const LDB: u16 = 0x30; // BPF_LD | BPF_B | BPF_ABS
+    const JEQ: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const RET: u16 = 0x06; // BPF_RET | BPF_K
+    match filter {
+        Filter::Arp => vec![op(LDH, 0, 0, 12), op(JEQ, 0, 1, u32::from(ETHERTYPE_ARP)), op(RET, 0, 0, 0xffff), op(RET, 0, 0, 0)],
+        // IPv6 with next header ICMPv6 (no extension headers: NDP never carries them).
+        Filter::Icmpv6 => vec![
+            op(LDH, 0, 0, 12),
+            op(JEQ, 0, 3, u32::from(ETHERTYPE_IPV6)),
+            op(LDB, 0, 0, 20),
+            op(JEQ, 0, 1, 58),
+            op(RET, 0, 0, 0xffff),
+            op(RET, 0, 0, 0),
+        ],
+    }
+}
+
+impl PacketSocket {
+    pub fn open(ifindex: u32, filter: Filter) -> io::Result<PacketSocket> {
+        let ifindex = i32::try_from(ifindex).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // Protocol 0 receives nothing until bound, so no unfiltered frame is queued before the filter.
+        let fd = cvt(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) })?;
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let prog = bpf(filter);
+        let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut _ };
+        cvt(unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_ATTACH_FILTER,
+                (&fprog as *const libc::sock_fprog).cast(),
+                std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+            )
+        })?;
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
+        sll.sll_ifindex = ifindex;
+        cvt(unsafe {
+            libc::bind(fd.as_raw_fd(), (&sll as *const libc::sockaddr_ll).cast(), std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t)
+        })?;
+        Ok(PacketSocket { fd, ifindex })
+    }
+
+    /// Send one complete Ethernet frame.
+    pub fn send(&self, frame: &[u8]) -> io::Result<()> {
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_ifindex = self.ifindex;
+        sll.sll_halen = 6;
+        sll.sll_addr[..6].copy_from_slice(&frame[..6]);
+        let n = unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                frame.as_ptr().cast(),
+                frame.len(),
+                0,
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    }
+
+    /// The next frame that arrived from the wire (our own outgoing frames are skipped), or None once
+    /// `deadline` passes.
+    pub fn recv_until(&self, deadline: Instant, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+            match unsafe { libc::poll(&mut pfd, 1, ms) } {
+                0 => return Ok(None),
+                n if n < 0 => {
+                    let e = io::Error::last_os_error();
+                    if e.kind() == io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    return Err(e);
+                }
+                _ => {}
+            }
+            let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+            let mut len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+            let n = unsafe {
+                libc::recvfrom(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT, (&mut from as *mut libc::sockaddr_ll).cast(), &mut len)
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock) {
+                    continue;
+                }
+                return Err(e);
+            }
+            if from.sll_pkttype == libc::PACKET_OUTGOING as u8 {
+                continue;
+            }
+            return Ok(Some(n as usize));
+        }
+    }
+}
+
+/// Spread `attempts` sends over `budget`, the first at once.
+pub fn schedule(budget: Duration, attempts: u32) -> Vec<Duration> {
+    let attempts = attempts.max(1);
+    (0..attempts).map(|i| budget * i / attempts).collect()
+}
