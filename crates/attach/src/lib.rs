@@ -209,7 +209,22 @@ fn configure(ns: &NetNs, pod: &Netlink, link: &Link, ifname: &str, result: &CniR
             other => other?,
         }
     }
+    announce_addresses(ns, link, result);
     Ok(())
+}
+
+/// Gratuitous ARP / unsolicited NA for every address, now that it is configured and out of DAD, so
+/// neighbours and switches drop entries left by the address's previous holder. The kernel sends one
+/// more on link-up (arp_notify). A failure here is logged: the attachment itself works.
+fn announce_addresses(ns: &NetNs, link: &Link, result: &CniResult) {
+    let Some(mac) = link.mac.as_deref().and_then(|m| <[u8; 6]>::try_from(m).ok()) else { return };
+    let addrs: Vec<IpAddr> = result.ips.iter().map(|i| i.address.addr()).collect();
+    let index = link.index;
+    match ns.run(move || tether_wire::announce(index, mac, &addrs, 1, Duration::ZERO)) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => log::warn!("announcing addresses: {e}"),
+        Err(e) => log::warn!("announcing addresses: {e}"),
+    }
 }
 
 /// A route without `gw` goes through the gateway of the same family, as the reference plugins do.
