@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Build integration-test targets of tether-conformance on the host and run
+# them all in ONE lab VM boot (or directly on the host when the running
+# kernel can create ipvlan links), failing if any fails.
+#
+#   conformance/lab/run-tests.sh lab_reference [other_target ...]
+#
+# Before booting it also builds target/libcni-driver and the workspace's
+# binaries (tether-ipvlan, tether-ipam): inside the VM the source tree is
+# read-only, so everything a test executes must exist already.
+#
+# Each test binary runs with cwd = conformance/ (like cargo), TETHER_LAB=1,
+# `--include-ignored` (lab tests are #[ignore]d for plain `cargo test`) and
+# `--test-threads=$TETHER_LAB_TEST_THREADS` (default 1).
+#
+# Env knobs:
+#   TETHER_LAB_TEST_THREADS  default 1
+#   TETHER_LAB_TEST_ARGS     extra args for every test binary (e.g. a name
+#                            filter, --nocapture), word-split
+#   TETHER_LAB_FORCE_VM=1    use the VM even if the host kernel has ipvlan
+#   TETHER_LAB_NO_BUILD_BINS=1  skip `cargo build --workspace --bins`
+#   CARGO_PROFILE_ARGS       e.g. --release (passed to both cargo commands)
+#   plus run.sh's and kernel.sh's knobs.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+log() { printf 'lab/run-tests: %s\n' "$*" >&2; }
+die() { printf 'lab/run-tests: FAILED: %s\n' "$*" >&2; exit 1; }
+
+[ $# -ge 1 ] || { echo "usage: $0 <cargo test target name>..." >&2; exit 2; }
+for t in "$@"; do
+    [[ "$t" =~ ^[A-Za-z0-9_-]+$ ]] || die "bad test target name '$t'"
+done
+command -v jq >/dev/null || {
+    apt-get install -y -qq jq >&2 || { apt-get update -qq >&2 && apt-get install -y -qq jq >&2; }
+} || die "jq missing and cannot be installed"
+
+cd "$ROOT"
+# shellcheck disable=SC2206
+profile=(${CARGO_PROFILE_ARGS:-})
+
+"$ROOT/conformance/libcni-driver/build.sh" >/dev/null || die "building the libcni driver failed"
+if [ "${TETHER_LAB_NO_BUILD_BINS:-0}" != 1 ]; then
+    cargo build --workspace --bins "${profile[@]}" || die "cargo build --workspace --bins failed"
+fi
+
+test_args=()
+for t in "$@"; do test_args+=(--test "$t"); done
+json=$(cargo test -p tether-conformance "${test_args[@]}" "${profile[@]}" \
+        --no-run --message-format=json) || die "building the test targets failed"
+
+exes=()
+for t in "$@"; do
+    exe=$(jq -r --arg t "$t" 'select(.reason == "compiler-artifact" and .profile.test == true
+            and .target.name == $t and .executable != null) | .executable' <<<"$json" | tail -n 1)
+    [ -n "$exe" ] && [ -x "$exe" ] || die "no test executable for target '$t'"
+    exes+=("$exe")
+done
+
+threads=${TETHER_LAB_TEST_THREADS:-1}
+[[ "$threads" =~ ^[0-9]+$ ]] || die "TETHER_LAB_TEST_THREADS must be a number"
+
+# The script that runs every executable and fails if any failed.
+script="cd $(printf '%q' "$ROOT/conformance") || exit 125
+export TETHER_LAB=1
+failed=()
+"
+for exe in "${exes[@]}"; do
+    q=$(printf '%q' "$exe")
+    script+="echo \"==== \$(basename $q)\"
+$q --include-ignored --test-threads=$threads ${TETHER_LAB_TEST_ARGS:-} || failed+=(\"\$(basename $q)\")
+"
+done
+script+='if [ ${#failed[@]} -gt 0 ]; then echo "lab tests FAILED: ${failed[*]}"; exit 1; fi
+echo "lab tests passed"
+'
+
+if [ "${TETHER_LAB_FORCE_VM:-0}" != 1 ] && "$HERE/has-ipvlan.sh"; then
+    log "running kernel $(uname -r) has ipvlan: running on the host"
+    bash -c "$script"
+else
+    log "running kernel $(uname -r) lacks ipvlan (or TETHER_LAB_FORCE_VM=1): running in the lab VM"
+    "$HERE/run.sh" "$script"
+fi
