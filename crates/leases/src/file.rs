@@ -1,0 +1,457 @@
+//! Node-local lease store: one JSON state file per network.
+//!
+//! Layout under the data directory (created 0700):
+//!
+//! - `<stem>.json` — the state (0600): `{"format": 1, "network", "next_version", "leases": [...]}`
+//! - `<stem>.lock` — lock file (0600); every operation holds an exclusive `flock` on it
+//!   (`std::fs::File::lock`) from reading the state to renaming the new state in place.
+//! - `.<stem>.json.tmp` — scratch file of an interrupted write; ignored and overwritten.
+//!
+//! `<stem>` is the network name with every byte outside `[A-Za-z0-9._-]` replaced by `_`; when
+//! that changed the name (or it is empty, starts with `.`, or is over 100 bytes) it is cut to
+//! 100 bytes, a leading `.` gets a `_` in front, and `-<hash of the original name>` is appended, so distinct names never share a file. The file records the exact
+//! network name, and a mismatch is an error.
+//!
+//! Writes are atomic: write the temp file in the same directory, fsync it, rename it over the
+//! state file, fsync the directory. A crash at any point leaves the old or the new state. A
+//! corrupt or unreadable state file is an error naming the file; it is never reset, because a
+//! reset would hand out live addresses a second time.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::net::IpAddr;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::Lease;
+use crate::store::{CasResult, LeaseStore, StoreError, Taken, validate_claim};
+
+/// Version of the state file layout this code reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Errors of the node-local file store. Each names the file and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum FileStoreError {
+    /// The data directory could not be created or opened.
+    #[error(
+        "cannot create lease state directory {path}: {source} (check ipam.dataDir and permissions)"
+    )]
+    CreateDir {
+        /// Directory.
+        path: PathBuf,
+        /// Cause.
+        source: io::Error,
+    },
+    /// The lock file could not be opened or locked.
+    #[error("cannot lock {path}: {source}")]
+    Lock {
+        /// Lock file.
+        path: PathBuf,
+        /// Cause.
+        source: io::Error,
+    },
+    /// The state file exists but cannot be read.
+    #[error("cannot read lease state file {path}: {source}")]
+    Read {
+        /// State file.
+        path: PathBuf,
+        /// Cause.
+        source: io::Error,
+    },
+    /// The state file is not valid. Never reset automatically.
+    #[error(
+        "lease state file {path} is corrupt: {detail}; refusing to reset it, since that could hand out addresses \
+         that are in use a second time: repair the file, or move it aside once no pod on this node uses the network"
+    )]
+    Corrupt {
+        /// State file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The state file was written by a newer tether.
+    #[error(
+        "lease state file {path} has format {found}, but this tether understands only format {FORMAT_VERSION}: \
+         install a tether at least as new as the one that wrote it"
+    )]
+    UnsupportedFormat {
+        /// State file.
+        path: PathBuf,
+        /// Format found.
+        found: u64,
+    },
+    /// The state file belongs to another network name.
+    #[error("lease state file {path} belongs to network {found:?}, not {expected:?}")]
+    WrongNetwork {
+        /// State file.
+        path: PathBuf,
+        /// Network recorded in the file.
+        found: String,
+        /// Network asked for.
+        expected: String,
+    },
+    /// Writing the new state failed; the old state is intact.
+    #[error("cannot write lease state file {path}: {source} (the previous state is intact)")]
+    Write {
+        /// File being written.
+        path: PathBuf,
+        /// Cause.
+        source: io::Error,
+    },
+}
+
+impl FileStoreError {
+    /// Worth retrying later? (Only lock failures, e.g. an interrupted `flock`.)
+    pub fn is_transient(&self) -> bool {
+        matches!(self, FileStoreError::Lock { .. })
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct StateFile {
+    format: u32,
+    network: String,
+    next_version: u64,
+    leases: Vec<Lease>,
+}
+
+#[derive(Deserialize)]
+struct Header {
+    format: Option<serde_json::Value>,
+}
+
+/// The node-local file store. Cheap to create; every handle (in any thread or process) on the
+/// same directory serialises through the per-network lock file.
+#[derive(Debug, Clone)]
+pub struct FileStore {
+    dir: PathBuf,
+}
+
+/// File stem for a network name (see the module docs).
+pub fn file_stem(network: &str) -> String {
+    let mut s: String = network
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-' {
+                b as char
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let changed = s != network || s.is_empty() || s.starts_with('.') || s.len() > 100;
+    if changed {
+        s.truncate(100);
+        if s.starts_with('.') {
+            s.insert(0, '_');
+        }
+        s.push('-');
+        s.push_str(&format!(
+            "{:016x}",
+            crate::engine::fnv1a64(network.as_bytes(), 0)
+        ));
+    }
+    s
+}
+
+impl FileStore {
+    /// A store keeping its files in `dir` (created on first use).
+    pub fn new(dir: impl Into<PathBuf>) -> FileStore {
+        FileStore { dir: dir.into() }
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Path of the state file of `network`.
+    pub fn state_path(&self, network: &str) -> PathBuf {
+        self.dir.join(format!("{}.json", file_stem(network)))
+    }
+
+    /// Path of the lock file of `network`.
+    pub fn lock_path(&self, network: &str) -> PathBuf {
+        self.dir.join(format!("{}.lock", file_stem(network)))
+    }
+
+    /// Run `f` as one read-modify-write transaction under the network's lock. The new state is
+    /// written (atomically) only if `f` returns `Ok` and changed something.
+    pub fn transaction<R, E: From<StoreError>>(
+        &self,
+        network: &str,
+        f: impl FnOnce(&mut Transaction<'_>) -> Result<R, E>,
+    ) -> Result<R, E> {
+        let _lock = self.lock(network).map_err(|e| E::from(e.into()))?;
+        let path = self.state_path(network);
+        let mut state = self.load(&path, network).map_err(|e| E::from(e.into()))?;
+        let mut txn = Transaction {
+            network,
+            state: &mut state,
+            dirty: false,
+        };
+        let out = f(&mut txn)?;
+        if txn.dirty {
+            self.save(&path, &mut state)
+                .map_err(|e| E::from(e.into()))?;
+        }
+        Ok(out)
+    }
+
+    fn ensure_dir(&self) -> Result<(), FileStoreError> {
+        if self.dir.is_dir() {
+            return Ok(());
+        }
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .map_err(|source| FileStoreError::CreateDir {
+                path: self.dir.clone(),
+                source,
+            })
+    }
+
+    fn lock(&self, network: &str) -> Result<File, FileStoreError> {
+        self.ensure_dir()?;
+        let path = self.lock_path(network);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|source| FileStoreError::Lock {
+                path: path.clone(),
+                source,
+            })?;
+        loop {
+            match file.lock() {
+                Ok(()) => return Ok(file),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(source) => return Err(FileStoreError::Lock { path, source }),
+            }
+        }
+    }
+
+    fn load(&self, path: &Path, network: &str) -> Result<StateFile, FileStoreError> {
+        let mut bytes = Vec::new();
+        match File::open(path) {
+            Ok(mut f) => {
+                f.read_to_end(&mut bytes)
+                    .map_err(|source| FileStoreError::Read {
+                        path: path.to_path_buf(),
+                        source,
+                    })?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Ok(StateFile {
+                    format: FORMAT_VERSION,
+                    network: network.to_string(),
+                    next_version: 1,
+                    leases: Vec::new(),
+                });
+            }
+            Err(source) => {
+                return Err(FileStoreError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        }
+        let corrupt = |detail: String| FileStoreError::Corrupt {
+            path: path.to_path_buf(),
+            detail,
+        };
+        let header: Header = serde_json::from_slice(&bytes)
+            .map_err(|e| corrupt(format!("not a JSON object ({e})")))?;
+        match header.format.as_ref().map(|v| v.as_u64()) {
+            None => return Err(corrupt("no \"format\" field".to_string())),
+            Some(None) => return Err(corrupt(format!("\"format\" is {}", header.format.unwrap()))),
+            Some(Some(n)) if n == FORMAT_VERSION as u64 => {}
+            Some(Some(0)) => return Err(corrupt("\"format\" is 0".to_string())),
+            Some(Some(found)) => {
+                return Err(FileStoreError::UnsupportedFormat {
+                    path: path.to_path_buf(),
+                    found,
+                });
+            }
+        }
+        let de = &mut serde_json::Deserializer::from_slice(&bytes);
+        let state: StateFile = serde_path_to_error::deserialize(de)
+            .map_err(|e| corrupt(format!("at {}: {}", e.path(), e.inner())))?;
+        if state.network != network {
+            return Err(FileStoreError::WrongNetwork {
+                path: path.to_path_buf(),
+                found: state.network,
+                expected: network.to_string(),
+            });
+        }
+        let mut seen = std::collections::HashSet::<IpAddr>::new();
+        for l in &state.leases {
+            if l.network != network {
+                return Err(corrupt(format!(
+                    "record of {} names network {:?}",
+                    l.address, l.network
+                )));
+            }
+            if !seen.insert(l.address) {
+                return Err(corrupt(format!("two records for {}", l.address)));
+            }
+            if l.version.is_none() {
+                return Err(corrupt(format!("record of {} has no version", l.address)));
+            }
+        }
+        Ok(state)
+    }
+
+    fn save(&self, path: &Path, state: &mut StateFile) -> Result<(), FileStoreError> {
+        state.leases.sort_by_key(|a| a.address);
+        let mut bytes = serde_json::to_vec_pretty(state).expect("lease state serialises");
+        bytes.push(b'\n');
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("state.json");
+        let tmp = self.dir.join(format!(".{name}.tmp"));
+        let werr = |p: &Path| {
+            let p = p.to_path_buf();
+            move |source| FileStoreError::Write { path: p, source }
+        };
+        {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(werr(&tmp))?;
+            f.set_permissions(fs::Permissions::from_mode(0o600))
+                .map_err(werr(&tmp))?;
+            f.write_all(&bytes).map_err(werr(&tmp))?;
+            f.sync_all().map_err(werr(&tmp))?;
+        }
+        fs::rename(&tmp, path).map_err(werr(path))?;
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(werr(&self.dir))?;
+        Ok(())
+    }
+}
+
+/// An open read-modify-write transaction on one network's state (see [`FileStore::transaction`]).
+/// Same semantics as the [`LeaseStore`] methods, applied in memory and written once at the end.
+pub struct Transaction<'a> {
+    network: &'a str,
+    state: &'a mut StateFile,
+    dirty: bool,
+}
+
+impl Transaction<'_> {
+    /// The network.
+    pub fn network(&self) -> &str {
+        self.network
+    }
+
+    /// Every record.
+    pub fn leases(&self) -> &[Lease] {
+        &self.state.leases
+    }
+
+    /// The record of `address`, if any.
+    pub fn get(&self, address: IpAddr) -> Option<&Lease> {
+        self.state.leases.iter().find(|l| l.address == address)
+    }
+
+    /// See [`LeaseStore::claim`].
+    pub fn claim(&mut self, mut new: Lease, expected: Option<&Lease>) -> CasResult<Lease> {
+        if new.network != self.network {
+            return Err(StoreError::Invalid(format!(
+                "claim of {} for network {} in the state of network {}",
+                new.address, new.network, self.network
+            )));
+        }
+        validate_claim(&new, expected)?;
+        let pos = self
+            .state
+            .leases
+            .iter()
+            .position(|l| l.address == new.address);
+        match (pos, expected) {
+            (Some(p), None) => {
+                return Ok(Err(Taken {
+                    current: Some(self.state.leases[p].clone()),
+                }));
+            }
+            (None, Some(_)) => return Ok(Err(Taken { current: None })),
+            (Some(p), Some(e)) if self.state.leases[p].version != e.version => {
+                return Ok(Err(Taken {
+                    current: Some(self.state.leases[p].clone()),
+                }));
+            }
+            _ => {}
+        }
+        new.version = Some(self.bump());
+        match pos {
+            Some(p) => self.state.leases[p] = new.clone(),
+            None => self.state.leases.push(new.clone()),
+        }
+        self.dirty = true;
+        Ok(Ok(new))
+    }
+
+    /// See [`LeaseStore::remove`].
+    pub fn remove(&mut self, expected: &Lease) -> CasResult<()> {
+        if expected.network != self.network {
+            return Err(StoreError::Invalid(format!(
+                "removal of {} of network {} in the state of network {}",
+                expected.address, expected.network, self.network
+            )));
+        }
+        match self
+            .state
+            .leases
+            .iter()
+            .position(|l| l.address == expected.address)
+        {
+            None => Ok(Err(Taken { current: None })),
+            Some(p)
+                if self.state.leases[p].version != expected.version
+                    || expected.version.is_none() =>
+            {
+                Ok(Err(Taken {
+                    current: Some(self.state.leases[p].clone()),
+                }))
+            }
+            Some(p) => {
+                self.state.leases.remove(p);
+                self.dirty = true;
+                Ok(Ok(()))
+            }
+        }
+    }
+
+    fn bump(&mut self) -> String {
+        let v = self.state.next_version;
+        self.state.next_version += 1;
+        v.to_string()
+    }
+}
+
+impl LeaseStore for FileStore {
+    fn list(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
+        self.transaction(network, |t| Ok::<_, StoreError>(t.leases().to_vec()))
+    }
+
+    fn claim(&self, new: Lease, expected: Option<&Lease>) -> CasResult<Lease> {
+        let network = new.network.clone();
+        self.transaction(&network, |t| t.claim(new, expected))
+    }
+
+    fn remove(&self, expected: &Lease) -> CasResult<()> {
+        self.transaction(&expected.network, |t| t.remove(expected))
+    }
+}

@@ -1,0 +1,138 @@
+//! The lease store contract: snapshots plus compare-and-swap on single records.
+//!
+//! A store keeps at most one record per (network, address). Every write is conditional:
+//! create-if-absent, or replace/delete only the version the caller saw. That maps onto one
+//! Kubernetes object per address (create → 409 AlreadyExists; replace with `resourceVersion`;
+//! delete with a uid/resourceVersion precondition → 409 Conflict) and onto the node-local file
+//! store (a counter per network under an exclusive lock).
+
+use std::fmt;
+
+use crate::file::FileStoreError;
+use crate::model::{Lease, LeaseState};
+
+/// Result of a conditional write: the outer error is the store failing, the inner `Err` is a
+/// lost race (the record is not as expected).
+pub type CasResult<T> = Result<Result<T, Taken>, StoreError>;
+
+/// A conditional write lost: the record is not as the caller expected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taken {
+    /// The current record, when the store knows it (`None`: there is no record, or the store
+    /// could not tell).
+    pub current: Option<Lease>,
+}
+
+impl fmt::Display for Taken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.current {
+            Some(l) => write!(
+                f,
+                "{} is now {:?} by container {} interface {} (pod {})",
+                l.address, l.state, l.container_id, l.ifname, l.pod
+            ),
+            None => f.write_str("the record no longer exists"),
+        }
+    }
+}
+
+/// Errors of a lease store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The node-local file store failed.
+    #[error(transparent)]
+    File(#[from] FileStoreError),
+    /// Another backend (e.g. Kubernetes) failed. `transient` marks errors worth retrying
+    /// (CNI code 11).
+    #[error("lease store: {message}")]
+    Backend {
+        /// What failed, for the operator.
+        message: String,
+        /// Retrying later may succeed.
+        transient: bool,
+        /// Underlying error.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// A caller broke the store contract (a bug, not an operator problem).
+    #[error("lease store misuse: {0}")]
+    Invalid(String),
+}
+
+impl StoreError {
+    /// Worth retrying later (CNI code 11)?
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::File(e) => e.is_transient(),
+            StoreError::Backend { transient, .. } => *transient,
+            StoreError::Invalid(_) => false,
+        }
+    }
+}
+
+/// A lease store with optimistic concurrency. See the module docs.
+pub trait LeaseStore {
+    /// Snapshot of every record of `network`, in any order.
+    fn list(&self, network: &str) -> Result<Vec<Lease>, StoreError>;
+
+    /// Create `new` if no record exists for (`new.network`, `new.address`) (`expected = None`),
+    /// or replace `expected` with `new` only if the stored record still has `expected.version`.
+    /// On success returns the stored record with its new `version`. `new.version` is ignored.
+    fn claim(&self, new: Lease, expected: Option<&Lease>) -> CasResult<Lease>;
+
+    /// Delete the record `expected` only if it still has `expected.version`.
+    fn remove(&self, expected: &Lease) -> CasResult<()>;
+
+    /// Replace `expected` with `new` if unchanged (e.g. our lease → Quarantined).
+    fn update(&self, new: Lease, expected: &Lease) -> CasResult<Lease> {
+        self.claim(new, Some(expected))
+    }
+
+    /// Turn `lease` into `Released { at }` (keeping its holder identity for sticky and
+    /// cooldown) if unchanged: a release never frees a record someone took since.
+    fn release(&self, lease: &Lease, at: u64) -> CasResult<Lease> {
+        let mut n = lease.clone();
+        n.state = LeaseState::Released { at };
+        n.since = at;
+        n.version = None;
+        self.update(n, lease)
+    }
+}
+
+impl<T: LeaseStore + ?Sized> LeaseStore for &T {
+    fn list(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
+        (**self).list(network)
+    }
+    fn claim(&self, new: Lease, expected: Option<&Lease>) -> CasResult<Lease> {
+        (**self).claim(new, expected)
+    }
+    fn remove(&self, expected: &Lease) -> CasResult<()> {
+        (**self).remove(expected)
+    }
+    fn update(&self, new: Lease, expected: &Lease) -> CasResult<Lease> {
+        (**self).update(new, expected)
+    }
+    fn release(&self, lease: &Lease, at: u64) -> CasResult<Lease> {
+        (**self).release(lease, at)
+    }
+}
+
+/// Contract checks every store should apply to `claim`: `expected` must be a stored record
+/// (has a version) of the same network and address as `new`.
+pub fn validate_claim(new: &Lease, expected: Option<&Lease>) -> Result<(), StoreError> {
+    if let Some(e) = expected {
+        if e.network != new.network || e.address != new.address {
+            return Err(StoreError::Invalid(format!(
+                "claim of {} in network {} expects the record of {} in network {}",
+                new.address, new.network, e.address, e.network
+            )));
+        }
+        if e.version.is_none() {
+            return Err(StoreError::Invalid(format!(
+                "claim of {} in network {} expects a record without a version (never stored)",
+                new.address, new.network
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,580 @@
+//! The `ipam` object of a network configuration, whereabouts-compatible.
+//!
+//! Parsing walks the JSON by hand so every error names the exact key path
+//! (`ipam.ipRanges[1].range_start`) and the offending value. Unknown keys are ignored.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use ipnet::IpNet;
+use serde_json::{Map, Value};
+
+use crate::range::{self, Bound, IpRange, RangeError};
+
+/// Default state directory of the node-local file store.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/tether";
+/// Default cooldown before a released address goes to another pod, in seconds.
+pub const DEFAULT_COOLDOWN_S: u64 = 60;
+/// Default quarantine of an address a probe found in use, in seconds.
+pub const DEFAULT_QUARANTINE_S: u64 = 600;
+/// Default probe timeout in milliseconds.
+pub const DEFAULT_PROBE_TIMEOUT_MS: u64 = 100;
+/// Default number of probe attempts.
+pub const DEFAULT_PROBE_ATTEMPTS: u32 = 1;
+
+/// Errors in the network configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The configuration bytes are not JSON.
+    #[error("network configuration is not valid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The configuration is not an object or lacks an `ipam` object.
+    #[error("network configuration has no \"ipam\" object")]
+    MissingIpam,
+    /// A key has a value tether cannot use. `value` is the JSON text of the value.
+    #[error("{key} {value}: {reason}")]
+    Invalid {
+        /// Key path, e.g. `ipam.ipRanges[0].range`.
+        key: String,
+        /// The offending value as JSON text (strings quoted).
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Neither `range` nor `ipRanges` gave a range.
+    #[error("ipam: no address range configured: set \"range\" or \"ipRanges\"")]
+    NoRanges,
+    /// Neither `ipam.network_name` nor the top-level `name` is set.
+    #[error("no network name: set the top-level \"name\" or \"ipam.network_name\"")]
+    NoNetworkName,
+}
+
+impl ConfigError {
+    fn invalid(key: &str, value: &Value, reason: impl ToString) -> ConfigError {
+        ConfigError::Invalid {
+            key: key.to_string(),
+            value: value.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// Which lease store to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// Node-local JSON state files under `data_dir` (default).
+    File,
+    /// One custom resource per leased address in the cluster.
+    Kubernetes,
+}
+
+/// Conflict-probe settings (`probe`). The IPAM core only carries them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeConfig {
+    /// `"probe": false`.
+    Disabled,
+    /// Probe each candidate before handing it out (default).
+    Enabled {
+        /// Wait per attempt, in milliseconds (default 100).
+        timeout_ms: u64,
+        /// Attempts per address (default 1).
+        attempts: u32,
+    },
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        ProbeConfig::Enabled {
+            timeout_ms: DEFAULT_PROBE_TIMEOUT_MS,
+            attempts: DEFAULT_PROBE_ATTEMPTS,
+        }
+    }
+}
+
+/// `kubernetes` object: the kubeconfig path, everything else kept as JSON.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct KubernetesConfig {
+    /// `kubernetes.kubeconfig`.
+    pub kubeconfig: Option<PathBuf>,
+    /// The other keys of the object (e.g. whereabouts' `k8s_api_root`).
+    pub extra: Map<String, Value>,
+}
+
+/// A static route (`routes` entry, CNI/static-plugin syntax).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// Destination, as written (host bits kept).
+    pub dst: IpNet,
+    /// Gateway, if given.
+    pub gw: Option<IpAddr>,
+    /// Any other keys of the entry (CNI 1.1 `mtu`, `advmss`, `priority`, `table`, `scope`), kept.
+    pub extra: Map<String, Value>,
+}
+
+/// `dns` object (CNI DNS syntax). Values are carried as strings.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Dns {
+    /// `nameservers`.
+    pub nameservers: Vec<String>,
+    /// `domain`.
+    pub domain: Option<String>,
+    /// `search`.
+    pub search: Vec<String>,
+    /// `options`.
+    pub options: Vec<String>,
+}
+
+impl Dns {
+    /// True when nothing is set.
+    pub fn is_empty(&self) -> bool {
+        self.nameservers.is_empty()
+            && self.domain.is_none()
+            && self.search.is_empty()
+            && self.options.is_empty()
+    }
+}
+
+/// The typed `ipam` configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolConfig {
+    /// `ipam.network_name`, default the top-level `name`. Leases are kept per network name.
+    pub network_name: String,
+    /// One entry per address handed out per attachment: the top-level `range` first (if set),
+    /// then each `ipRanges` entry.
+    pub ranges: Vec<IpRange>,
+    /// `gateway` as configured (each range also knows it when of the same family).
+    pub gateway: Option<IpAddr>,
+    /// `routes`.
+    pub routes: Vec<Route>,
+    /// `dns`.
+    pub dns: Dns,
+    /// `store`: default `file`; `kubernetes` when absent and `kubernetes.kubeconfig` is set.
+    pub store: StoreKind,
+    /// `dataDir` (default `/var/lib/cni/tether`), absolute.
+    pub data_dir: PathBuf,
+    /// `cooldown_s` (default 60).
+    pub cooldown_s: u64,
+    /// `quarantine_s` (default 600).
+    pub quarantine_s: u64,
+    /// `probe` (default enabled, 100 ms, 1 attempt).
+    pub probe: ProbeConfig,
+    /// `kubernetes` object, if present.
+    pub kubernetes: Option<KubernetesConfig>,
+}
+
+impl PoolConfig {
+    /// Parse the whole network configuration (stdin bytes).
+    pub fn from_slice(config: &[u8]) -> Result<PoolConfig, ConfigError> {
+        let v: Value = serde_json::from_slice(config)?;
+        PoolConfig::from_value(&v)
+    }
+
+    /// Parse the whole network configuration as JSON. The `ipam` object is under `"ipam"`; the
+    /// top-level `name` is the default network name.
+    pub fn from_value(config: &Value) -> Result<PoolConfig, ConfigError> {
+        let top = config.as_object().ok_or(ConfigError::MissingIpam)?;
+        let ipam = match top.get("ipam") {
+            Some(Value::Object(m)) => m,
+            Some(Value::Null) | None => return Err(ConfigError::MissingIpam),
+            Some(other) => return Err(ConfigError::invalid("ipam", other, "expected an object")),
+        };
+        let name = opt_str(top, "name", "name")?;
+        PoolConfig::from_ipam(ipam, name)
+    }
+
+    /// Parse the `ipam` object itself; `name` is the network's top-level name.
+    pub fn from_ipam(
+        ipam: &Map<String, Value>,
+        name: Option<&str>,
+    ) -> Result<PoolConfig, ConfigError> {
+        let network_name = match opt_str(ipam, "network_name", "ipam.network_name")? {
+            Some(n) => n.to_string(),
+            None => name.ok_or(ConfigError::NoNetworkName)?.to_string(),
+        };
+
+        let gateway = match opt_str(ipam, "gateway", "ipam.gateway")? {
+            Some(g) => Some(ip_value("ipam.gateway", ipam.get("gateway").unwrap(), g)?),
+            None => None,
+        };
+
+        let mut ranges = Vec::new();
+        if let Some(text) = opt_str(ipam, "range", "ipam.range")? {
+            ranges.push(parse_entry(ipam, "ipam", Some(text), gateway)?);
+        }
+        match ipam.get("ipRanges") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(items)) => {
+                for (i, item) in items.iter().enumerate() {
+                    let path = format!("ipam.ipRanges[{i}]");
+                    let obj = item
+                        .as_object()
+                        .ok_or_else(|| ConfigError::invalid(&path, item, "expected an object"))?;
+                    let text = opt_str(obj, "range", &format!("{path}.range"))?;
+                    if text.is_none() {
+                        return Err(ConfigError::invalid(&path, item, "has no \"range\""));
+                    }
+                    let gw = match opt_str(obj, "gateway", &format!("{path}.gateway"))? {
+                        Some(g) => Some(ip_value(
+                            &format!("{path}.gateway"),
+                            obj.get("gateway").unwrap(),
+                            g,
+                        )?),
+                        None => gateway,
+                    };
+                    ranges.push(parse_entry(obj, &path, text, gw)?);
+                }
+            }
+            Some(other) => {
+                return Err(ConfigError::invalid(
+                    "ipam.ipRanges",
+                    other,
+                    "expected a list",
+                ));
+            }
+        }
+        if ranges.is_empty() {
+            return Err(ConfigError::NoRanges);
+        }
+
+        let routes = parse_routes(ipam)?;
+        let dns = parse_dns(ipam)?;
+
+        let kubernetes = match ipam.get("kubernetes") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(k)) => {
+                let kubeconfig =
+                    opt_str(k, "kubeconfig", "ipam.kubernetes.kubeconfig")?.map(PathBuf::from);
+                let mut extra = k.clone();
+                extra.remove("kubeconfig");
+                Some(KubernetesConfig { kubeconfig, extra })
+            }
+            Some(other) => {
+                return Err(ConfigError::invalid(
+                    "ipam.kubernetes",
+                    other,
+                    "expected an object",
+                ));
+            }
+        };
+
+        let store = match opt_str(ipam, "store", "ipam.store")? {
+            Some("file") => StoreKind::File,
+            Some("kubernetes") => StoreKind::Kubernetes,
+            Some(_) => {
+                return Err(ConfigError::invalid(
+                    "ipam.store",
+                    &ipam["store"],
+                    "expected \"file\" or \"kubernetes\"",
+                ));
+            }
+            None if kubernetes.as_ref().is_some_and(|k| k.kubeconfig.is_some()) => {
+                StoreKind::Kubernetes
+            }
+            None => StoreKind::File,
+        };
+
+        let data_dir = match opt_str(ipam, "dataDir", "ipam.dataDir")? {
+            Some(d) => {
+                let p = PathBuf::from(d);
+                if !p.is_absolute() {
+                    return Err(ConfigError::invalid(
+                        "ipam.dataDir",
+                        &ipam["dataDir"],
+                        "must be an absolute path",
+                    ));
+                }
+                p
+            }
+            None => PathBuf::from(DEFAULT_DATA_DIR),
+        };
+
+        let cooldown_s =
+            opt_u64(ipam, "cooldown_s", "ipam.cooldown_s")?.unwrap_or(DEFAULT_COOLDOWN_S);
+        let quarantine_s =
+            opt_u64(ipam, "quarantine_s", "ipam.quarantine_s")?.unwrap_or(DEFAULT_QUARANTINE_S);
+        let probe = parse_probe(ipam)?;
+
+        Ok(PoolConfig {
+            network_name,
+            ranges,
+            gateway,
+            routes,
+            dns,
+            store,
+            data_dir,
+            cooldown_s,
+            quarantine_s,
+            probe,
+            kubernetes,
+        })
+    }
+
+    /// The gateway to report for addresses of range `index`: the range's own gateway, else the
+    /// configured `gateway` when it is of the same family (it may lie outside the subnet).
+    pub fn gateway_for(&self, index: usize) -> Option<IpAddr> {
+        let r = self.ranges.get(index)?;
+        r.gateway()
+            .or(self.gateway.filter(|g| range::Family::of(*g) == r.family()))
+    }
+}
+
+/// Parse one range entry (the top-level ipam object or an `ipRanges` item) at `path`.
+fn parse_entry(
+    obj: &Map<String, Value>,
+    path: &str,
+    text: Option<&str>,
+    gateway: Option<IpAddr>,
+) -> Result<IpRange, ConfigError> {
+    let text = text.expect("caller checked");
+    let range_key = format!("{path}.range");
+    let range_val = &obj["range"];
+    let (subnet, first, last) = range::parse_range_text(text)
+        .map_err(|e| ConfigError::invalid(&range_key, range_val, e))?;
+    let dashed = first.is_some();
+
+    let start_key = format!("{path}.range_start");
+    let end_key = format!("{path}.range_end");
+    let mut start = first;
+    let mut end = last;
+    if !dashed {
+        if let Some(s) = opt_str(obj, "range_start", &start_key)? {
+            start = Some(ip_value(&start_key, &obj["range_start"], s)?);
+        }
+        if let Some(e) = opt_str(obj, "range_end", &end_key)? {
+            end = Some(ip_value(&end_key, &obj["range_end"], e)?);
+        }
+    } else if obj.get("range_start").is_some_and(|v| !is_blank(v))
+        || obj.get("range_end").is_some_and(|v| !is_blank(v))
+    {
+        log::warn!(
+            "{range_key} is a first-last range; range_start/range_end are ignored (as whereabouts does)"
+        );
+    }
+
+    let exclude_key = format!("{path}.exclude");
+    let mut excludes = Vec::new();
+    match obj.get("exclude") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                let key = format!("{exclude_key}[{i}]");
+                let s = item.as_str().ok_or_else(|| {
+                    ConfigError::invalid(&key, item, "expected a string (CIDR or address)")
+                })?;
+                excludes.push(
+                    range::parse_exclude(s).map_err(|e| ConfigError::invalid(&key, item, e))?,
+                );
+            }
+        }
+        Some(other) => {
+            return Err(ConfigError::invalid(
+                &exclude_key,
+                other,
+                "expected a list of CIDRs or addresses",
+            ));
+        }
+    }
+
+    let gateway = gateway.filter(|g| subnet.contains(g));
+    IpRange::new(subnet, start, end, gateway, excludes).map_err(|e| {
+        // Blame the key that holds the bad value.
+        let key = match (&e, dashed) {
+            (_, true) => range_key.clone(),
+            (
+                RangeError::Outside {
+                    bound: Bound::Start,
+                    ..
+                },
+                false,
+            )
+            | (
+                RangeError::MixedFamily {
+                    bound: Bound::Start,
+                    ..
+                },
+                false,
+            ) => start_key.clone(),
+            (
+                RangeError::Outside {
+                    bound: Bound::End, ..
+                },
+                false,
+            )
+            | (
+                RangeError::MixedFamily {
+                    bound: Bound::End, ..
+                },
+                false,
+            ) => end_key.clone(),
+            (RangeError::StartAfterEnd { .. }, false) if obj.get("range_end").is_some() => {
+                end_key.clone()
+            }
+            (RangeError::StartAfterEnd { .. }, false) => start_key.clone(),
+            _ => range_key.clone(),
+        };
+        let value = key
+            .rsplit('.')
+            .next()
+            .and_then(|k| obj.get(k))
+            .unwrap_or(range_val);
+        ConfigError::invalid(&key, value, e)
+    })
+}
+
+fn parse_routes(ipam: &Map<String, Value>) -> Result<Vec<Route>, ConfigError> {
+    let mut routes = Vec::new();
+    match ipam.get("routes") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                let path = format!("ipam.routes[{i}]");
+                let obj = item.as_object().ok_or_else(|| {
+                    ConfigError::invalid(&path, item, "expected an object {\"dst\", \"gw\"}")
+                })?;
+                let dst_key = format!("{path}.dst");
+                let dst_s = opt_str(obj, "dst", &dst_key)?
+                    .ok_or_else(|| ConfigError::invalid(&path, item, "has no \"dst\""))?;
+                let dst: IpNet = dst_s
+                    .trim()
+                    .parse()
+                    .map_err(|_| ConfigError::invalid(&dst_key, &obj["dst"], "not a CIDR"))?;
+                let gw_key = format!("{path}.gw");
+                let gw = match opt_str(obj, "gw", &gw_key)? {
+                    Some(g) => Some(ip_value(&gw_key, &obj["gw"], g)?),
+                    None => None,
+                };
+                if let Some(g) = gw
+                    && range::Family::of(g) != range::Family::of(dst.addr())
+                {
+                    return Err(ConfigError::invalid(
+                        &gw_key,
+                        &obj["gw"],
+                        format!("mixes IPv4 and IPv6 with dst {dst}"),
+                    ));
+                }
+                let mut extra = obj.clone();
+                extra.remove("dst");
+                extra.remove("gw");
+                routes.push(Route { dst, gw, extra });
+            }
+        }
+        Some(other) => {
+            return Err(ConfigError::invalid(
+                "ipam.routes",
+                other,
+                "expected a list",
+            ));
+        }
+    }
+    Ok(routes)
+}
+
+fn parse_dns(ipam: &Map<String, Value>) -> Result<Dns, ConfigError> {
+    let obj = match ipam.get("dns") {
+        None | Some(Value::Null) => return Ok(Dns::default()),
+        Some(Value::Object(o)) => o,
+        Some(other) => {
+            return Err(ConfigError::invalid(
+                "ipam.dns",
+                other,
+                "expected an object",
+            ));
+        }
+    };
+    let list = |key: &str| -> Result<Vec<String>, ConfigError> {
+        let path = format!("ipam.dns.{key}");
+        match obj.get(key) {
+            None | Some(Value::Null) => Ok(Vec::new()),
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    v.as_str().map(str::to_string).ok_or_else(|| {
+                        ConfigError::invalid(&format!("{path}[{i}]"), v, "expected a string")
+                    })
+                })
+                .collect(),
+            Some(other) => Err(ConfigError::invalid(
+                &path,
+                other,
+                "expected a list of strings",
+            )),
+        }
+    };
+    Ok(Dns {
+        nameservers: list("nameservers")?,
+        domain: opt_str(obj, "domain", "ipam.dns.domain")?.map(str::to_string),
+        search: list("search")?,
+        options: list("options")?,
+    })
+}
+
+fn parse_probe(ipam: &Map<String, Value>) -> Result<ProbeConfig, ConfigError> {
+    match ipam.get("probe") {
+        None | Some(Value::Null) | Some(Value::Bool(true)) => Ok(ProbeConfig::default()),
+        Some(Value::Bool(false)) => Ok(ProbeConfig::Disabled),
+        Some(Value::Object(o)) => {
+            let timeout_ms = opt_u64(o, "timeout_ms", "ipam.probe.timeout_ms")?
+                .unwrap_or(DEFAULT_PROBE_TIMEOUT_MS);
+            if timeout_ms == 0 {
+                return Err(ConfigError::invalid(
+                    "ipam.probe.timeout_ms",
+                    &o["timeout_ms"],
+                    "must be at least 1",
+                ));
+            }
+            let attempts = opt_u64(o, "attempts", "ipam.probe.attempts")?
+                .unwrap_or(DEFAULT_PROBE_ATTEMPTS as u64);
+            if attempts == 0 || attempts > u32::MAX as u64 {
+                return Err(ConfigError::invalid(
+                    "ipam.probe.attempts",
+                    &o["attempts"],
+                    "must be between 1 and 4294967295",
+                ));
+            }
+            Ok(ProbeConfig::Enabled {
+                timeout_ms,
+                attempts: attempts as u32,
+            })
+        }
+        Some(other) => Err(ConfigError::invalid(
+            "ipam.probe",
+            other,
+            "expected false, true or {\"timeout_ms\": N, \"attempts\": N}",
+        )),
+    }
+}
+
+fn is_blank(v: &Value) -> bool {
+    matches!(v, Value::Null) || v.as_str().is_some_and(|s| s.trim().is_empty())
+}
+
+/// A string value; `null` and `""` count as absent (Go's encoding/json leaves such fields unset).
+fn opt_str<'a>(
+    obj: &'a Map<String, Value>,
+    key: &str,
+    path: &str,
+) -> Result<Option<&'a str>, ConfigError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.trim().is_empty() => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.as_str())),
+        Some(other) => Err(ConfigError::invalid(path, other, "expected a string")),
+    }
+}
+
+fn opt_u64(obj: &Map<String, Value>, key: &str, path: &str) -> Result<Option<u64>, ConfigError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| ConfigError::invalid(path, v, "expected a non-negative whole number")),
+    }
+}
+
+fn ip_value(path: &str, raw: &Value, text: &str) -> Result<IpAddr, ConfigError> {
+    text.trim()
+        .parse()
+        .map_err(|_| ConfigError::invalid(path, raw, "not an IP address"))
+}
