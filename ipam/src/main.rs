@@ -1,1 +1,5 @@
-fn main() {}
+//! tether-ipam: the CNI entry point.
+
+fn main() {
+    tether_cni::run_main(&tether_ipam::Ipam)
+}

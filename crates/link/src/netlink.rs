@@ -225,6 +225,12 @@ impl Netlink {
             .map_err(|e| NetlinkError::from_rt(format!("setting link #{index} up"), e))
     }
 
+    pub fn set_down(&self, index: u32) -> Result<(), NetlinkError> {
+        let msg = LinkUnspec::new_with_index(index).down().build();
+        self.block(self.handle.link().set(msg).execute())
+            .map_err(|e| NetlinkError::from_rt(format!("setting link #{index} down"), e))
+    }
+
     /// Delete a link; Ok(false) when it was already gone.
     pub fn delete_link(&self, index: u32) -> Result<bool, NetlinkError> {
         match self.block(self.handle.link().del(index).execute()) {
