@@ -177,6 +177,35 @@ impl FileStore {
         self.dir.join(format!("{}.lock", file_stem(network)))
     }
 
+    /// The networks that have a state file here, by the exact name each file records.
+    pub fn networks(&self) -> Result<Vec<String>, FileStoreError> {
+        #[derive(Deserialize)]
+        struct Name {
+            network: String,
+        }
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => return Err(FileStoreError::Read { path: self.dir.clone(), source }),
+        };
+        let mut names = Vec::new();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_none_or(|x| x != "json") {
+                continue;
+            }
+            let bytes = fs::read(&path).map_err(|source| FileStoreError::Read { path: path.clone(), source })?;
+            // Anything else someone put in the directory is not ours to judge; opening the network
+            // itself still reports a damaged state file.
+            match serde_json::from_slice::<Name>(&bytes) {
+                Ok(n) => names.push(n.network),
+                Err(e) => log::debug!("{} is not a lease state file: {e}", path.display()),
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
     /// Run `f` as one read-modify-write transaction under the network's lock. The new state is
     /// written (atomically) only if `f` returns `Ok` and changed something.
     pub fn transaction<R, E: From<StoreError>>(

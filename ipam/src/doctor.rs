@@ -1,0 +1,160 @@
+//! `tether-ipam doctor --config NAD.json`: every check a platform engineer would do by hand before
+//! blaming the plugin, each ending in OK or in what to do.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use serde_json::{Value, json};
+use tether_leases::{Allocator, NoProbe, SystemClock};
+use tether_link::Netlink;
+use tether_pool::{PoolConfig, ProbeConfig};
+use tether_wire::{ProbeBudget, ProbeOutcome};
+
+use crate::cli::{EXIT_FAILED, EXIT_OK, OpenStore, Output, StoreArgs, print_table, read_network_config};
+
+struct Finding {
+    check: &'static str,
+    ok: bool,
+    detail: String,
+}
+
+#[derive(Default)]
+struct Report(Vec<Finding>);
+
+impl Report {
+    fn ok(&mut self, check: &'static str, detail: impl Into<String>) {
+        self.0.push(Finding { check, ok: true, detail: detail.into() });
+    }
+    fn fail(&mut self, check: &'static str, detail: impl Into<String>) {
+        self.0.push(Finding { check, ok: false, detail: detail.into() });
+    }
+}
+
+pub fn run(config: &PathBuf, max_probes: u32, output: Output) -> Result<i32, String> {
+    let mut r = Report::default();
+    diagnose(config, max_probes, &mut r);
+    match output {
+        Output::Json => {
+            let v: Vec<Value> = r.0.iter().map(|f| json!({"check": f.check, "ok": f.ok, "detail": f.detail})).collect();
+            println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+        }
+        Output::Table => {
+            let rows: Vec<Vec<String>> =
+                r.0.iter().map(|f| vec![if f.ok { "OK" } else { "FAIL" }.to_string(), f.check.to_string(), f.detail.clone()]).collect();
+            print_table(&["STATUS", "CHECK", "DETAIL"], &rows);
+        }
+    }
+    Ok(if r.0.iter().all(|f| f.ok) { EXIT_OK } else { EXIT_FAILED })
+}
+
+fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
+    let raw = match read_network_config(path) {
+        Ok(v) => v,
+        Err(e) => return r.fail("config", e),
+    };
+    let cfg = match PoolConfig::from_value(&raw) {
+        Ok(c) => c,
+        Err(e) => return r.fail("config", format!("{e}; fix the ipam section")),
+    };
+    r.ok("config", format!("network {}: {} range(s), {:?} store", cfg.network_name, cfg.ranges.len(), cfg.store).to_lowercase());
+
+    let master = check_master(&raw, r);
+
+    let (open, _) = match OpenStore::open(&StoreArgs { config: Some(path.clone()), data_dir: None }) {
+        Ok(s) => s,
+        Err(e) => return r.fail("store", e),
+    };
+    let leases = match open.store.list(&cfg.network_name) {
+        Ok(l) => {
+            r.ok("store", format!("readable; {} record(s) for network {}", l.len(), cfg.network_name));
+            l
+        }
+        Err(e) => return r.fail("store", format!("{e}")),
+    };
+
+    let alloc = Allocator::from_config(&cfg, open.store.as_ref(), &NoProbe, &SystemClock);
+    match alloc.status() {
+        Ok(ranges) => {
+            for s in ranges {
+                let line = format!(
+                    "range {}: {} usable, {} leased, {} quarantined, {} cooling down, {} free",
+                    s.range, s.usable, s.leased, s.quarantined, s.cooling, s.free
+                );
+                if s.free == 0 {
+                    r.fail("pool", format!("{line}; widen the range or release leases (tether-ipam leases --network {})", cfg.network_name));
+                } else {
+                    r.ok("pool", line);
+                }
+            }
+        }
+        Err(e) => r.fail("pool", e.to_string()),
+    }
+
+    let Some((index, mac, name)) = master else { return };
+    if matches!(cfg.probe, ProbeConfig::Disabled) {
+        r.ok("conflicts", "probing is disabled in the config (\"probe\": false); not probing");
+        return;
+    }
+    let budget = match cfg.probe {
+        ProbeConfig::Enabled { timeout_ms, attempts } => crate::prober::budget(timeout_ms, attempts),
+        ProbeConfig::Disabled => ProbeBudget::default(),
+    };
+    let held: Vec<IpAddr> = leases.iter().filter(|l| l.is_leased()).map(|l| l.address).collect();
+    let mut probed = 0;
+    let mut conflicts = 0;
+    for range in &cfg.ranges {
+        for addr in range.candidates(0).filter(|a| !held.contains(a)).take(max_probes as usize) {
+            probed += 1;
+            match tether_wire::probe(index, mac, addr, budget) {
+                Ok(ProbeOutcome::Free) => {}
+                Ok(ProbeOutcome::InUse { mac }) => {
+                    conflicts += 1;
+                    r.fail(
+                        "conflicts",
+                        format!("{addr} is not leased but {mac} answers for it on {name}: exclude it from the range, or remove it from that host"),
+                    );
+                }
+                Err(e) => return r.fail("conflicts", format!("cannot probe on {name}: {e}")),
+            }
+        }
+    }
+    if conflicts == 0 {
+        r.ok("conflicts", format!("{probed} unleased pool address(es) probed on {name}; none answered"));
+    }
+}
+
+/// The master NIC exists and is up. Returns what probing needs.
+fn check_master(raw: &Value, r: &mut Report) -> Option<(u32, [u8; 6], String)> {
+    if raw.get("linkInContainer").and_then(Value::as_bool) == Some(true) {
+        r.ok("master", "linkInContainer: the master lives in the pod's netns; checked at ADD");
+        return None;
+    }
+    let link = (|| -> Result<tether_link::Link, String> {
+        let rt = Netlink::runtime().map_err(|e| e.to_string())?;
+        let nl = Netlink::current(&rt).map_err(|e| e.to_string())?;
+        match raw.get("master").and_then(Value::as_str).filter(|m| !m.is_empty()) {
+            Some(m) => nl.link_by_name(m).map_err(|e| e.to_string())?.ok_or_else(|| {
+                format!("master {m:?} does not exist on this node: fix \"master\" (see `ip -br link`) or leave it out to use the default route's interface")
+            }),
+            None => nl
+                .default_route_link()
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "no \"master\" and no IPv4 default route on this node: set \"master\"".to_string()),
+        }
+    })();
+    match link {
+        Ok(l) if !l.up => {
+            r.fail("master", format!("{} exists but is down: `ip link set {} up` (and check cabling/bond members)", l.name, l.name));
+            None
+        }
+        Ok(l) => {
+            r.ok("master", format!("{} exists and is up (mtu {})", l.name, l.mtu.unwrap_or(0)));
+            let mac = l.mac.as_deref().and_then(|m| <[u8; 6]>::try_from(m).ok())?;
+            Some((l.index, mac, l.name))
+        }
+        Err(e) => {
+            r.fail("master", e);
+            None
+        }
+    }
+}
