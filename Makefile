@@ -9,7 +9,7 @@ BINS      := tether-ipvlan tether-ipam
 HOST_TESTS := $(sort $(basename $(notdir $(wildcard conformance/tests/host_*.rs))))
 LAB_TESTS  := $(sort $(basename $(notdir $(wildcard conformance/tests/lab_*.rs))))
 
-.PHONY: all build install test unit host-tests lab-tests driver deps demo fmt clippy clean
+.PHONY: all build install test unit host-tests lab-tests manifests driver deps demo fmt clippy clean
 
 all: build
 
@@ -33,7 +33,7 @@ driver:
 
 test: deps driver
 	$(CARGO) build --locked --workspace --bins
-	$(MAKE) --no-print-directory unit host-tests lab-tests
+	$(MAKE) --no-print-directory unit manifests host-tests lab-tests
 
 unit:
 	$(CARGO) test --locked --workspace --exclude tether-conformance
@@ -43,6 +43,10 @@ host-tests:
 ifneq ($(HOST_TESTS),)
 	$(CARGO) test --locked -p tether-conformance $(addprefix --test ,$(HOST_TESTS))
 endif
+
+# Every manifest under deploy/ against Kubernetes schemas and the plugin's own config parser.
+manifests:
+	python3 deploy/validate.py
 
 lab-tests:
 	conformance/lab/run-tests.sh $(LAB_TESTS)

@@ -23,4 +23,8 @@ if ! command -v vng >/dev/null; then
   echo "deps: installing virtme-ng (pip)"
   pip install --quiet virtme-ng
 fi
+if ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
+  echo "deps: installing kubernetes-validate (pip; manifest schemas, offline)"
+  pip install --quiet kubernetes-validate==1.37.0
+fi
 command -v cargo >/dev/null || { echo "deps: cargo is required (rustup toolchain)"; exit 1; }

@@ -68,6 +68,11 @@ enum Cmd {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// Check a network config's ipam section the way the plugin reads it (offline; for CI/GitOps).
+    Validate {
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Print the version.
     Version,
 }
@@ -106,6 +111,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Cmd::Leases { network, store, output } => leases(network.as_deref(), &store, output),
         Cmd::Release { address, network, force, store, output } => release(address, &network, force, &store, output),
         Cmd::Doctor { config, max_probes, output } => doctor::run(&config, max_probes, output),
+        Cmd::Validate { config } => validate(&config),
     };
     match outcome {
         Ok(code) => code,
@@ -246,6 +252,13 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
     for r in rows {
         line(r.clone());
     }
+}
+
+fn validate(path: &PathBuf) -> Result<i32, String> {
+    let cfg = PoolConfig::from_value(&read_network_config(path)?).map_err(|e| e.to_string())?;
+    let ranges: Vec<String> = cfg.ranges.iter().map(|r| format!("{r} ({} usable)", r.usable_count())).collect();
+    println!("network {}: {}; {:?} store", cfg.network_name, ranges.join(", "), cfg.store);
+    Ok(EXIT_OK)
 }
 
 fn leases(network: Option<&str>, args: &StoreArgs, output: Output) -> Result<i32, String> {
