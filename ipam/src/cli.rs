@@ -73,6 +73,29 @@ enum Cmd {
         #[arg(long)]
         config: PathBuf,
     },
+    /// What the DaemonSet runs: install the plugins, keep their kubeconfig fresh, reconcile leases.
+    NodeAgent {
+        /// The host's CNI bin directory (mounted).
+        #[arg(long)]
+        cni_bin_dir: PathBuf,
+        /// Where to write the plugin's kubeconfig on the host (mounted).
+        #[arg(long)]
+        kubeconfig_out: PathBuf,
+        /// The host's file-store directory (mounted), reconciled for pods of this node.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Where the binaries to install are (this image's).
+        #[arg(long, default_value = "/usr/local/bin")]
+        source_dir: PathBuf,
+        #[arg(long, default_value = "/var/run/secrets/kubernetes.io/serviceaccount")]
+        service_account_dir: PathBuf,
+        /// Seconds between kubeconfig refreshes.
+        #[arg(long, default_value_t = 60)]
+        refresh_s: u64,
+        /// One pass, then exit.
+        #[arg(long)]
+        once: bool,
+    },
     /// Print the version.
     Version,
 }
@@ -112,6 +135,18 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Cmd::Release { address, network, force, store, output } => release(address, &network, force, &store, output),
         Cmd::Doctor { config, max_probes, output } => doctor::run(&config, max_probes, output),
         Cmd::Validate { config } => validate(&config),
+        Cmd::NodeAgent { cni_bin_dir, kubeconfig_out, data_dir: _, source_dir, service_account_dir, refresh_s, once } => {
+            tether_cni::logging::install("tether-ipam");
+            let opts = crate::agent::AgentOptions {
+                source_dir,
+                cni_bin_dir,
+                kubeconfig_out,
+                service_account_dir,
+                refresh: std::time::Duration::from_secs(refresh_s),
+                once,
+            };
+            crate::agent::run(&opts, || {}).map(|()| EXIT_OK)
+        }
     };
     match outcome {
         Ok(code) => code,

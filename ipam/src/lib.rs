@@ -4,6 +4,7 @@
 //! tether-wire (through [`prober`]). This crate wires them to the CNI verbs and maps their errors to
 //! CNI codes in one place ([`to_cni`]).
 
+pub mod agent;
 pub mod cli;
 pub mod doctor;
 pub mod prober;

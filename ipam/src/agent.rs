@@ -1,0 +1,207 @@
+//! `tether-ipam node-agent`: what the DaemonSet runs on every node.
+//!
+//! 1. Installs `tether-ipvlan` and `tether-ipam` into the host's CNI bin dir: copy to a temporary name
+//!    in the same directory, fsync, rename — kubelet never executes a half-written file.
+//! 2. Writes the kubeconfig the plugin uses (0600, directory 0700) from this pod's service-account
+//!    token and CA, and rewrites it whenever either rotates (projected tokens expire in about an hour).
+//! 3. Runs the lease reconciler for this node (see `reconcile`), when a Kubernetes store is in use.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const BINARIES: &[&str] = &["tether-ipvlan", "tether-ipam"];
+
+/// Where the service account's credentials are mounted, and where the API server is.
+#[derive(Debug, Clone)]
+pub struct ServiceAccount {
+    pub dir: PathBuf,
+    pub server: String,
+}
+
+impl ServiceAccount {
+    /// From the in-cluster environment.
+    pub fn in_cluster(dir: PathBuf) -> Result<ServiceAccount, String> {
+        let host = std::env::var("KUBERNETES_SERVICE_HOST").map_err(|_| "KUBERNETES_SERVICE_HOST is not set: not running in a pod?".to_string())?;
+        let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
+        let host = if host.contains(':') { format!("[{host}]") } else { host };
+        Ok(ServiceAccount { dir, server: format!("https://{host}:{port}") })
+    }
+}
+
+/// Write `bytes` to `path` atomically with `mode`. Returns false when the file already held them.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<bool> {
+    if fs::read(path).is_ok_and(|old| old == bytes) {
+        // Keep the mode right even when the content is.
+        fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
+        return Ok(false);
+    }
+    let dir = path.parent().ok_or_else(|| std::io::Error::other(format!("{} has no parent directory", path.display())))?;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let result = (|| {
+        let mut f = OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result.map(|()| true)
+}
+
+/// Copy each binary from `src` into `dst`; returns the names that changed.
+pub fn install_binaries(src: &Path, dst: &Path) -> Result<Vec<String>, String> {
+    fs::create_dir_all(dst).map_err(|e| format!("creating {}: {e}", dst.display()))?;
+    let mut changed = Vec::new();
+    for b in BINARIES {
+        let from = src.join(b);
+        let bytes = fs::read(&from).map_err(|e| format!("reading {}: {e}", from.display()))?;
+        if write_atomic(&dst.join(b), &bytes, 0o755).map_err(|e| format!("installing {b} into {}: {e}", dst.display()))? {
+            changed.push(b.to_string());
+        }
+    }
+    Ok(changed)
+}
+
+/// A kubeconfig with the token and CA embedded, so the plugin needs no access to the pod's mounts.
+pub fn kubeconfig(sa: &ServiceAccount) -> Result<String, String> {
+    let read = |f: &str| fs::read(sa.dir.join(f)).map_err(|e| format!("reading {}: {e}", sa.dir.join(f).display()));
+    let token = String::from_utf8(read("token")?).map_err(|_| "the service-account token is not text".to_string())?;
+    let ca = read("ca.crt")?;
+    Ok(format!(
+        "# Written by tether-ipam node-agent from the tether service account; rewritten when the token rotates.\n\
+         apiVersion: v1\nkind: Config\n\
+         clusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
+         users:\n- name: tether\n  user:\n    token: {token}\n\
+         contexts:\n- name: tether\n  context:\n    cluster: local\n    user: tether\n\
+         current-context: tether\n",
+        server = sa.server,
+        ca = base64(&ca),
+        token = token.trim(),
+    ))
+}
+
+/// Write the kubeconfig (0600) into a 0700 directory; returns whether it changed.
+pub fn write_kubeconfig(sa: &ServiceAccount, out: &Path) -> Result<bool, String> {
+    let dir = out.parent().ok_or_else(|| format!("{} has no parent directory", out.display()))?;
+    if !dir.is_dir() {
+        fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    }
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(|e| format!("{}: {e}", dir.display()))?;
+    write_atomic(out, kubeconfig(sa)?.as_bytes(), 0o600).map_err(|e| format!("writing {}: {e}", out.display()))
+}
+
+fn base64(data: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for c in data.chunks(3) {
+        let n = (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(T[(n >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The agent's options.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    pub source_dir: PathBuf,
+    pub cni_bin_dir: PathBuf,
+    pub kubeconfig_out: PathBuf,
+    pub service_account_dir: PathBuf,
+    pub refresh: Duration,
+    /// Stop after the first pass (tests, and `kubectl debug` style checks).
+    pub once: bool,
+}
+
+/// Install, then keep the kubeconfig fresh until killed.
+pub fn run(opts: &AgentOptions, mut each_pass: impl FnMut()) -> Result<(), String> {
+    let changed = install_binaries(&opts.source_dir, &opts.cni_bin_dir)?;
+    log::warn!("installed into {}: {}", opts.cni_bin_dir.display(), if changed.is_empty() { "already current".into() } else { changed.join(", ") });
+    let sa = ServiceAccount::in_cluster(opts.service_account_dir.clone())?;
+    loop {
+        match write_kubeconfig(&sa, &opts.kubeconfig_out) {
+            Ok(true) => log::warn!("wrote {}", opts.kubeconfig_out.display()),
+            Ok(false) => {}
+            // Keep the old kubeconfig: a transient read error must not break the plugin.
+            Err(e) => log::error!("refreshing the kubeconfig: {e}"),
+        }
+        each_pass();
+        if opts.once {
+            return Ok(());
+        }
+        std::thread::sleep(opts.refresh);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("tether-agent-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn base64_matches_rfc4648_vectors() {
+        for (i, o) in [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foob", "Zm9vYg=="), ("fooba", "Zm9vYmE="), ("foobar", "Zm9vYmFy")] {
+            assert_eq!(base64(i.as_bytes()), o);
+        }
+    }
+
+    #[test]
+    fn installs_atomically_and_only_when_changed() {
+        let d = tmp("install");
+        let (src, dst) = (d.join("src"), d.join("dst"));
+        fs::create_dir_all(&src).unwrap();
+        for b in BINARIES {
+            fs::write(src.join(b), format!("v1 {b}")).unwrap();
+        }
+        assert_eq!(install_binaries(&src, &dst).unwrap().len(), 2);
+        assert_eq!(fs::metadata(dst.join("tether-ipam")).unwrap().permissions().mode() & 0o777, 0o755);
+        assert!(install_binaries(&src, &dst).unwrap().is_empty(), "unchanged binaries are not rewritten");
+        fs::write(src.join("tether-ipam"), "v2").unwrap();
+        assert_eq!(install_binaries(&src, &dst).unwrap(), vec!["tether-ipam".to_string()]);
+        assert_eq!(fs::read_to_string(dst.join("tether-ipam")).unwrap(), "v2");
+        let leftovers: Vec<_> = fs::read_dir(&dst).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with('.')).collect();
+        assert!(leftovers.is_empty(), "no temporary files left");
+        assert!(install_binaries(&d.join("missing"), &dst).unwrap_err().contains("missing"));
+    }
+
+    #[test]
+    fn kubeconfig_is_private_and_follows_token_rotation() {
+        let d = tmp("kubeconfig");
+        let sa_dir = d.join("sa");
+        fs::create_dir_all(&sa_dir).unwrap();
+        fs::write(sa_dir.join("token"), "token-one\n").unwrap();
+        fs::write(sa_dir.join("ca.crt"), "CA").unwrap();
+        let sa = ServiceAccount { dir: sa_dir.clone(), server: "https://10.43.0.1:443".into() };
+        let out = d.join("net.d/tether.d/tether.kubeconfig");
+        assert!(write_kubeconfig(&sa, &out).unwrap());
+        let text = fs::read_to_string(&out).unwrap();
+        assert!(text.contains("token: token-one\n") && text.contains("certificate-authority-data: Q0E=") && text.contains("server: https://10.43.0.1:443"));
+        assert_eq!(fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(fs::metadata(out.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
+        assert!(!write_kubeconfig(&sa, &out).unwrap(), "unchanged token: no rewrite");
+        fs::write(sa_dir.join("token"), "token-two").unwrap();
+        assert!(write_kubeconfig(&sa, &out).unwrap());
+        assert!(fs::read_to_string(&out).unwrap().contains("token: token-two\n"));
+        fs::remove_file(sa_dir.join("token")).unwrap();
+        assert!(write_kubeconfig(&sa, &out).is_err());
+        assert!(fs::read_to_string(&out).unwrap().contains("token-two"), "a failed refresh keeps the old file");
+    }
+}
