@@ -9,7 +9,7 @@ BINS      := tether-ipvlan tether-ipam
 HOST_TESTS := $(sort $(basename $(notdir $(wildcard conformance/tests/host_*.rs))))
 LAB_TESTS  := $(sort $(basename $(notdir $(wildcard conformance/tests/lab_*.rs))))
 
-.PHONY: all build install test unit host-tests lab-tests manifests driver deps demo fmt clippy clean
+.PHONY: all build install test unit host-tests lab-tests manifests fuzz-regressions fuzz driver deps demo fmt clippy clean
 
 all: build
 
@@ -33,7 +33,7 @@ driver:
 
 test: deps driver
 	$(CARGO) build --locked --workspace --bins
-	$(MAKE) --no-print-directory unit manifests host-tests lab-tests
+	$(MAKE) --no-print-directory unit fuzz-regressions manifests host-tests lab-tests
 
 unit:
 	$(CARGO) test --locked --workspace --exclude tether-conformance
@@ -43,6 +43,26 @@ host-tests:
 ifneq ($(HOST_TESTS),)
 	$(CARGO) test --locked -p tether-conformance $(addprefix --test ,$(HOST_TESTS))
 endif
+
+# Saved fuzz inputs (crashes found by `make fuzz`, edge cases) replayed on stable Rust.
+fuzz-regressions:
+	$(CARGO) test --locked --manifest-path conformance/fuzz/Cargo.toml --test regressions
+
+# Each cargo-fuzz target for FUZZ_SECONDS (not in CI). A crash is copied into
+# conformance/fuzz/regressions/<target>/ so it becomes a regression test, and the run fails.
+# cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP lets this machine's stable toolchain take them.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := netconf cni_args range result store_file
+fuzz:
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	@status=0; for t in $(FUZZ_TARGETS); do \
+	  echo "== fuzz $$t ($(FUZZ_SECONDS) s)"; \
+	  if ! RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run --fuzz-dir conformance/fuzz $$t -- -max_total_time=$(FUZZ_SECONDS) >conformance/fuzz/$$t.log 2>&1; then \
+	    status=1; tail -30 conformance/fuzz/$$t.log; \
+	    for a in conformance/fuzz/artifacts/$$t/crash-* conformance/fuzz/artifacts/$$t/oom-* conformance/fuzz/artifacts/$$t/timeout-*; do \
+	      [ -f "$$a" ] && cp "$$a" conformance/fuzz/regressions/$$t/ && echo "saved $$a as a regression input"; done; \
+	  else grep -E '^Done' conformance/fuzz/$$t.log; fi; \
+	done; exit $$status
 
 # Every manifest under deploy/ against Kubernetes schemas and the plugin's own config parser.
 manifests:
