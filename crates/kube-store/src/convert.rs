@@ -1,0 +1,241 @@
+//! `Lease` ↔ `IPLease`.
+
+use std::collections::BTreeMap;
+
+use tether_leases::{Lease, LeaseState, PodRef};
+
+use crate::crd::{
+    IPLease, IPLeaseSpec, LeasePhase, NETWORK_LABEL, NODE_LABEL, PodInfo, Quarantine, label_value,
+    object_name,
+};
+use crate::error::KubeStoreError;
+
+/// Unix seconds → RFC 3339 (`2023-11-14T22:13:20Z`).
+pub fn time_text(secs: u64) -> Result<String, String> {
+    let s = i64::try_from(secs).map_err(|_| format!("time {secs} is out of range"))?;
+    jiff::Timestamp::from_second(s)
+        .map(|t| t.to_string())
+        .map_err(|e| format!("time {secs} is out of range: {e}"))
+}
+
+/// RFC 3339 → unix seconds (fractions dropped; times before 1970 are an error).
+pub fn parse_time(text: &str) -> Result<u64, String> {
+    let t: jiff::Timestamp = text
+        .parse()
+        .map_err(|e| format!("{text:?} is not an RFC 3339 time: {e}"))?;
+    u64::try_from(t.as_second()).map_err(|_| format!("{text:?} is before 1970"))
+}
+
+/// The opaque `Lease::version`: `<uid>/<resourceVersion>`.
+pub fn version_of(uid: &str, rv: &str) -> String {
+    format!("{uid}/{rv}")
+}
+
+/// Split a `Lease::version` into (uid, resourceVersion).
+pub fn split_version(v: &str) -> Option<(&str, &str)> {
+    v.split_once('/')
+        .filter(|(u, r)| !u.is_empty() && !r.is_empty())
+}
+
+/// The object for `lease`; `meta` = (uid, resourceVersion) makes it a conditional replace.
+pub fn to_object(lease: &Lease, meta: Option<(&str, &str)>) -> Result<IPLease, KubeStoreError> {
+    let err = |detail: String| KubeStoreError::Unrepresentable {
+        network: lease.network.clone(),
+        address: lease.address.to_string(),
+        detail,
+    };
+    let (state, released_at, quarantine) = match &lease.state {
+        LeaseState::Leased => (LeasePhase::Leased, None, None),
+        LeaseState::Released { at } => (
+            LeasePhase::Released,
+            Some(time_text(*at).map_err(err)?),
+            None,
+        ),
+        LeaseState::Quarantined { mac, at } => (
+            LeasePhase::Quarantined,
+            None,
+            Some(Quarantine {
+                mac: mac.clone(),
+                at: time_text(*at).map_err(err)?,
+            }),
+        ),
+    };
+    let range_index = match lease.range_index {
+        None => None,
+        Some(i) => {
+            Some(u32::try_from(i).map_err(|_| err(format!("range index {i} is too large")))?)
+        }
+    };
+    let pod = (lease.pod != PodRef::default()).then(|| PodInfo {
+        namespace: lease.pod.namespace.clone(),
+        name: lease.pod.name.clone(),
+        uid: lease.pod.uid.clone(),
+    });
+    let spec = IPLeaseSpec {
+        network: lease.network.clone(),
+        address: lease.address.to_string(),
+        prefix_length: lease.prefix_len,
+        range_index,
+        container_id: lease.container_id.clone(),
+        ifname: lease.ifname.clone(),
+        pod,
+        node: lease.node.clone(),
+        state,
+        since: time_text(lease.since).map_err(err)?,
+        released_at,
+        quarantine,
+    };
+    let mut obj = IPLease::new(&object_name(&lease.network, lease.address), spec);
+    let mut labels = BTreeMap::new();
+    labels.insert(NETWORK_LABEL.to_string(), label_value(&lease.network));
+    if let Some(n) = &lease.node {
+        labels.insert(NODE_LABEL.to_string(), label_value(n));
+    }
+    obj.metadata.labels = Some(labels);
+    if let Some((uid, rv)) = meta {
+        obj.metadata.uid = Some(uid.to_string());
+        obj.metadata.resource_version = Some(rv.to_string());
+    }
+    Ok(obj)
+}
+
+/// The lease an object stands for. Errors when the object is malformed or its name is not the
+/// one its (network, address) maps to (such an object is ignored: the store never writes it).
+pub fn from_object(obj: &IPLease) -> Result<Lease, String> {
+    let s = &obj.spec;
+    let name = obj.metadata.name.as_deref().unwrap_or("");
+    let address = s.address.parse().map_err(|_| {
+        format!(
+            "IPLease {name}: spec.address {:?} is not an IP address",
+            s.address
+        )
+    })?;
+    let expected = object_name(&s.network, address);
+    if name != expected {
+        return Err(format!(
+            "IPLease {name} is for {} in network {:?}, which tether names {expected}; ignoring it",
+            s.address, s.network
+        ));
+    }
+    let (Some(uid), Some(rv)) = (
+        obj.metadata.uid.as_deref(),
+        obj.metadata.resource_version.as_deref(),
+    ) else {
+        return Err(format!("IPLease {name} has no uid or resourceVersion"));
+    };
+    let t = |v: &str| parse_time(v).map_err(|e| format!("IPLease {name}: {e}"));
+    let state = match s.state {
+        LeasePhase::Leased => LeaseState::Leased,
+        LeasePhase::Released => LeaseState::Released {
+            at: t(s
+                .released_at
+                .as_deref()
+                .ok_or_else(|| format!("IPLease {name}: Released without releasedAt"))?)?,
+        },
+        LeasePhase::Quarantined => {
+            let q = s
+                .quarantine
+                .as_ref()
+                .ok_or_else(|| format!("IPLease {name}: Quarantined without quarantine"))?;
+            LeaseState::Quarantined {
+                mac: q.mac.clone(),
+                at: t(&q.at)?,
+            }
+        }
+    };
+    let pod = s
+        .pod
+        .as_ref()
+        .map(|p| PodRef {
+            namespace: p.namespace.clone(),
+            name: p.name.clone(),
+            uid: p.uid.clone(),
+        })
+        .unwrap_or_default();
+    Ok(Lease {
+        network: s.network.clone(),
+        address,
+        prefix_len: s.prefix_length,
+        range_index: s.range_index.map(|i| i as usize),
+        container_id: s.container_id.clone(),
+        ifname: s.ifname.clone(),
+        pod,
+        node: s.node.clone(),
+        state,
+        since: t(&s.since)?,
+        version: Some(version_of(uid, rv)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(state: LeaseState) -> Lease {
+        Lease {
+            network: "Net_1".into(),
+            address: "fd00::7".parse().unwrap(),
+            prefix_len: 64,
+            range_index: Some(1),
+            container_id: "c1".into(),
+            ifname: "net1".into(),
+            pod: PodRef::new("ns", "p", "u"),
+            node: Some("node-a".into()),
+            state,
+            since: 1_700_000_000,
+            version: None,
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        for st in [
+            LeaseState::Leased,
+            LeaseState::Released { at: 1_700_000_100 },
+            LeaseState::Quarantined {
+                mac: "02:00:00:00:00:01".into(),
+                at: 5,
+            },
+        ] {
+            let l = lease(st);
+            let mut o = to_object(&l, None).unwrap();
+            assert_eq!(
+                o.metadata.name.as_deref(),
+                Some(object_name("Net_1", l.address).as_str())
+            );
+            o.metadata.uid = Some("u1".into());
+            o.metadata.resource_version = Some("42".into());
+            let back = from_object(&o).unwrap();
+            assert_eq!(back.version.as_deref(), Some("u1/42"));
+            assert_eq!(
+                Lease {
+                    version: None,
+                    ..back
+                },
+                l
+            );
+        }
+        let mut bare = lease(LeaseState::Leased);
+        bare.pod = PodRef::default();
+        bare.node = None;
+        bare.range_index = None;
+        let mut o = to_object(&bare, Some(("u", "1"))).unwrap();
+        assert!(o.spec.pod.is_none());
+        o.metadata.name = Some("other".into());
+        assert!(from_object(&o).unwrap_err().contains("ignoring"));
+    }
+
+    #[test]
+    fn times() {
+        assert_eq!(time_text(0).unwrap(), "1970-01-01T00:00:00Z");
+        assert_eq!(parse_time("2023-11-14T22:13:20Z").unwrap(), 1_700_000_000);
+        assert_eq!(
+            parse_time("2023-11-14T23:13:20.5+01:00").unwrap(),
+            1_700_000_000
+        );
+        assert!(time_text(u64::MAX).is_err());
+        assert!(parse_time("1969-12-31T23:59:59Z").is_err());
+        assert_eq!(split_version("a/1"), Some(("a", "1")));
+        assert_eq!(split_version("a"), None);
+    }
+}

@@ -1,0 +1,238 @@
+//! Errors of the Kubernetes lease store. Every message says what to do.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tether_leases::StoreError;
+
+use crate::crd::{CRD_MANIFEST, CRD_NAME};
+
+/// Where the store's credentials came from (quoted in messages).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CredentialSource {
+    /// `ipam.kubernetes.kubeconfig`.
+    Config(PathBuf),
+    /// The pod's service account (`KUBERNETES_SERVICE_HOST` and the token under
+    /// `/var/run/secrets/kubernetes.io/serviceaccount/`).
+    InCluster,
+    /// The `KUBECONFIG` environment variable.
+    Env(String),
+}
+
+impl std::fmt::Display for CredentialSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CredentialSource::Config(p) => {
+                write!(f, "kubeconfig {} (ipam.kubernetes.kubeconfig)", p.display())
+            }
+            CredentialSource::InCluster => f.write_str("the in-cluster service account"),
+            CredentialSource::Env(p) => write!(f, "kubeconfig {p} (KUBECONFIG)"),
+        }
+    }
+}
+
+/// Errors of [`KubeStore`](crate::KubeStore).
+#[derive(Debug, thiserror::Error)]
+pub enum KubeStoreError {
+    /// A key of the `kubernetes` object has a value the store cannot use.
+    #[error("ipam.kubernetes.{key} {value}: {reason}")]
+    Config {
+        /// Key under `ipam.kubernetes`.
+        key: String,
+        /// The value, as JSON text.
+        value: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// No credentials at all.
+    #[error(
+        "no Kubernetes credentials for the lease store: set ipam.kubernetes.kubeconfig to a kubeconfig file \
+         readable by the container runtime, run with a service account (KUBERNETES_SERVICE_HOST), or set KUBECONFIG"
+    )]
+    NoCredentials,
+    /// The kubeconfig is missing, unreadable or invalid.
+    #[error(
+        "cannot use {source_}: {detail}; fix the file, or point ipam.kubernetes.kubeconfig at a valid one"
+    )]
+    Kubeconfig {
+        /// Which kubeconfig.
+        source_: CredentialSource,
+        /// What is wrong.
+        detail: String,
+    },
+    /// In-cluster credentials are incomplete.
+    #[error(
+        "cannot use the in-cluster service account: {detail}; set ipam.kubernetes.kubeconfig instead"
+    )]
+    InCluster {
+        /// What is wrong.
+        detail: String,
+    },
+    /// The IPLease CRD is not installed (the API answers 404 for the resource).
+    #[error(
+        "the IPLease custom resource ({CRD_NAME}) is not installed in the cluster at {server}: \
+         install it with `kubectl apply -f {CRD_MANIFEST}` (shipped with tether), then retry"
+    )]
+    CrdMissing {
+        /// API server URL.
+        server: String,
+    },
+    /// The CRD exists but is not yet established.
+    #[error(
+        "the IPLease custom resource ({CRD_NAME}) is installed at {server} but not established yet ({detail}); \
+         wait a moment, or check `kubectl get crd {CRD_NAME} -o yaml` for naming conflicts"
+    )]
+    CrdNotEstablished {
+        /// API server URL.
+        server: String,
+        /// Condition message.
+        detail: String,
+    },
+    /// RBAC forbids a request.
+    #[error(
+        "the Kubernetes API at {server} forbids `{verb}` on {resource} for {source_}: {message}; \
+         grant the verbs get, list, watch, create, update and delete on {CRD_NAME} to this identity \
+         (deploy/base/rbac.yaml has the ClusterRole)"
+    )]
+    Forbidden {
+        /// API server URL.
+        server: String,
+        /// RBAC verb (`list`, `create`, ...).
+        verb: String,
+        /// Resource, `ipleases.ipam.tether.dev`.
+        resource: String,
+        /// Credentials used.
+        source_: CredentialSource,
+        /// The server's message (names the user).
+        message: String,
+    },
+    /// The credentials were rejected.
+    #[error(
+        "the Kubernetes API at {server} rejected the credentials from {source_} (401 Unauthorized: {message}); \
+         renew the token or client certificate"
+    )]
+    Unauthorized {
+        /// API server URL.
+        server: String,
+        /// Credentials used.
+        source_: CredentialSource,
+        /// The server's message.
+        message: String,
+    },
+    /// The API server could not be reached (connection refused, DNS, reset, ...).
+    #[error(
+        "cannot reach the Kubernetes API server at {server} ({what}): {detail}; check the server address in \
+         {source_} and that the API server is up (retry later)"
+    )]
+    Unreachable {
+        /// API server URL.
+        server: String,
+        /// The request.
+        what: String,
+        /// Credentials used.
+        source_: CredentialSource,
+        /// Cause.
+        detail: String,
+    },
+    /// TLS with the API server failed.
+    #[error(
+        "TLS with the Kubernetes API server at {server} failed ({what}): {detail}; check certificate-authority-data, \
+         the server name and the client certificate in {source_}"
+    )]
+    Tls {
+        /// API server URL.
+        server: String,
+        /// The request.
+        what: String,
+        /// Credentials used.
+        source_: CredentialSource,
+        /// Cause.
+        detail: String,
+    },
+    /// The time budget of this call ran out.
+    #[error(
+        "no answer from the Kubernetes API server at {server} within the {}s budget of this call ({what}); \
+         the API server may be overloaded or unreachable (retry later, or raise ipam.kubernetes.timeout_s)",
+        budget.as_secs_f64()
+    )]
+    Timeout {
+        /// API server URL.
+        server: String,
+        /// The request that was cut off.
+        what: String,
+        /// The budget.
+        budget: Duration,
+    },
+    /// The API server answered with an error not covered above.
+    #[error("the Kubernetes API at {server} refused {what}: {code} {reason}: {message}")]
+    Api {
+        /// API server URL.
+        server: String,
+        /// The request.
+        what: String,
+        /// HTTP status.
+        code: u16,
+        /// Status reason.
+        reason: String,
+        /// Status message.
+        message: String,
+    },
+    /// The answer could not be understood.
+    #[error("unexpected answer from the Kubernetes API at {server} to {what}: {detail}")]
+    Protocol {
+        /// API server URL.
+        server: String,
+        /// The request.
+        what: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// A lease cannot be represented as an IPLease (e.g. a time beyond year 9999).
+    #[error("cannot store the lease of {address} in network {network}: {detail}")]
+    Unrepresentable {
+        /// Network.
+        network: String,
+        /// Address.
+        address: String,
+        /// Why.
+        detail: String,
+    },
+    /// The async runtime could not be built.
+    #[error("cannot start the Kubernetes client runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+}
+
+impl KubeStoreError {
+    /// Worth retrying later (CNI code 11 "try again later")? True for an unreachable or slow API
+    /// server and for 429/5xx answers.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            KubeStoreError::Unreachable { .. } | KubeStoreError::Timeout { .. } => true,
+            KubeStoreError::CrdNotEstablished { .. } => true,
+            KubeStoreError::Api { code, .. } => *code == 429 || *code >= 500,
+            _ => false,
+        }
+    }
+}
+
+impl From<KubeStoreError> for StoreError {
+    fn from(e: KubeStoreError) -> StoreError {
+        StoreError::Backend {
+            message: e.to_string(),
+            transient: e.is_transient(),
+            source: Some(Box::new(e)),
+        }
+    }
+}
+
+impl KubeStoreError {
+    /// The store error inside a [`StoreError::Backend`], if it is one of ours.
+    pub fn from_store_error(e: &StoreError) -> Option<&KubeStoreError> {
+        match e {
+            StoreError::Backend {
+                source: Some(s), ..
+            } => s.downcast_ref::<KubeStoreError>(),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,41 @@
+//! tether's cluster-wide lease store: one `IPLease` custom resource per leased address.
+//!
+//! When several nodes allocate from one range, the leases must live in the cluster. Following
+//! the KEP-1880 `IPAddress` model, every (network, address) is one small cluster-scoped object
+//! named after both ([`crd::object_name`]), so allocating is a single CREATE that either wins or
+//! gets `409 AlreadyExists`: no shared object rewritten by every allocation, no read-modify-write,
+//! no leader election. [`KubeStore`] implements [`tether_leases::LeaseStore`], so the same engine
+//! (idempotent ADD, sticky, cooldown, quarantine, requested addresses, GC, rollback) runs over it:
+//!
+//! | store call | API request |
+//! |---|---|
+//! | `list(network)` | LIST `ipleases?labelSelector=ipam.tether.dev/network=<net>` (paginated, `limit=500`/`continue`; or one `resourceVersion=0` request with `list_from_cache`), objects of other networks dropped |
+//! | `claim(new, None)` | CREATE; `409 AlreadyExists` → `Taken` (plus one GET for the current record) |
+//! | `claim(new, Some(expected))` | UPDATE carrying the expected `uid` and `resourceVersion`; `409 Conflict` / `404` → `Taken` |
+//! | `remove(expected)` | DELETE with preconditions `{uid, resourceVersion}`; `409` / `404` → `Taken` |
+//!
+//! A lease's opaque `version` is `<uid>/<resourceVersion>`, so a release or delete can never hit
+//! an object re-created for another attachment since it was read. An uncontended allocation costs
+//! two requests (LIST + CREATE).
+//!
+//! Errors ([`KubeStoreError`]) say what to do — the CRD is missing (names
+//! [`crd::CRD_MANIFEST`] and the `kubectl apply` command), RBAC forbids a verb (names verb and
+//! resource), the API server is unreachable or too slow, TLS failed, the kubeconfig is missing
+//! or invalid — and convert into [`tether_leases::StoreError::Backend`] with `transient` set for
+//! unreachable, timed-out and 429/5xx answers. Every call is bounded by one budget per store
+//! ([`KubeSettings::timeout`], default 10 s), so a pod sandbox never hangs on the IPAM.
+
+// Errors carry the server, verb, identity and message for the operator; they are the cold path
+// of a short-lived process, so their size does not matter.
+#![allow(clippy::result_large_err)]
+
+pub mod convert;
+pub mod crd;
+pub mod error;
+pub mod settings;
+pub mod store;
+
+pub use crd::{IPLease, IPLeaseSpec, LeasePhase, PodInfo, Quarantine, crd_yaml, object_name};
+pub use error::{CredentialSource, KubeStoreError};
+pub use settings::{DEFAULT_PAGE_SIZE, DEFAULT_TIMEOUT, KubeSettings};
+pub use store::{KubeStore, RequestCounts};

@@ -1,0 +1,739 @@
+//! [`KubeStore`]: the [`LeaseStore`] over one `IPLease` object per (network, address).
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::Request;
+use kube::core::params::{DeleteParams, ListParams, PostParams, Preconditions};
+use kube::{Client, Config};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tether_leases::{CasResult, Lease, LeaseStore, StoreError, Taken, validate_claim};
+
+use crate::convert::{from_object, split_version, to_object};
+use crate::crd::{IPLease, PLURAL, VERSION, network_selector, object_name};
+use crate::error::{CredentialSource, KubeStoreError};
+use crate::settings::KubeSettings;
+
+/// API requests a store has sent, by verb (every attempt, answered or not).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequestCounts {
+    /// LIST (one per page).
+    pub list: u64,
+    /// GET.
+    pub get: u64,
+    /// CREATE (POST).
+    pub create: u64,
+    /// UPDATE (PUT).
+    pub update: u64,
+    /// DELETE.
+    pub delete: u64,
+}
+
+impl RequestCounts {
+    /// All requests.
+    pub fn total(&self) -> u64 {
+        self.list + self.get + self.create + self.update + self.delete
+    }
+}
+
+impl std::ops::Sub for RequestCounts {
+    type Output = RequestCounts;
+    fn sub(self, o: RequestCounts) -> RequestCounts {
+        RequestCounts {
+            list: self.list - o.list,
+            get: self.get - o.get,
+            create: self.create - o.create,
+            update: self.update - o.update,
+            delete: self.delete - o.delete,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    list: AtomicU64,
+    get: AtomicU64,
+    create: AtomicU64,
+    update: AtomicU64,
+    delete: AtomicU64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Verb {
+    List,
+    Get,
+    Create,
+    Update,
+    Delete,
+}
+
+impl Verb {
+    fn rbac(self) -> &'static str {
+        match self {
+            Verb::List => "list",
+            Verb::Get => "get",
+            Verb::Create => "create",
+            Verb::Update => "update",
+            Verb::Delete => "delete",
+        }
+    }
+}
+
+/// A list whose items are parsed one by one, so one malformed object cannot break the store.
+#[derive(Deserialize)]
+struct LeaseList {
+    #[serde(default)]
+    metadata: ListMeta,
+    #[serde(default)]
+    items: Vec<Lenient>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+#[allow(clippy::large_enum_variant)]
+enum Lenient {
+    Ok(IPLease),
+    Bad(Value),
+}
+
+/// The lease store over the Kubernetes API. See the crate docs.
+///
+/// Synchronous: each call runs on the store's own current-thread tokio runtime, bounded by the
+/// store's time budget ([`KubeSettings::timeout`], counted from construction or the last
+/// [`KubeStore::restart_budget`]). `Sync`: threads may share one store, though one store per
+/// thread (like one per CNI process) is the intended use.
+pub struct KubeStore {
+    client: Option<Client>,
+    rt: Option<tokio::runtime::Runtime>,
+    settings: KubeSettings,
+    server: String,
+    source: CredentialSource,
+    path: String,
+    deadline: Mutex<Instant>,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for KubeStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeStore")
+            .field("server", &self.server)
+            .field("credentials", &self.source)
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+impl Drop for KubeStore {
+    fn drop(&mut self) {
+        drop(self.client.take());
+        // Never wait for a blocking task (e.g. a hung DNS lookup): the CNI call must end.
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl KubeStore {
+    /// A store for the `kubernetes` settings of `cfg`.
+    pub fn from_pool_config(cfg: &tether_pool::PoolConfig) -> Result<KubeStore, KubeStoreError> {
+        KubeStore::connect(KubeSettings::from_pool_config(cfg)?)
+    }
+
+    /// A store with `settings`. Reads the credentials (kubeconfig, in-cluster, `KUBECONFIG`, in
+    /// that order) and builds the client; sends no request (see [`KubeStore::ready`]). The time
+    /// budget starts now.
+    pub fn connect(settings: KubeSettings) -> Result<KubeStore, KubeStoreError> {
+        let started = Instant::now();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(KubeStoreError::Runtime)?;
+        let (mut config, source) = rt
+            .block_on(async {
+                tokio::time::timeout(settings.timeout, load_config(&settings)).await
+            })
+            .map_err(|_| KubeStoreError::Timeout {
+                server: "(not yet known)".into(),
+                what: "reading the credentials".into(),
+                budget: settings.timeout,
+            })??;
+        if let Some(root) = &settings.api_root {
+            config.cluster_url = root.parse().map_err(|e| KubeStoreError::Config {
+                key: "k8s_api_root".into(),
+                value: format!("{root:?}"),
+                reason: format!("not a URL: {e}"),
+            })?;
+        }
+        let server = config
+            .cluster_url
+            .to_string()
+            .trim_end_matches('/')
+            .to_string();
+        config.connect_timeout = Some(settings.timeout);
+        config.write_timeout = Some(settings.timeout);
+        config.read_timeout = None; // the call budget bounds every request
+        config.default_retry = false; // no hidden waits: a 429/5xx is reported as transient
+        let client = {
+            let _guard = rt.enter();
+            Client::try_from(config).map_err(|e| match e {
+                kube::Error::InferKubeconfig(k) => KubeStoreError::Kubeconfig {
+                    source_: source.clone(),
+                    detail: k.to_string(),
+                },
+                other => KubeStoreError::Tls {
+                    server: server.clone(),
+                    what: "building the client".into(),
+                    source_: source.clone(),
+                    detail: error_chain(&other),
+                },
+            })?
+        };
+        let path = format!("/apis/{}/{VERSION}/{PLURAL}", settings.group);
+        Ok(KubeStore {
+            client: Some(client),
+            rt: Some(rt),
+            deadline: Mutex::new(started + settings.timeout),
+            settings,
+            server,
+            source,
+            path,
+            counters: Counters::default(),
+        })
+    }
+
+    /// The API server URL.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// Where the credentials came from.
+    pub fn credentials(&self) -> &CredentialSource {
+        &self.source
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &KubeSettings {
+        &self.settings
+    }
+
+    /// Start a new time budget of [`KubeSettings::timeout`] from now. The binary never needs
+    /// this (one store per CNI call); long-lived users (benchmarks, a reconciler) call it before
+    /// each operation.
+    pub fn restart_budget(&self) {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) =
+            Instant::now() + self.settings.timeout;
+    }
+
+    /// Time left of the current budget.
+    pub fn remaining(&self) -> Duration {
+        self.deadline
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .saturating_duration_since(Instant::now())
+    }
+
+    /// Requests sent so far.
+    pub fn requests(&self) -> RequestCounts {
+        let c = &self.counters;
+        RequestCounts {
+            list: c.list.load(Ordering::Relaxed),
+            get: c.get.load(Ordering::Relaxed),
+            create: c.create.load(Ordering::Relaxed),
+            update: c.update.load(Ordering::Relaxed),
+            delete: c.delete.load(Ordering::Relaxed),
+        }
+    }
+
+    /// STATUS check: the API server answers, the IPLease CRD is installed and established, and
+    /// this identity may list leases. Two requests: GET of the CRD (skipped when RBAC forbids
+    /// reading CRDs, which the store does not otherwise need) and a LIST with `limit=1`.
+    pub fn ready(&self) -> Result<(), KubeStoreError> {
+        let crd_name = format!("{PLURAL}.{}", self.settings.group);
+        let crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+        let req = Request::new(crd_path)
+            .get(&crd_name, &Default::default())
+            .map_err(|e| self.protocol("GET of the CRD", e.to_string()))?;
+        match self.send::<Value>(Verb::Get, "GET of the IPLease CRD", req) {
+            Ok(crd) => {
+                let established = crd
+                    .pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .and_then(|cs| cs.iter().find(|c| c["type"] == "Established"));
+                match established {
+                    Some(c) if c["status"] == "True" => {}
+                    other => {
+                        return Err(KubeStoreError::CrdNotEstablished {
+                            server: self.server.clone(),
+                            detail: other
+                                .and_then(|c| c["message"].as_str())
+                                .unwrap_or("no Established condition")
+                                .to_string(),
+                        });
+                    }
+                }
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                return Err(KubeStoreError::CrdMissing {
+                    server: self.server.clone(),
+                });
+            }
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                log::debug!(
+                    "cannot read the IPLease CRD ({}); checking the resource instead",
+                    s.message
+                );
+            }
+            Err(e) => return Err(self.map_error(Verb::Get, "GET of the IPLease CRD", e)),
+        }
+        let req = Request::new(&self.path)
+            .list(&ListParams::default().limit(1))
+            .map_err(|e| self.protocol("LIST", e.to_string()))?;
+        self.send::<LeaseList>(Verb::List, "LIST of ipleases", req)
+            .map_err(|e| self.map_error(Verb::List, "LIST of ipleases", e))?;
+        Ok(())
+    }
+
+    // ----- plumbing -------------------------------------------------------------------------
+
+    fn counter(&self, v: Verb) -> &AtomicU64 {
+        match v {
+            Verb::List => &self.counters.list,
+            Verb::Get => &self.counters.get,
+            Verb::Create => &self.counters.create,
+            Verb::Update => &self.counters.update,
+            Verb::Delete => &self.counters.delete,
+        }
+    }
+
+    /// Run `fut` within the remaining budget.
+    fn within<T>(&self, what: &str, fut: impl Future<Output = T>) -> Result<T, KubeStoreError> {
+        let timeout = |_| KubeStoreError::Timeout {
+            server: self.server.clone(),
+            what: what.to_string(),
+            budget: self.settings.timeout,
+        };
+        let left = self.remaining();
+        if left.is_zero() {
+            return Err(timeout(()));
+        }
+        let rt = self
+            .rt
+            .as_ref()
+            .expect("runtime lives as long as the store");
+        rt.block_on(async { tokio::time::timeout(left, fut).await })
+            .map_err(|_| timeout(()))
+    }
+
+    /// Send one request and parse the answer; the outer error is the budget running out.
+    fn send<T: DeserializeOwned>(
+        &self,
+        verb: Verb,
+        what: &str,
+        req: http::Request<Vec<u8>>,
+    ) -> Result<T, kube::Error> {
+        self.counter(verb).fetch_add(1, Ordering::Relaxed);
+        let client = self
+            .client
+            .as_ref()
+            .expect("client lives as long as the store");
+        match self.within(what, client.request::<T>(req)) {
+            Ok(r) => r,
+            Err(t) => Err(kube::Error::Service(Box::new(Budget(t)))),
+        }
+    }
+
+    fn protocol(&self, what: &str, detail: String) -> KubeStoreError {
+        KubeStoreError::Protocol {
+            server: self.server.clone(),
+            what: what.to_string(),
+            detail,
+        }
+    }
+
+    /// Map a failed request to an actionable error. 404 here means the resource is not served
+    /// (callers handle "object not found" before).
+    fn map_error(&self, verb: Verb, what: &str, e: kube::Error) -> KubeStoreError {
+        let server = self.server.clone();
+        match e {
+            kube::Error::Service(b) if b.is::<Budget>() => b
+                .downcast::<Budget>()
+                .map(|b| b.0)
+                .unwrap_or_else(|b| self.protocol(what, b.to_string())),
+            kube::Error::Api(s) => match s.code {
+                401 => KubeStoreError::Unauthorized {
+                    server,
+                    source_: self.source.clone(),
+                    message: s.message.clone(),
+                },
+                403 => KubeStoreError::Forbidden {
+                    server,
+                    verb: verb.rbac().to_string(),
+                    resource: format!("{PLURAL}.{}", self.settings.group),
+                    source_: self.source.clone(),
+                    message: s.message.clone(),
+                },
+                404 => KubeStoreError::CrdMissing { server },
+                code => KubeStoreError::Api {
+                    server,
+                    what: what.to_string(),
+                    code,
+                    reason: s.reason.clone(),
+                    message: s.message.clone(),
+                },
+            },
+            kube::Error::SerdeError(e) => self.protocol(what, e.to_string()),
+            kube::Error::Auth(e) => KubeStoreError::Kubeconfig {
+                source_: self.source.clone(),
+                detail: format!("cannot authenticate: {}", error_chain(&e)),
+            },
+            other => {
+                let detail = error_chain(&other);
+                let lower = detail.to_ascii_lowercase();
+                if is_tls(&other)
+                    || ["certificate", "x509", "handshake"]
+                        .iter()
+                        .any(|k| lower.contains(k))
+                {
+                    KubeStoreError::Tls {
+                        server,
+                        what: what.to_string(),
+                        source_: self.source.clone(),
+                        detail,
+                    }
+                } else {
+                    KubeStoreError::Unreachable {
+                        server,
+                        what: what.to_string(),
+                        source_: self.source.clone(),
+                        detail,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Is this 404 about the object (it has a name in its details) rather than the resource?
+    fn object_missing(s: &kube::core::Status) -> bool {
+        s.code == 404 && s.details.as_ref().is_some_and(|d| !d.name.is_empty())
+    }
+
+    /// GET the lease object `name`: `None` when absent or not a valid lease.
+    fn get(&self, name: &str) -> Result<Option<Lease>, KubeStoreError> {
+        let what = format!("GET of IPLease {name}");
+        let req = Request::new(&self.path)
+            .get(name, &Default::default())
+            .map_err(|e| self.protocol(&what, e.to_string()))?;
+        match self.send::<Value>(Verb::Get, &what, req) {
+            Ok(v) => match serde_json::from_value::<IPLease>(v)
+                .map_err(|e| e.to_string())
+                .and_then(|o| from_object(&o))
+            {
+                Ok(l) => Ok(Some(l)),
+                Err(e) => {
+                    log::warn!("{e}");
+                    Ok(None)
+                }
+            },
+            Err(kube::Error::Api(s)) if Self::object_missing(&s) => Ok(None),
+            Err(e) => Err(self.map_error(Verb::Get, &what, e)),
+        }
+    }
+
+    /// After a lost conditional write: the current record, for the engine's view.
+    fn lost(&self, name: &str) -> Result<Taken, KubeStoreError> {
+        Ok(Taken {
+            current: self.get(name)?,
+        })
+    }
+
+    fn list_leases(&self, network: &str) -> Result<Vec<Lease>, KubeStoreError> {
+        let selector = network_selector(network);
+        let what = format!("LIST of ipleases of network {network:?}");
+        let mut out = Vec::new();
+        let mut cont: Option<String> = None;
+        let mut restarts = 0;
+        loop {
+            let mut lp = ListParams::default().labels(&selector);
+            if self.settings.list_from_cache {
+                lp = lp.match_any(); // resourceVersion=0: the watch cache serves it whole
+            } else {
+                lp = lp.limit(self.settings.page_size);
+                if let Some(c) = &cont {
+                    lp = lp.continue_token(c);
+                }
+            }
+            let req = Request::new(&self.path)
+                .list(&lp)
+                .map_err(|e| self.protocol(&what, e.to_string()))?;
+            match self.send::<LeaseList>(Verb::List, &what, req) {
+                Ok(page) => {
+                    for item in page.items {
+                        match item {
+                            Lenient::Ok(o) if o.spec.network == network => match from_object(&o) {
+                                Ok(l) => out.push(l),
+                                Err(e) => log::warn!("{e}"),
+                            },
+                            Lenient::Ok(_) => {} // label collision of a hashed network name
+                            Lenient::Bad(v) => log::warn!(
+                                "ignoring malformed IPLease {}",
+                                v.pointer("/metadata/name")
+                                    .and_then(Value::as_str)
+                                    .unwrap_or("?")
+                            ),
+                        }
+                    }
+                    match page.metadata.continue_ {
+                        Some(c) if !c.is_empty() && !self.settings.list_from_cache => {
+                            cont = Some(c)
+                        }
+                        _ => return Ok(out),
+                    }
+                }
+                // The continue token expired (the snapshot was compacted): start over.
+                Err(kube::Error::Api(s)) if s.code == 410 && cont.is_some() && restarts < 3 => {
+                    restarts += 1;
+                    out.clear();
+                    cont = None;
+                }
+                Err(e) => return Err(self.map_error(Verb::List, &what, e)),
+            }
+        }
+    }
+
+    fn create(&self, new: Lease) -> Result<Result<Lease, Taken>, KubeStoreError> {
+        let name = object_name(&new.network, new.address);
+        let what = format!("CREATE of IPLease {name}");
+        let obj = to_object(&new, None)?;
+        let body = serde_json::to_vec(&obj).map_err(|e| self.protocol(&what, e.to_string()))?;
+        let req = Request::new(&self.path)
+            .create(&PostParams::default(), body)
+            .map_err(|e| self.protocol(&what, e.to_string()))?;
+        match self.send::<IPLease>(Verb::Create, &what, req) {
+            Ok(o) => from_object(&o).map(Ok).map_err(|e| self.protocol(&what, e)),
+            // AlreadyExists: someone holds (or held) the address.
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(Err(self.lost(&name)?)),
+            Err(e) => Err(self.map_error(Verb::Create, &what, e)),
+        }
+    }
+
+    fn replace(
+        &self,
+        new: Lease,
+        expected: &Lease,
+    ) -> Result<Result<Lease, Taken>, KubeStoreError> {
+        let name = object_name(&new.network, new.address);
+        let what = format!("UPDATE of IPLease {name}");
+        let (uid, rv) = expected
+            .version
+            .as_deref()
+            .and_then(split_version)
+            .ok_or_else(|| {
+                self.protocol(
+                    &what,
+                    format!(
+                        "lease version {:?} is not <uid>/<resourceVersion>",
+                        expected.version
+                    ),
+                )
+            })?;
+        let obj = to_object(&new, Some((uid, rv)))?;
+        let body = serde_json::to_vec(&obj).map_err(|e| self.protocol(&what, e.to_string()))?;
+        let req = Request::new(&self.path)
+            .replace(&name, &PostParams::default(), body)
+            .map_err(|e| self.protocol(&what, e.to_string()))?;
+        match self.send::<IPLease>(Verb::Update, &what, req) {
+            Ok(o) => from_object(&o).map(Ok).map_err(|e| self.protocol(&what, e)),
+            // Conflict: stale resourceVersion or another uid (deleted and re-created).
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(Err(self.lost(&name)?)),
+            Err(kube::Error::Api(s)) if Self::object_missing(&s) => {
+                Ok(Err(Taken { current: None }))
+            }
+            Err(e) => Err(self.map_error(Verb::Update, &what, e)),
+        }
+    }
+
+    fn delete(&self, expected: &Lease) -> Result<Result<(), Taken>, KubeStoreError> {
+        let name = object_name(&expected.network, expected.address);
+        let what = format!("DELETE of IPLease {name}");
+        let (uid, rv) = expected
+            .version
+            .as_deref()
+            .and_then(split_version)
+            .ok_or_else(|| {
+                self.protocol(
+                    &what,
+                    format!(
+                        "lease version {:?} is not <uid>/<resourceVersion>",
+                        expected.version
+                    ),
+                )
+            })?;
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_string()),
+                resource_version: Some(rv.to_string()),
+            }),
+            ..DeleteParams::default()
+        };
+        let req = Request::new(&self.path)
+            .delete(&name, &dp)
+            .map_err(|e| self.protocol(&what, e.to_string()))?;
+        match self.send::<Value>(Verb::Delete, &what, req) {
+            Ok(_) => Ok(Ok(())),
+            // Conflict: the precondition failed, the object is someone else's now.
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(Err(self.lost(&name)?)),
+            Err(kube::Error::Api(s)) if Self::object_missing(&s) => {
+                Ok(Err(Taken { current: None }))
+            }
+            Err(e) => Err(self.map_error(Verb::Delete, &what, e)),
+        }
+    }
+}
+
+/// The budget ran out (carried through `kube::Error::Service`).
+#[derive(Debug)]
+struct Budget(KubeStoreError);
+
+impl std::fmt::Display for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for Budget {}
+
+/// Is a rustls error somewhere in the chain (also inside an `io::Error`, whose `source()` skips
+/// the error it wraps)?
+fn is_tls(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(c) = cur {
+        if c.is::<rustls::Error>() {
+            return true;
+        }
+        // io::Error::source() skips the wrapped error: look inside explicitly (nested too).
+        let mut inner = c
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref());
+        while let Some(i) = inner {
+            if i.is::<rustls::Error>() {
+                return true;
+            }
+            inner = i
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref());
+        }
+        cur = c.source();
+    }
+    false
+}
+
+/// `e: cause: cause ...` (first lines only), without repeating a cause already in the text.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let first = e.to_string();
+    let mut out = first
+        .strip_prefix("ServiceError: ")
+        .unwrap_or(&first)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let full = c.to_string();
+        let s = full.lines().next().unwrap_or("");
+        if !out.contains(s) {
+            out.push_str(": ");
+            out.push_str(s);
+        }
+        cur = c.source();
+    }
+    out
+}
+
+async fn load_config(
+    settings: &KubeSettings,
+) -> Result<(Config, CredentialSource), KubeStoreError> {
+    let from_kubeconfig = |kc: Kubeconfig, source: CredentialSource| async move {
+        Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .map(|c| (c, source.clone()))
+            .map_err(|e| KubeStoreError::Kubeconfig {
+                source_: source,
+                detail: error_chain(&e),
+            })
+    };
+    if let Some(p) = &settings.kubeconfig {
+        let source = CredentialSource::Config(p.clone());
+        if !p.is_file() {
+            return Err(KubeStoreError::Kubeconfig {
+                source_: source,
+                detail: if p.exists() {
+                    "not a regular file".to_string()
+                } else {
+                    "the file does not exist".to_string()
+                },
+            });
+        }
+        let kc = Kubeconfig::read_from(p).map_err(|e| KubeStoreError::Kubeconfig {
+            source_: source.clone(),
+            detail: error_chain(&e),
+        })?;
+        return from_kubeconfig(kc, source).await;
+    }
+    if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+        return Config::incluster()
+            .map(|c| (c, CredentialSource::InCluster))
+            .map_err(|e| KubeStoreError::InCluster {
+                detail: error_chain(&e),
+            });
+    }
+    match std::env::var("KUBECONFIG") {
+        Ok(v) if !v.trim().is_empty() => {
+            let source = CredentialSource::Env(v.clone());
+            let kc = Kubeconfig::from_env()
+                .map_err(|e| KubeStoreError::Kubeconfig {
+                    source_: source.clone(),
+                    detail: error_chain(&e),
+                })?
+                .ok_or(KubeStoreError::NoCredentials)?;
+            from_kubeconfig(kc, source).await
+        }
+        _ => Err(KubeStoreError::NoCredentials),
+    }
+}
+
+impl LeaseStore for KubeStore {
+    /// One LIST with the network's label selector (paginated by `page_size`, or one
+    /// `resourceVersion=0` request with `list_from_cache`), keeping the objects of `network`.
+    fn list(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
+        Ok(self.list_leases(network)?)
+    }
+
+    /// CREATE (`expected = None`; 409 AlreadyExists → `Taken`) or UPDATE with the expected uid
+    /// and resourceVersion (409 Conflict or 404 → `Taken`). A lost race costs one GET to report
+    /// the current record.
+    fn claim(&self, new: Lease, expected: Option<&Lease>) -> CasResult<Lease> {
+        validate_claim(&new, expected)?;
+        Ok(match expected {
+            None => self.create(new)?,
+            Some(e) => self.replace(new, e)?,
+        })
+    }
+
+    /// DELETE with preconditions {uid, resourceVersion} (409 Conflict or 404 → `Taken`).
+    fn remove(&self, expected: &Lease) -> CasResult<()> {
+        if expected.version.is_none() {
+            return Err(StoreError::Invalid(format!(
+                "remove of {} in network {} without a version (never stored)",
+                expected.address, expected.network
+            )));
+        }
+        Ok(self.delete(expected)?)
+    }
+}

@@ -1,0 +1,389 @@
+//! Test environment. **The backend is chosen here and only here** ([`Env::new`]):
+//!
+//! - default: an in-process [`ApiServerDouble`] (a test double of the Kubernetes API);
+//! - `TETHER_TEST_KUBECONFIG=/path/to/kubeconfig`: a real cluster with the IPLease CRD installed
+//!   (`kubectl apply -f deploy/crds/ipleases.yaml`) and an identity that may create ClusterRoles,
+//!   ClusterRoleBindings and impersonate users (cluster-admin). Every test then runs against it
+//!   unchanged: each test uses its own network name and deletes its leases at the end; "CRD
+//!   missing" points the store at an API group that does not exist, "forbidden" impersonates a
+//!   user bound to a ClusterRole without that verb.
+#![allow(dead_code)]
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tether_apiserver_double::ApiServerDouble;
+use tether_kube_store::{KubeSettings, KubeStore};
+use tether_leases::{AddRequest, Lease, LeaseState, LeaseStore, PodRef};
+use tether_pool::{IpRange, RequestedIp};
+
+/// A temporary directory removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "tether-kube-store-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub enum Backend {
+    Double(ApiServerDouble),
+    Cluster,
+}
+
+pub struct Env {
+    pub backend: Backend,
+    pub dir: TempDir,
+    pub kubeconfig: PathBuf,
+    /// A network name unique to this test (and process).
+    pub network: String,
+}
+
+/// Is a real cluster selected?
+pub fn real_cluster() -> Option<PathBuf> {
+    std::env::var_os("TETHER_TEST_KUBECONFIG")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+impl Env {
+    /// The backend for this run: the only place that decides.
+    pub fn new(tag: &str) -> Env {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = TempDir::new(tag);
+        let network = format!(
+            "t-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        );
+        match real_cluster() {
+            Some(kubeconfig) => Env {
+                backend: Backend::Cluster,
+                dir,
+                kubeconfig,
+                network,
+            },
+            None => {
+                let double = ApiServerDouble::start().expect("start the API double");
+                let kubeconfig = dir.path().join("kubeconfig");
+                double.write_kubeconfig(&kubeconfig).unwrap();
+                Env {
+                    backend: Backend::Double(double),
+                    dir,
+                    kubeconfig,
+                    network,
+                }
+            }
+        }
+    }
+
+    pub fn double(&self) -> Option<&ApiServerDouble> {
+        match &self.backend {
+            Backend::Double(d) => Some(d),
+            Backend::Cluster => None,
+        }
+    }
+
+    pub fn settings(&self) -> KubeSettings {
+        KubeSettings {
+            timeout: Duration::from_secs(20),
+            ..KubeSettings::with_kubeconfig(&self.kubeconfig)
+        }
+    }
+
+    pub fn store(&self) -> KubeStore {
+        KubeStore::connect(self.settings()).expect("connect")
+    }
+
+    pub fn store_with(&self, f: impl FnOnce(&mut KubeSettings)) -> KubeStore {
+        let mut s = self.settings();
+        f(&mut s);
+        KubeStore::connect(s).expect("connect")
+    }
+
+    /// Settings under which the IPLease resource is not served.
+    pub fn without_crd(&self) -> CrdGone<'_> {
+        match &self.backend {
+            Backend::Double(d) => {
+                d.set_crd_installed(false);
+                CrdGone {
+                    env: self,
+                    settings: self.settings(),
+                }
+            }
+            Backend::Cluster => CrdGone {
+                env: self,
+                settings: KubeSettings {
+                    group: "not-installed.tether.dev".into(),
+                    ..self.settings()
+                },
+            },
+        }
+    }
+
+    /// Settings under which `verb` on ipleases is forbidden (everything else allowed).
+    pub fn forbidding(&self, verb: &str) -> Forbidden<'_> {
+        match &self.backend {
+            Backend::Double(d) => {
+                d.forbid(verb, "ipleases");
+                Forbidden {
+                    env: self,
+                    verb: verb.to_string(),
+                    settings: self.settings(),
+                    cleanup: None,
+                }
+            }
+            Backend::Cluster => cluster::forbidding(self, verb),
+        }
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Backend::Cluster = self.backend {
+            // Leave nothing behind in the cluster.
+            if let Ok(store) = KubeStore::connect(self.settings()) {
+                for l in store.list(&self.network).unwrap_or_default() {
+                    let _ = store.remove(&l);
+                }
+            }
+        }
+    }
+}
+
+pub struct CrdGone<'a> {
+    env: &'a Env,
+    pub settings: KubeSettings,
+}
+
+impl Drop for CrdGone<'_> {
+    fn drop(&mut self) {
+        if let Some(d) = self.env.double() {
+            d.set_crd_installed(true);
+        }
+    }
+}
+
+pub struct Forbidden<'a> {
+    env: &'a Env,
+    verb: String,
+    pub settings: KubeSettings,
+    cleanup: Option<Box<dyn FnOnce()>>,
+}
+
+impl Drop for Forbidden<'_> {
+    fn drop(&mut self) {
+        if let Some(d) = self.env.double() {
+            d.allow(&self.verb, "ipleases");
+        }
+        if let Some(f) = self.cleanup.take() {
+            f();
+        }
+    }
+}
+
+/// Real-cluster fixtures (RBAC for the "forbidden" cases).
+mod cluster {
+    use super::*;
+    use k8s_openapi::api::rbac::v1::{
+        ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject,
+    };
+    use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+    use kube::config::Kubeconfig;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    pub fn forbidding<'a>(env: &'a Env, verb: &str) -> Forbidden<'a> {
+        let user = format!("tether-test-no-{verb}-{}", std::process::id());
+        let name = user.clone();
+        let verbs: Vec<String> = ["get", "list", "watch", "create", "update", "delete"]
+            .iter()
+            .filter(|v| **v != verb)
+            .map(|v| v.to_string())
+            .collect();
+        let runtime = rt();
+        let client = runtime
+            .block_on(async {
+                let kc = Kubeconfig::read_from(&env.kubeconfig)?;
+                let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+                Ok::<_, Box<dyn std::error::Error>>(kube::Client::try_from(cfg)?)
+            })
+            .expect("cluster client");
+        let roles: Api<ClusterRole> = Api::all(client.clone());
+        let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+        let role = ClusterRole {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            rules: Some(vec![
+                PolicyRule {
+                    api_groups: Some(vec!["ipam.tether.dev".into()]),
+                    resources: Some(vec!["ipleases".into()]),
+                    verbs: verbs.clone(),
+                    ..Default::default()
+                },
+                PolicyRule {
+                    api_groups: Some(vec!["apiextensions.k8s.io".into()]),
+                    resources: Some(vec!["customresourcedefinitions".into()]),
+                    verbs: vec!["get".into()],
+                    ..Default::default()
+                },
+            ]),
+            ..Default::default()
+        };
+        let binding = ClusterRoleBinding {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "ClusterRole".into(),
+                name: name.clone(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "User".into(),
+                name: user.clone(),
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                ..Default::default()
+            }]),
+        };
+        runtime.block_on(async {
+            let pp = PostParams::default();
+            let _ = roles.delete(&name, &DeleteParams::default()).await;
+            let _ = bindings.delete(&name, &DeleteParams::default()).await;
+            roles.create(&pp, &role).await.expect("create ClusterRole");
+            bindings
+                .create(&pp, &binding)
+                .await
+                .expect("create ClusterRoleBinding");
+        });
+        // A kubeconfig impersonating the user.
+        let mut kc = Kubeconfig::read_from(&env.kubeconfig).unwrap();
+        let ctx_name = kc.current_context.clone().expect("current-context");
+        let user_name = kc
+            .contexts
+            .iter()
+            .find(|c| c.name == ctx_name)
+            .and_then(|c| c.context.as_ref())
+            .map(|c| c.user.clone())
+            .expect("context user")
+            .expect("context user");
+        for a in kc.auth_infos.iter_mut().filter(|a| a.name == user_name) {
+            if let Some(ai) = a.auth_info.as_mut() {
+                ai.impersonate = Some(user.clone());
+            }
+        }
+        let path = env.dir.path().join(format!("kubeconfig-no-{verb}"));
+        std::fs::write(&path, serde_saphyr::to_string(&kc).unwrap()).unwrap();
+        let settings = KubeSettings {
+            kubeconfig: Some(path),
+            ..env.settings()
+        };
+        // RBAC caches take a moment: wait until a permitted verb works.
+        let probe_ok = || {
+            let s = KubeStore::connect(settings.clone()).unwrap();
+            if verb == "list" {
+                s.ready().is_err()
+            } else {
+                s.ready().is_ok()
+            }
+        };
+        for _ in 0..50 {
+            if probe_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Forbidden {
+            env,
+            verb: verb.to_string(),
+            settings,
+            cleanup: Some(Box::new(move || {
+                rt().block_on(async {
+                    let _ = roles.delete(&name, &DeleteParams::default()).await;
+                    let _ = bindings.delete(&name, &DeleteParams::default()).await;
+                });
+            })),
+        }
+    }
+}
+
+// ----- helpers ----------------------------------------------------------------------------------
+
+pub fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+pub fn range(s: &str) -> IpRange {
+    IpRange::parse(s).unwrap()
+}
+
+pub fn pod(ns: &str, name: &str, uid: &str) -> PodRef {
+    PodRef::new(ns, name, uid)
+}
+
+pub fn add_req(cid: &str, ifname: &str, pod: PodRef) -> AddRequest {
+    AddRequest {
+        container_id: cid.into(),
+        ifname: ifname.into(),
+        pod,
+        node: Some("node-a".into()),
+        requested: vec![],
+    }
+}
+
+pub fn with_requested(mut r: AddRequest, reqs: &[&str]) -> AddRequest {
+    r.requested = reqs
+        .iter()
+        .map(|s| RequestedIp::parse(s).unwrap())
+        .collect();
+    r
+}
+
+pub fn lease(network: &str, addr: &str, cid: &str) -> Lease {
+    Lease {
+        network: network.into(),
+        address: ip(addr),
+        prefix_len: 24,
+        range_index: Some(0),
+        container_id: cid.into(),
+        ifname: "net1".into(),
+        pod: pod("ns", &format!("pod-{cid}"), &format!("uid-{cid}")),
+        node: Some("node-a".into()),
+        state: LeaseState::Leased,
+        since: 1_700_000_000,
+        version: None,
+    }
+}
+
+/// The leases of `network`, sorted by address.
+pub fn sorted(store: &dyn LeaseStore, network: &str) -> Vec<Lease> {
+    let mut v = store.list(network).unwrap();
+    v.sort_by_key(|l| l.address);
+    v
+}
