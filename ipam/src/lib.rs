@@ -12,7 +12,8 @@ pub mod requests;
 
 use tether_cni::result::{Dns as CniDns, IpConfig, Route as CniRoute};
 use tether_cni::{CniError, CniResult, Plugin, Request, code};
-use tether_leases::{AddRequest, AllocError, Allocator, Attachment, FileStore, Lease, NoProbe, Prober, SystemClock};
+use tether_kube_store::{KubeStore, KubeStoreError};
+use tether_leases::{AddRequest, AllocError, Allocator, Attachment, FileStore, Lease, LeaseStore, NoProbe, Prober, SystemClock};
 use tether_pool::{ConfigError, PoolConfig, ProbeConfig, StoreKind};
 
 pub struct Ipam;
@@ -23,8 +24,12 @@ pub fn to_cni(e: AllocError) -> CniError {
         _ if e.is_transient() => code::TRY_AGAIN_LATER,
         AllocError::Store(_) | AllocError::Gc { .. } => code::STORE,
         AllocError::Request(_) | AllocError::DuplicateRequest { .. } => code::INVALID_CONFIG,
-        AllocError::HeldByOther { .. } | AllocError::AttachmentHasOther { .. } => code::ADDRESS_TAKEN,
-        AllocError::RequestedInUse { .. } | AllocError::TooManyConflicts { .. } => code::ADDRESS_IN_USE,
+        AllocError::HeldByOther { .. } | AllocError::AttachmentHasOther { .. } => {
+            code::ADDRESS_TAKEN
+        }
+        AllocError::RequestedInUse { .. }
+        | AllocError::TooManyConflicts { .. }
+        | AllocError::InUseOnSegment { .. } => code::ADDRESS_IN_USE,
         AllocError::Probe { .. } => code::IO,
         AllocError::Exhausted { .. } => code::POOL_EXHAUSTED,
         AllocError::Contention { .. } => code::TRY_AGAIN_LATER,
@@ -46,28 +51,56 @@ fn node_name() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+/// Kubernetes store failures that happen outside the engine (credentials, readiness).
+pub fn kube_error(e: KubeStoreError) -> CniError {
+    let c = if e.is_transient() {
+        code::TRY_AGAIN_LATER
+    } else if matches!(e, KubeStoreError::Config { .. } | KubeStoreError::Kubeconfig { .. } | KubeStoreError::NoCredentials { .. }) {
+        code::INVALID_CONFIG
+    } else {
+        code::STORE
+    };
+    CniError::new(c, e.to_string())
+}
+
+/// The lease store a config selects.
+pub enum Store {
+    File(FileStore),
+    /// One per CNI call: its time budget (`kubernetes.timeout_s`) covers the whole call.
+    Kube(KubeStore),
+}
+
+impl Store {
+    pub fn open(cfg: &PoolConfig) -> Result<Store, CniError> {
+        Ok(match cfg.store {
+            StoreKind::File => Store::File(FileStore::new(cfg.data_dir.clone())),
+            StoreKind::Kubernetes => Store::Kube(KubeStore::from_pool_config(cfg).map_err(kube_error)?),
+        })
+    }
+
+    pub fn get(&self) -> &dyn LeaseStore {
+        match self {
+            Store::File(s) => s,
+            Store::Kube(s) => s,
+        }
+    }
+}
+
 /// Everything one invocation needs, built from the request.
 struct Context {
     cfg: PoolConfig,
-    store: FileStore,
+    store: Store,
 }
 
 impl Context {
     fn new(req: &Request) -> Result<Context, CniError> {
         let cfg = PoolConfig::from_slice(&req.conf.raw).map_err(config_error)?;
-        let store = match cfg.store {
-            StoreKind::File => FileStore::new(cfg.data_dir.clone()),
-            StoreKind::Kubernetes => {
-                return Err(CniError::invalid_config(
-                    "ipam.store \"kubernetes\" is not available in this build; use \"file\" (the default)",
-                ));
-            }
-        };
+        let store = Store::open(&cfg)?;
         Ok(Context { cfg, store })
     }
 
     fn allocator<'a>(&'a self, prober: &'a dyn Prober) -> Allocator<'a> {
-        Allocator::from_config(&self.cfg, &self.store, prober, &SystemClock)
+        Allocator::from_config(&self.cfg, self.store.get(), prober, &SystemClock)
     }
 
     /// The Result for the leases, in range order.
@@ -134,6 +167,9 @@ impl Plugin for Ipam {
     fn status(&self, req: &Request) -> Result<(), CniError> {
         let not_ready = |msg: String| CniError::new(code::NOT_AVAILABLE, msg);
         let ctx = Context::new(req).map_err(|e| not_ready(e.msg))?;
+        if let Store::Kube(k) = &ctx.store {
+            k.ready().map_err(|e| not_ready(e.to_string()))?;
+        }
         let ranges = ctx.allocator(&NoProbe).status().map_err(|e| not_ready(e.to_string()))?;
         if let Some(full) = ranges.iter().find(|r| r.free == 0) {
             return Err(not_ready(format!(
