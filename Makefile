@@ -9,7 +9,9 @@ BINS      := tether-ipvlan tether-ipam
 HOST_TESTS := $(sort $(basename $(notdir $(wildcard conformance/tests/host_*.rs))))
 LAB_TESTS  := $(sort $(basename $(notdir $(wildcard conformance/tests/lab_*.rs))))
 
-.PHONY: all build install test unit host-tests lab-tests manifests fuzz-regressions fuzz driver deps demo fmt clippy clean
+BENCH_BIN := $(CARGO) run --release --locked -p tether-conformance --bin
+
+.PHONY: bench-ipam bench-probe all build install test unit host-tests lab-tests manifests fuzz-regressions fuzz driver deps demo fmt clippy clean
 
 all: build
 
@@ -74,6 +76,15 @@ lab-tests:
 demo: deps driver
 	$(CARGO) build --locked --workspace --bins
 	conformance/lab/run.sh conformance/demo/demo.sh
+
+# Benchmarks (not tests): each prints a table with ratios against the reference measured in the same run.
+bench-ipam:
+	$(CARGO) build --release --locked --bin tether-ipam
+	$(BENCH_BIN) bench-ipam
+
+bench-probe:
+	$(CARGO) build --release --locked --bin tether-ipam
+	$(BENCH_BIN) bench-probe
 
 fmt:
 	$(CARGO) fmt --all

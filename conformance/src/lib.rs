@@ -42,3 +42,15 @@ pub fn eventually(timeout: std::time::Duration, mut cond: impl FnMut() -> bool) 
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+// Direct plugin execution and a recording fake IPAM (see plugin.rs).
+pub mod plugin;
+pub use plugin::{FakeIpam, PluginExec, assert_cni_error, tether_bin_dir, tether_binary};
+
+// A layer-2 segment (bridge master, rogue, extra hosts), packet capture, a slow ARP responder, and
+// tether-ipam helpers for conflict-probing tests (see segment.rs).
+pub mod segment;
+pub use segment::{Capture, LeaseState, Segment, SlowRogue, first_candidates};
+
+// Timing helpers for the benchmark binaries (src/bin/bench-ipam.rs, src/bin/bench-probe.rs).
+pub mod bench;

@@ -125,6 +125,33 @@ pub enum AllocError {
         /// Its MAC.
         mac: String,
     },
+    /// No address is left in a range, and candidates answered the conflict probe during this ADD:
+    /// the range is used by something else on the segment. The answered addresses are quarantined.
+    #[error(
+        "no free address in range {range} of network {network}: {} answered the conflict probe during this ADD \
+         and {} in use on the segment ({}), now quarantined; {usable} usable, {leased} leased, \
+         {quarantined} quarantined, {cooling} cooling down",
+        if in_use.len() == 1 { "the last candidate".to_string() } else { format!("{} candidates", in_use.len()) },
+        if in_use.len() == 1 { "is" } else { "are" },
+        in_use.iter().map(|(a, m)| format!("{a} by MAC {m}")).collect::<Vec<_>>().join(", ")
+    )]
+    InUseOnSegment {
+        /// Network.
+        network: String,
+        /// The range.
+        range: String,
+        /// The addresses that answered in this ADD, with the answering MAC, in probe order
+        /// (boxed: keeps `AllocError` small).
+        in_use: Box<[(IpAddr, String)]>,
+        /// Usable addresses in the range.
+        usable: u128,
+        /// Leased records in the range.
+        leased: usize,
+        /// Records in quarantine (including the ones above).
+        quarantined: usize,
+        /// Released records still within the cooldown.
+        cooling: usize,
+    },
     /// A specific address kept changing under us.
     #[error(
         "gave up on {address} in network {network} after {attempts} concurrent changes; try again"
@@ -564,6 +591,7 @@ impl<'a> Allocator<'a> {
         let prefix = range.prefix_len();
         let mut conflicts = 0usize;
         let mut last_conflict: Option<(IpAddr, String)> = None;
+        let mut in_use: Vec<(IpAddr, String)> = Vec::new();
         let mut cooling: Vec<Lease> = Vec::new();
 
         // Every record in the range blocks at most one candidate, so if the blocking records
@@ -594,6 +622,7 @@ impl<'a> Allocator<'a> {
                     Claimed::Lost => continue,
                     Claimed::InUse(mac) => {
                         conflicts += 1;
+                        in_use.push((cand, mac.clone()));
                         if conflicts >= self.policy.max_probe_conflicts {
                             return Err(AllocError::TooManyConflicts {
                                 network: self.network.clone(),
@@ -642,6 +671,7 @@ impl<'a> Allocator<'a> {
                 Claimed::Lost => {}
                 Claimed::InUse(mac) => {
                     conflicts += 1;
+                    in_use.push((old.address, mac.clone()));
                     last_conflict = Some((old.address, mac));
                     if conflicts >= self.policy.max_probe_conflicts {
                         break;
@@ -662,6 +692,18 @@ impl<'a> Allocator<'a> {
             });
         }
         let st = self.range_status(i, view.values(), self.clock.now());
+        if !in_use.is_empty() {
+            // Say why: the last free candidates are used by someone else on the segment.
+            return Err(AllocError::InUseOnSegment {
+                network: self.network.clone(),
+                range: st.range,
+                in_use: in_use.into_boxed_slice(),
+                usable: st.usable,
+                leased: st.leased,
+                quarantined: st.quarantined,
+                cooling: st.cooling,
+            });
+        }
         Err(AllocError::Exhausted {
             network: self.network.clone(),
             range: st.range,

@@ -37,7 +37,8 @@
 //!      quarantined (until `quarantine_s` passed) and cooling-down records (released by another
 //!      pod less than `cooldown_s` ago); claim; on a lost race move on; probe (no lock held);
 //!      on conflict quarantine and move on. If nothing else is free, cooling-down addresses
-//!      are used, longest released first. Else [`AllocError::Exhausted`] with counts.
+//!      are used, longest released first. Else [`AllocError::InUseOnSegment`] when candidates
+//!      answered the probe during this ADD, or [`AllocError::Exhausted`], both with counts.
 //!
 //!   All or nothing: on any error every record written by this ADD is restored.
 //! - [`Allocator::del`] releases exactly the attachment's leases (→ `Released`), idempotent.
@@ -54,6 +55,7 @@ pub mod engine;
 pub mod file;
 pub mod model;
 pub mod probe;
+pub mod reclaim;
 pub mod store;
 
 pub use clock::{Clock, FakeClock, SystemClock};

@@ -626,12 +626,37 @@ fn exhaustion_message_counts() {
             .address,
         "02:00:00:00:00:98",
     );
+    let (c1_addr, c2_addr) = (
+        fx.leases()
+            .iter()
+            .find(|l| l.container_id == "c1")
+            .unwrap()
+            .address,
+        fx.leases()
+            .iter()
+            .find(|l| l.container_id == "c2")
+            .unwrap()
+            .address,
+    );
     let e = a
         .add(&add_req("c6", "net1", pod("ns", "p6", "u")))
         .unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "no free address in range 10.0.0.0/29 of network net-a: 6 usable, 3 leased, 3 quarantined, 0 cooling down"
+    // The last two candidates answered during this ADD: the error says they are in use on the
+    // segment (and by whom), not just that the range is full.
+    assert!(matches!(e, AllocError::InUseOnSegment { .. }), "{e}");
+    let m = e.to_string();
+    assert!(
+        m.starts_with("no free address in range 10.0.0.0/29 of network net-a: 2 candidates answered the conflict probe during this ADD and are in use on the segment ("),
+        "{m}"
+    );
+    assert!(
+        m.contains(&format!("{c1_addr} by MAC 02:00:00:00:00:99"))
+            && m.contains(&format!("{c2_addr} by MAC 02:00:00:00:00:98")),
+        "{m}"
+    );
+    assert!(
+        m.ends_with("now quarantined; 6 usable, 3 leased, 3 quarantined, 0 cooling down"),
+        "{m}"
     );
     // STATUS: not ready while a range is full; cooling addresses count as available
     let fx = Fx::new(&["10.0.0.0/30"]); // .1 .2

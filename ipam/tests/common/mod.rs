@@ -25,7 +25,10 @@ pub fn bin() -> &'static str {
 pub fn unique(prefix: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
     format!("{prefix}-{}-{n}-{:x}", std::process::id(), t & 0xffff)
 }
 
@@ -79,20 +82,39 @@ impl Out {
         if self.stdout.trim().is_empty() {
             return Value::Null;
         }
-        assert_eq!(self.stdout.trim_end().lines().count(), 1, "one object on stdout: {self}");
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("stdout not JSON ({e}): {self}"))
+        assert_eq!(
+            self.stdout.trim_end().lines().count(),
+            1,
+            "one object on stdout: {self}"
+        );
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout not JSON ({e}): {self}"))
     }
 
     /// Panics unless a CNI error with `code`: exit non-zero, exactly one error object on stdout.
     /// Returns the message (plus details).
     #[track_caller]
     pub fn expect_err(&self, code: u64) -> String {
-        assert!(!self.ok() && self.code.is_some(), "expected CNI error {code}: {self}");
-        assert_eq!(self.stdout.trim_end().lines().count(), 1, "exactly one error object: {self}");
-        let e: Value = serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("stdout not JSON ({e}): {self}"));
+        assert!(
+            !self.ok() && self.code.is_some(),
+            "expected CNI error {code}: {self}"
+        );
+        assert_eq!(
+            self.stdout.trim_end().lines().count(),
+            1,
+            "exactly one error object: {self}"
+        );
+        let e: Value = serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout not JSON ({e}): {self}"));
         assert_eq!(e["code"].as_u64(), Some(code), "wrong code: {self}");
-        assert!(e.get("ips").is_none(), "an error must not carry a Result: {self}");
-        let msg = e["msg"].as_str().unwrap_or_else(|| panic!("no msg: {self}")).to_string();
+        assert!(
+            e.get("ips").is_none(),
+            "an error must not carry a Result: {self}"
+        );
+        let msg = e["msg"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no msg: {self}"))
+            .to_string();
         match e["details"].as_str() {
             Some(d) => format!("{msg}: {d}"),
             None => msg,
@@ -103,7 +125,12 @@ impl Out {
     #[track_caller]
     pub fn addresses(&self) -> Vec<String> {
         let v = self.expect_ok();
-        v["ips"].as_array().unwrap_or_else(|| panic!("no ips: {self}")).iter().map(|i| i["address"].as_str().unwrap().to_string()).collect()
+        v["ips"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no ips: {self}"))
+            .iter()
+            .map(|i| i["address"].as_str().unwrap().to_string())
+            .collect()
     }
 
     /// The only address of an ADD result, without the prefix.
@@ -117,13 +144,24 @@ impl Out {
 
 impl std::fmt::Display for Out {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} -> {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}", self.what, self.code, self.stdout.trim_end(), self.stderr.trim_end())
+        write!(
+            f,
+            "{} -> {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.what,
+            self.code,
+            self.stdout.trim_end(),
+            self.stderr.trim_end()
+        )
     }
 }
 
 /// `10.1.2.9/24` → `10.1.2.9`.
 pub fn host(cidr: &str) -> IpAddr {
-    cidr.split('/').next().unwrap().parse().unwrap_or_else(|_| panic!("not an address: {cidr}"))
+    cidr.split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("not an address: {cidr}"))
 }
 
 pub fn ip(s: &str) -> IpAddr {
@@ -140,7 +178,11 @@ pub struct Att {
 
 impl Att {
     pub fn new(container_id: &str) -> Att {
-        Att { container_id: container_id.to_string(), ifname: "net1".into(), args: None }
+        Att {
+            container_id: container_id.to_string(),
+            ifname: "net1".into(),
+            args: None,
+        }
     }
     pub fn ifname(mut self, i: &str) -> Att {
         self.ifname = i.to_string();
@@ -175,9 +217,16 @@ impl Net {
         let mut ipam = ipam;
         let o = ipam.as_object_mut().expect("ipam object");
         o.insert("type".into(), json!("tether-ipam"));
-        o.entry("dataDir").or_insert(json!(dir.path().join("state")));
+        o.entry("dataDir")
+            .or_insert(json!(dir.path().join("state")));
         o.entry("probe").or_insert(json!(false));
-        Net { dir, name, version: "1.1.0".into(), ipam, top: Default::default() }
+        Net {
+            dir,
+            name,
+            version: "1.1.0".into(),
+            ipam,
+            top: Default::default(),
+        }
     }
 
     pub fn version(mut self, v: &str) -> Net {
@@ -215,12 +264,23 @@ impl Net {
     /// The command for `verb` on `att` (None: STATUS/GC-style, no attachment variables).
     pub fn command(&self, verb: &str, att: Option<&Att>) -> Command {
         let mut c = Command::new(bin());
-        for v in ["CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH", "NODE_NAME"] {
+        for v in [
+            "CNI_COMMAND",
+            "CNI_CONTAINERID",
+            "CNI_NETNS",
+            "CNI_IFNAME",
+            "CNI_ARGS",
+            "CNI_PATH",
+            "NODE_NAME",
+        ] {
             c.env_remove(v);
         }
-        c.env("CNI_COMMAND", verb).env("CNI_PATH", "/nonexistent").env("NODE_NAME", "node-a");
+        c.env("CNI_COMMAND", verb)
+            .env("CNI_PATH", "/nonexistent")
+            .env("NODE_NAME", "node-a");
         if let Some(a) = att {
-            c.env("CNI_CONTAINERID", &a.container_id).env("CNI_IFNAME", &a.ifname);
+            c.env("CNI_CONTAINERID", &a.container_id)
+                .env("CNI_IFNAME", &a.ifname);
             if verb != "DEL" {
                 // Probing is off, so the netns is never opened.
                 c.env("CNI_NETNS", "/var/run/netns/tether-ipam-test-unused");
@@ -235,7 +295,11 @@ impl Net {
     /// Run `verb` with `conf` on stdin.
     pub fn call_conf(&self, verb: &str, att: Option<&Att>, conf: &Value) -> Out {
         let mut c = self.command(verb, att);
-        let what = format!("{verb} {}", att.map(|a| format!("{}/{}", a.container_id, a.ifname)).unwrap_or_default());
+        let what = format!(
+            "{verb} {}",
+            att.map(|a| format!("{}/{}", a.container_id, a.ifname))
+                .unwrap_or_default()
+        );
         Out::from(what, run_with_stdin(&mut c, conf.to_string().as_bytes()))
     }
 
@@ -262,7 +326,9 @@ impl Net {
     /// Spawn `verb` for `att` without waiting (stdin written and closed).
     pub fn spawn(&self, verb: &str, att: &Att) -> Child {
         let mut c = self.command(verb, Some(att));
-        c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        c.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut child = c.spawn().expect("spawn tether-ipam");
         let mut stdin = child.stdin.take().unwrap();
         // Small config: fits the pipe buffer, so this never blocks.
@@ -285,7 +351,10 @@ impl Net {
             }
             let v = out.expect_ok();
             for i in v["ips"].as_array().unwrap() {
-                assert!(got.insert(host(i["address"].as_str().unwrap())), "address handed out twice: {out}");
+                assert!(
+                    got.insert(host(i["address"].as_str().unwrap())),
+                    "address handed out twice: {out}"
+                );
             }
             assert!(n < 100_000, "never exhausted");
         }
@@ -305,15 +374,28 @@ impl Net {
         if !self.state_path().exists() {
             return Vec::new();
         }
-        self.state()["leases"].as_array().cloned().unwrap_or_default()
+        self.state()["leases"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Leased records: address → (container_id, ifname).
     pub fn leased(&self) -> BTreeMap<IpAddr, (String, String)> {
         let mut m = BTreeMap::new();
-        for r in self.records().into_iter().filter(|r| r["state"]["kind"] == "leased") {
+        for r in self
+            .records()
+            .into_iter()
+            .filter(|r| r["state"]["kind"] == "leased")
+        {
             let a = ip(r["address"].as_str().unwrap());
-            let prev = m.insert(a, (r["container_id"].as_str().unwrap().to_string(), r["ifname"].as_str().unwrap().to_string()));
+            let prev = m.insert(
+                a,
+                (
+                    r["container_id"].as_str().unwrap().to_string(),
+                    r["ifname"].as_str().unwrap().to_string(),
+                ),
+            );
             assert!(prev.is_none(), "two leased records for {a}");
         }
         m
@@ -321,17 +403,25 @@ impl Net {
 
     /// The record of `addr`, if any.
     pub fn record(&self, addr: IpAddr) -> Option<Value> {
-        self.records().into_iter().find(|r| ip(r["address"].as_str().unwrap()) == addr)
+        self.records()
+            .into_iter()
+            .find(|r| ip(r["address"].as_str().unwrap()) == addr)
     }
 
     /// Leased addresses of one attachment.
     pub fn leased_by(&self, att: &Att) -> Vec<IpAddr> {
-        self.leased().into_iter().filter(|(_, (c, i))| *c == att.container_id && *i == att.ifname).map(|(a, _)| a).collect()
+        self.leased()
+            .into_iter()
+            .filter(|(_, (c, i))| *c == att.container_id && *i == att.ifname)
+            .map(|(a, _)| a)
+            .collect()
     }
 }
 
 pub fn run_with_stdin(c: &mut Command, input: &[u8]) -> Output {
-    c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = c.spawn().expect("spawn tether-ipam");
     let mut stdin = child.stdin.take().unwrap();
     let input = input.to_vec();

@@ -1,0 +1,98 @@
+//! Small helpers for the benchmark binaries (`bench-ipam`, `bench-probe`): run many plugin calls at a
+//! given concurrency, time each one, and summarise.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Latencies of one batch and its wall time.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub latencies: Vec<Duration>,
+    pub wall: Duration,
+    pub failures: Vec<String>,
+}
+
+impl Batch {
+    /// Calls per second over the wall time.
+    pub fn rate(&self) -> f64 {
+        self.latencies.len() as f64 / self.wall.as_secs_f64()
+    }
+
+    /// The `q`-quantile (0..=1) of the latencies, nearest rank.
+    pub fn quantile(&self, q: f64) -> Duration {
+        quantile(&self.latencies, q)
+    }
+}
+
+/// Nearest-rank quantile of `v` (`q` in 0..=1); zero for an empty slice.
+pub fn quantile(v: &[Duration], q: f64) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    let mut s = v.to_vec();
+    s.sort();
+    let rank = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
+    s[rank - 1]
+}
+
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Run `n` calls of `argv` (program and arguments, e.g. `ip netns exec <ns> <plugin>`) with
+/// `concurrency` workers. Call `i` gets the environment from `env(i)` (nothing else but PATH) and
+/// `stdin` on standard input; it succeeds when it exits 0.
+pub fn run_batch(
+    argv: &[String],
+    n: usize,
+    concurrency: usize,
+    env: &(dyn Fn(usize) -> Vec<(String, String)> + Sync),
+    stdin: &[u8],
+) -> Batch {
+    let next = AtomicUsize::new(0);
+    let lat = Mutex::new(Vec::with_capacity(n));
+    let failures = Mutex::new(Vec::new());
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..concurrency.max(1) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n {
+                        break;
+                    }
+                    let mut c = Command::new(&argv[0]);
+                    c.args(&argv[1..]);
+                    c.env_clear().env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+                    for (k, v) in env(i) {
+                        c.env(k, v);
+                    }
+                    c.stdin(Stdio::piped())
+                        .stdout(Stdio::piped())
+                        .stderr(Stdio::piped());
+                    let t = Instant::now();
+                    let mut child = c.spawn().expect("spawn plugin");
+                    child.stdin.take().unwrap().write_all(stdin).unwrap();
+                    let out = child.wait_with_output().unwrap();
+                    let d = t.elapsed();
+                    if out.status.success() {
+                        lat.lock().unwrap().push(d);
+                    } else {
+                        failures
+                            .lock()
+                            .unwrap()
+                            .push(String::from_utf8_lossy(&out.stdout).into_owned());
+                    }
+                }
+            });
+        }
+    });
+    Batch {
+        latencies: lat.into_inner().unwrap(),
+        wall: start.elapsed(),
+        failures: failures.into_inner().unwrap(),
+    }
+}

@@ -1,0 +1,222 @@
+//! CHECK, GC and STATUS of tether-ipam, and the file store's guarantees seen from outside: modes,
+//! a corrupt state file never reset.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+
+use common::*;
+use serde_json::json;
+
+fn mode(p: &std::path::Path) -> u32 {
+    std::fs::metadata(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+/// CHECK passes while the lease is held and fails once it is gone (DEL, or GC).
+#[test]
+fn check_fails_when_the_lease_is_gone() {
+    let net = Net::new(json!({"range": "10.1.2.0/24", "ipRanges": [{"range": "fd00:1:2::/64"}]}));
+    let att = Att::new("c1");
+    net.add(&att).expect_ok();
+    assert!(
+        net.check(&att).expect_ok().is_null(),
+        "CHECK prints nothing"
+    );
+    net.del(&att).expect_ok();
+    let msg = net.check(&att).expect_err(106);
+    assert!(msg.contains("c1") && msg.contains("net1"), "{msg}");
+    net.check(&Att::new("never")).expect_err(106);
+    // Gone by GC.
+    let b = Att::new("c2");
+    net.add(&b).expect_ok();
+    net.call_conf(
+        "GC",
+        None,
+        &net.conf_with(json!({"cni.dev/valid-attachments": []})),
+    )
+    .expect_ok();
+    net.check(&b).expect_err(106);
+}
+
+/// GC with `cni.dev/valid-attachments` releases unlisted leases and keeps listed ones; the legacy key
+/// `cni.dev/attachments` works the same; without either, GC is refused and releases nothing.
+#[test]
+fn gc_releases_unlisted_and_keeps_listed() {
+    for key in ["cni.dev/valid-attachments", "cni.dev/attachments"] {
+        let net = Net::new(json!({"range": "10.1.2.0/24"}));
+        let atts = [
+            Att::new("c1"),
+            Att::new("c1").ifname("net2"),
+            Att::new("c2"),
+            Att::new("c3"),
+        ];
+        for a in &atts {
+            net.add(a).expect_ok();
+        }
+        // Without the list: refused, nothing released.
+        let msg = net.call("GC", None).expect_err(7);
+        assert!(msg.contains("valid-attachments"), "{msg}");
+        assert_eq!(net.leased().len(), 4);
+        // Needs 1.1.0.
+        let old = json!({"cniVersion": "1.0.0", key: [{"containerID": "c1", "ifname": "net1"}]});
+        net.call_conf("GC", None, &net.conf_with(old)).expect_err(1);
+        assert_eq!(net.leased().len(), 4);
+
+        let list = json!([{"containerID": "c1", "ifname": "net1"}, {"containerID": "c3", "ifname": "net1"}, {"containerID": "gone", "ifname": "net1"}]);
+        net.call_conf("GC", None, &net.conf_with(json!({key: list})))
+            .expect_ok();
+        let kept: Vec<_> = net.leased().into_values().collect();
+        assert_eq!(kept.len(), 2, "{key}: {kept:?}");
+        assert!(
+            kept.contains(&("c1".into(), "net1".into()))
+                && kept.contains(&("c3".into(), "net1".into())),
+            "{key}: {kept:?}"
+        );
+        for gone in [&atts[1], &atts[2]] {
+            net.check(gone).expect_err(106);
+        }
+        // An empty list releases everything.
+        net.call_conf("GC", None, &net.conf_with(json!({key: []})))
+            .expect_ok();
+        assert!(net.leased().is_empty(), "{key}");
+    }
+}
+
+/// STATUS: 0 while an address is free; 50 when every address is leased; 0 again after a DEL; 50 when
+/// the store is unusable (dataDir is a file).
+#[test]
+fn status_reports_exhaustion_and_unusable_store() {
+    let net = Net::new(json!({"range": "10.1.2.10-10.1.2.12/24", "cooldown_s": 600}));
+    net.status().expect_ok();
+    net.add(&Att::new("c1")).expect_ok();
+    net.add(&Att::new("c2")).expect_ok();
+    net.status().expect_ok();
+    net.add(&Att::new("c3")).expect_ok();
+    let msg = net.status().expect_err(50);
+    assert!(
+        msg.contains("10.1.2.10-10.1.2.12/24") && msg.contains("3 leased"),
+        "{msg}"
+    );
+    // A released address within its cooldown can still be handed out as a last resort: ready.
+    net.del(&Att::new("c2")).expect_ok();
+    net.status().expect_ok();
+    // Dual-stack: one full range is enough for 50.
+    let net =
+        Net::new(json!({"ipRanges": [{"range": "10.1.2.0/24"}, {"range": "fd00:1:2::5/128"}]}));
+    net.add(&Att::new("c1")).expect_ok();
+    let msg = net.status().expect_err(50);
+    assert!(msg.contains("fd00:1:2::5"), "{msg}");
+    // Needs 1.1.0.
+    net.call_conf(
+        "STATUS",
+        None,
+        &net.conf_with(json!({"cniVersion": "1.0.0"})),
+    )
+    .expect_err(1);
+
+    // The data dir is a file: STATUS 50, ADD fails with a store error naming the path.
+    let net = Net::new(json!({"range": "10.1.2.0/24"}));
+    std::fs::write(net.data_dir(), b"not a directory").unwrap();
+    let msg = net.status().expect_err(50);
+    assert!(msg.contains(net.data_dir().to_str().unwrap()), "{msg}");
+    let msg = net.add(&Att::new("c1")).expect_err(105);
+    assert!(msg.contains(net.data_dir().to_str().unwrap()), "{msg}");
+}
+
+/// The data dir is created 0700 (parents too), state and lock files 0600, whatever the umask.
+#[test]
+fn state_files_are_private() {
+    let dir = TempDir::new("modes");
+    let data = dir.path().join("a/b/state");
+    let net = Net::new(json!({"range": "10.1.2.0/24", "dataDir": data}));
+    // A permissive umask must not leak into the modes.
+    let c = net.command("ADD", Some(&Att::new("c1")));
+    let mut sh = std::process::Command::new("sh");
+    sh.arg("-c")
+        .arg("umask 000; exec \"$0\"")
+        .arg(c.get_program());
+    for (k, v) in c.get_envs() {
+        match v {
+            Some(v) => sh.env(k, v),
+            None => sh.env_remove(k),
+        };
+    }
+    let out = run_with_stdin(&mut sh, net.conf().to_string().as_bytes());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(mode(&data), 0o700, "data dir");
+    assert_eq!(mode(&dir.path().join("a")), 0o700, "created parent");
+    assert_eq!(mode(&net.state_path()), 0o600, "state file");
+    assert_eq!(
+        mode(&data.join(format!("{}.lock", net.name))),
+        0o600,
+        "lock file"
+    );
+    // Still private after more writes (DEL rewrites the file).
+    net.del(&Att::new("c1")).expect_ok();
+    assert_eq!(mode(&net.state_path()), 0o600);
+    for e in std::fs::read_dir(&data).unwrap() {
+        let p = e.unwrap().path();
+        assert_eq!(mode(&p) & 0o077, 0, "{} is readable by others", p.display());
+    }
+}
+
+/// A corrupt state file is a clear error naming the file, for every verb, and is never reset.
+#[test]
+fn corrupt_state_file_is_never_reset() {
+    let net = Net::new(json!({"range": "10.1.2.0/24"}));
+    net.add(&Att::new("c1")).expect_ok();
+    let good = std::fs::read(net.state_path()).unwrap();
+    let corruptions: Vec<Vec<u8>> = vec![
+        b"{ this is not json".to_vec(),
+        good[..good.len() / 2].to_vec(), // a torn write
+        Vec::new(),
+        br#"{"format": 1, "network": "x", "next_version": 1, "leases": []}"#.to_vec(),
+        String::from_utf8(good.clone())
+            .unwrap()
+            .replacen("\"leased\"", "\"banana\"", 1)
+            .into_bytes(),
+        br#"{"network": "n", "leases": []}"#.to_vec(),
+    ];
+    for bad in corruptions {
+        std::fs::write(net.state_path(), &bad).unwrap();
+        let path = net.state_path().display().to_string();
+        let msg = net.add(&Att::new("c2")).expect_err(105);
+        assert!(msg.contains(&path), "names the file: {msg}");
+        assert!(!msg.contains("resetting"), "{msg}");
+        for verb_out in [
+            net.del(&Att::new("c1")),
+            net.check(&Att::new("c1")),
+            net.call_conf(
+                "GC",
+                None,
+                &net.conf_with(json!({"cni.dev/valid-attachments": []})),
+            ),
+        ] {
+            let m = if verb_out.ok() {
+                panic!("{verb_out}")
+            } else {
+                verb_out.stdout.clone()
+            };
+            assert!(m.contains(&path), "{verb_out}");
+        }
+        let m = net.status().expect_err(50);
+        assert!(m.contains(&path), "{m}");
+        assert_eq!(
+            std::fs::read(net.state_path()).unwrap(),
+            bad,
+            "the corrupt file was changed"
+        );
+    }
+    // Repaired → works again, with the old lease intact.
+    std::fs::write(net.state_path(), &good).unwrap();
+    net.check(&Att::new("c1")).expect_ok();
+    net.add(&Att::new("c2")).expect_ok();
+}
