@@ -1,4 +1,5 @@
 # tether — build, install, test. Run as root: tests create network namespaces and links.
+SHELL     := /bin/bash
 CARGO     ?= cargo
 DESTDIR   ?=
 BINDIR    ?= /opt/cni/bin
@@ -11,7 +12,7 @@ LAB_TESTS  := $(sort $(basename $(notdir $(wildcard conformance/tests/lab_*.rs))
 
 BENCH_BIN := $(CARGO) run --release --locked -p tether-conformance --bin
 
-.PHONY: bench-ipam bench-probe all build install test unit host-tests lab-tests manifests fuzz-regressions fuzz driver deps demo fmt clippy clean
+.PHONY: bench-ipam bench-probe all build install test unit host-tests lab-tests conformance manifests fuzz-regressions fuzz driver deps demo fmt clippy clean
 
 all: build
 
@@ -35,16 +36,18 @@ driver:
 
 test: deps driver
 	$(CARGO) build --locked --workspace --bins
-	$(MAKE) --no-print-directory unit fuzz-regressions manifests host-tests lab-tests
+	$(MAKE) --no-print-directory unit fuzz-regressions manifests conformance
 
+# Test output is kept in target/conformance/ for the checklist table (conformance/report.py).
+LOGS := target/conformance
 unit:
-	$(CARGO) test --locked --workspace --exclude tether-conformance
+	@mkdir -p $(LOGS)
+	set -o pipefail; $(CARGO) test --locked --workspace --exclude tether-conformance 2>&1 | tee $(LOGS)/unit.log
 	$(CARGO) test --locked -p tether-conformance --lib
 
 host-tests:
-ifneq ($(HOST_TESTS),)
-	$(CARGO) test --locked -p tether-conformance $(addprefix --test ,$(HOST_TESTS))
-endif
+	@mkdir -p $(LOGS)
+	set -o pipefail; $(CARGO) test --locked -p tether-conformance $(addprefix --test ,$(HOST_TESTS)) 2>&1 | tee $(LOGS)/host.log
 
 # Saved fuzz inputs (crashes found by `make fuzz`, edge cases) replayed on stable Rust.
 fuzz-regressions:
@@ -71,7 +74,12 @@ manifests:
 	python3 deploy/validate.py
 
 lab-tests:
-	conformance/lab/run-tests.sh $(LAB_TESTS)
+	@mkdir -p $(LOGS)
+	set -o pipefail; conformance/lab/run-tests.sh $(LAB_TESTS) 2>&1 | tee $(LOGS)/lab.log
+
+# The checklist (conformance/checklist.md) item by item, from the host and lab runs.
+conformance: host-tests lab-tests
+	python3 conformance/report.py $(LOGS)/unit.log $(LOGS)/host.log $(LOGS)/lab.log
 
 demo: deps driver
 	$(CARGO) build --locked --workspace --bins
