@@ -12,7 +12,7 @@ LAB_TESTS  := $(sort $(basename $(notdir $(wildcard conformance/tests/lab_*.rs))
 
 BENCH_BIN := $(CARGO) run --release --locked -p tether-conformance --bin
 
-.PHONY: bench-ipam bench-probe all build install test unit host-tests lab-tests conformance manifests fuzz-regressions fuzz driver deps demo fmt clippy clean
+.PHONY: bench bench-attach bench-kube bench-ipam bench-probe all build install test unit host-tests lab-tests conformance manifests fuzz-regressions fuzz driver deps demo fmt clippy clean
 
 all: build
 
@@ -93,6 +93,24 @@ bench-ipam:
 bench-probe:
 	$(CARGO) build --release --locked --bin tether-ipam
 	$(BENCH_BIN) bench-probe
+
+bench-attach:
+	conformance/bench/attach.sh
+
+bench-kube:
+	$(CARGO) bench --locked -p tether-kube-store --bench bench-kube
+
+# All of the above in one run, then BENCHMARKS.md and docs/benchmarks.png from their output.
+BENCH_OUT := target/bench
+bench:
+	@rm -rf $(BENCH_OUT) && mkdir -p $(BENCH_OUT)/samples
+	python3 -c 'import matplotlib' 2>/dev/null || pip install --quiet matplotlib
+	set -o pipefail; export BENCH_SAMPLES_DIR=$(CURDIR)/$(BENCH_OUT)/samples; \
+	  $(MAKE) --no-print-directory bench-attach | tee $(BENCH_OUT)/attach.txt && \
+	  $(MAKE) --no-print-directory bench-ipam | tee $(BENCH_OUT)/ipam.txt && \
+	  $(MAKE) --no-print-directory bench-kube | tee $(BENCH_OUT)/kube.txt && \
+	  $(MAKE) --no-print-directory bench-probe | tee $(BENCH_OUT)/probe.txt
+	python3 conformance/bench/report.py
 
 fmt:
 	$(CARGO) fmt --all

@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 
 use serde_json::json;
-use tether_conformance::bench::{Batch, ms, run_batch};
+use tether_conformance::bench::{Batch, ms, record_samples, run_batch};
 use tether_conformance::{TempDir, reference_plugin, tether_binary};
 
 struct Plugin {
@@ -124,6 +124,7 @@ fn main() {
                     ms(b.quantile(0.5)),
                     ms(b.quantile(0.99))
                 );
+                record_samples("ipam", &format!("{} {verb} c{c}", p.name), &b);
                 results.push((p.name, verb, c, b));
             }
         }

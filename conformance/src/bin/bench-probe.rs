@@ -13,7 +13,7 @@
 //! TETHER_BIN_DIR.
 
 use serde_json::{Value, json};
-use tether_conformance::bench::{Batch, ms, quantile, run_batch};
+use tether_conformance::bench::{Batch, ms, quantile, record_samples, run_batch};
 use tether_conformance::{NetNs, TempDir, tether_binary, veth_pair};
 
 fn main() {
@@ -101,6 +101,7 @@ fn main() {
                 );
                 std::process::exit(1);
             }
+            record_samples("probe", &format!("{pool} {label}"), &b);
             let p50 = quantile(&b.latencies, 0.5);
             let added = match off_p50 {
                 None => {
