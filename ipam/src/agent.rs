@@ -4,13 +4,19 @@
 //!    in the same directory, fsync, rename — kubelet never executes a half-written file.
 //! 2. Writes the kubeconfig the plugin uses (0600, directory 0700) from this pod's service-account
 //!    token and CA, and rewrites it whenever either rotates (projected tokens expire in about an hour).
-//! 3. Runs the lease reconciler for this node (see `reconcile`), when a Kubernetes store is in use.
+//! 3. Runs the lease reconciler for this node ([`crate::reconcile`]) on its own thread, with the
+//!    pod's service account: this node's IPLeases and the file store under `--data-dir`, plus the
+//!    leases of deleted nodes while this agent is the sweeper. `--once` runs one full pass.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
+
+use crate::reconcile::{self, Reconciler};
 
 pub const BINARIES: &[&str] = &["tether-ipvlan", "tether-ipam"];
 
@@ -121,6 +127,8 @@ pub struct AgentOptions {
     pub kubeconfig_out: PathBuf,
     pub service_account_dir: PathBuf,
     pub refresh: Duration,
+    /// The reconciler to run (`None`: `--no-reconcile`).
+    pub reconcile: Option<reconcile::Options>,
     /// Stop after the first pass (tests, and `kubectl debug` style checks).
     pub once: bool,
 }
@@ -130,12 +138,45 @@ pub fn run(opts: &AgentOptions, mut each_pass: impl FnMut()) -> Result<(), Strin
     let changed = install_binaries(&opts.source_dir, &opts.cni_bin_dir)?;
     log::warn!("installed into {}: {}", opts.cni_bin_dir.display(), if changed.is_empty() { "already current".into() } else { changed.join(", ") });
     let sa = ServiceAccount::in_cluster(opts.service_account_dir.clone())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut reconciler: Option<std::thread::JoinHandle<()>> = None;
     loop {
         match write_kubeconfig(&sa, &opts.kubeconfig_out) {
             Ok(true) => log::warn!("wrote {}", opts.kubeconfig_out.display()),
             Ok(false) => {}
             // Keep the old kubeconfig: a transient read error must not break the plugin.
             Err(e) => log::error!("refreshing the kubeconfig: {e}"),
+        }
+        if let Some(ro) = &opts.reconcile {
+            if opts.once {
+                match Reconciler::new(ro.clone()) {
+                    Ok(r) => {
+                        let report = r.pass(true);
+                        for x in &report.released {
+                            log::warn!("{}", reconcile::describe(x));
+                        }
+                        for e in &report.errors {
+                            log::error!("reconcile: {e}");
+                        }
+                    }
+                    Err(e) => log::error!("reconcile: {e}"),
+                }
+            } else if reconciler.as_ref().is_none_or(|h| h.is_finished()) {
+                // (Re)start it; it only ends when it cannot start (it logs why), so retry each refresh.
+                let (ro, stop) = (ro.clone(), stop.clone());
+                reconciler = std::thread::Builder::new()
+                    .name("reconcile".into())
+                    .spawn(move || match Reconciler::new(ro) {
+                        Ok(r) => {
+                            if let Err(e) = r.run(&stop, |_| {}) {
+                                log::error!("reconcile: {e}");
+                            }
+                        }
+                        Err(e) => log::error!("reconcile: {e}"),
+                    })
+                    .map_err(|e| log::error!("cannot start the reconciler: {e}"))
+                    .ok();
+            }
         }
         each_pass();
         if opts.once {

@@ -10,10 +10,12 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
+use tether_kube_store::{KubeSettings, KubeStore};
 use tether_leases::{FileStore, Lease, LeaseState, LeaseStore};
 use tether_pool::{PoolConfig, StoreKind};
 
 use crate::doctor;
+use crate::reconcile;
 
 pub const EXIT_OK: i32 = 0;
 pub const EXIT_FAILED: i32 = 1;
@@ -44,7 +46,8 @@ enum Cmd {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
-    /// Release one address now (no cooldown). Refuses a leased address whose pod may be alive.
+    /// Release one address now (no cooldown). Refuses a leased address whose pod is (or, without
+    /// API access, may be) alive.
     Release {
         address: IpAddr,
         #[arg(long)]
@@ -92,16 +95,46 @@ enum Cmd {
         /// Seconds between kubeconfig refreshes.
         #[arg(long, default_value_t = 60)]
         refresh_s: u64,
+        #[command(flatten)]
+        reconcile: ReconcileArgs,
+        /// Kubeconfig for the reconciler (default: this pod's service account).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// Do not run the lease reconciler.
+        #[arg(long)]
+        no_reconcile: bool,
         /// One pass, then exit.
         #[arg(long)]
         once: bool,
+    },
+    /// Release leases whose pod is gone or replaced (never a live one): event-driven from a pod
+    /// watch plus a periodic full pass. What the node-agent runs; see the reconcile module docs.
+    Reconcile {
+        /// Kubeconfig for the API (default: in-cluster service account, else KUBECONFIG).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// File-store directory whose networks are reconciled for this node's pods.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        #[command(flatten)]
+        reconcile: ReconcileArgs,
+        /// One full pass, print what was released, exit (1 if anything failed).
+        #[arg(long)]
+        once: bool,
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
     },
     /// Print the version.
     Version,
 }
 
 /// Which lease store to open: from a network config, or named directly.
-#[derive(Args, Debug, Clone)]
+///
+/// The store is the config's (`--config`), else the file store when `--data-dir` is given, else
+/// the Kubernetes store when `--kubeconfig` is given, else the file store in /var/lib/cni/tether.
+/// API access (to check pods) comes from `--kubeconfig`, or from the config's `kubernetes`
+/// settings.
+#[derive(Args, Debug, Clone, Default)]
 pub struct StoreArgs {
     /// Take the store settings from this network config (its ipam section).
     #[arg(long)]
@@ -109,6 +142,64 @@ pub struct StoreArgs {
     /// File store directory (default /var/lib/cni/tether).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Kubeconfig: the Kubernetes lease store (unless --config or --data-dir name another), and
+    /// API access to check whether a lease's pod is alive.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// Reconciler flags shared by `reconcile` and `node-agent`.
+#[derive(Args, Debug, Clone)]
+pub struct ReconcileArgs {
+    /// This node's name (default: $NODE_NAME).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// Leases younger than this are never released (an ADD in flight holds its lease before its
+    /// pod shows any network status).
+    #[arg(long, default_value_t = reconcile::DEFAULT_GRACE_S)]
+    pub grace_s: u64,
+    /// Seconds between periodic full passes (pod deletions trigger a pass at once).
+    #[arg(long, default_value_t = reconcile::DEFAULT_INTERVAL_S)]
+    pub interval_s: u64,
+    /// Label selector of the nodes that run the node-agent (the DaemonSet's nodeSelector); the
+    /// one agent that sweeps leases of deleted nodes is chosen among them. Default: every node.
+    #[arg(long)]
+    pub sweeper_selector: Option<String>,
+    /// Do not reclaim leases of deleted nodes (only this node's).
+    #[arg(long)]
+    pub no_sweep: bool,
+}
+
+impl ReconcileArgs {
+    /// Reconciler options; `kube` from `kubeconfig`, else in-cluster/KUBECONFIG when available.
+    pub fn options(&self, kubeconfig: Option<PathBuf>, data_dir: Option<PathBuf>) -> Result<reconcile::Options, String> {
+        let node = self
+            .node
+            .clone()
+            .or_else(|| std::env::var("NODE_NAME").ok())
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .ok_or("no node name: pass --node or set NODE_NAME (the DaemonSet sets it from spec.nodeName)")?;
+        if self.interval_s == 0 {
+            return Err("--interval-s must be at least 1".into());
+        }
+        let mut o = reconcile::Options::new(node);
+        o.kube = match kubeconfig {
+            Some(p) => Some(KubeSettings::with_kubeconfig(p)),
+            None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
+                || std::env::var_os("KUBECONFIG").is_some_and(|v| !v.is_empty()) =>
+            {
+                Some(KubeSettings::default())
+            }
+            None => None,
+        };
+        o.data_dir = data_dir;
+        o.grace_s = self.grace_s;
+        o.interval = std::time::Duration::from_secs(self.interval_s);
+        o.sweep_dead_nodes = !self.no_sweep;
+        o.sweeper_selector = self.sweeper_selector.clone();
+        Ok(o)
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,17 +226,47 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Cmd::Release { address, network, force, store, output } => release(address, &network, force, &store, output),
         Cmd::Doctor { config, max_probes, output } => doctor::run(&config, max_probes, output),
         Cmd::Validate { config } => validate(&config),
-        Cmd::NodeAgent { cni_bin_dir, kubeconfig_out, data_dir: _, source_dir, service_account_dir, refresh_s, once } => {
+        Cmd::NodeAgent { cni_bin_dir, kubeconfig_out, data_dir, source_dir, service_account_dir, refresh_s, reconcile, kubeconfig, no_reconcile, once } => {
             tether_cni::logging::install("tether-ipam");
+            let reconcile = if no_reconcile {
+                None
+            } else {
+                // Installing the plugins matters more than reconciling: never fail the agent here.
+                match reconcile.options(kubeconfig, data_dir) {
+                    Ok(o) => Some(o),
+                    Err(e) => {
+                        log::error!("the lease reconciler is off: {e}");
+                        None
+                    }
+                }
+            };
             let opts = crate::agent::AgentOptions {
                 source_dir,
                 cni_bin_dir,
                 kubeconfig_out,
                 service_account_dir,
                 refresh: std::time::Duration::from_secs(refresh_s),
+                reconcile,
                 once,
             };
             crate::agent::run(&opts, || {}).map(|()| EXIT_OK)
+        }
+        Cmd::Reconcile { kubeconfig, data_dir, reconcile, once, output } => {
+            let opts = match reconcile.options(kubeconfig, data_dir) {
+                Ok(o) => o,
+                Err(e) => {
+                    eprintln!("tether-ipam: {e}");
+                    return EXIT_USAGE;
+                }
+            };
+            if opts.kube.is_none() {
+                eprintln!(
+                    "tether-ipam: reconcile needs the Kubernetes API to see which pods exist: pass --kubeconfig, \
+                     set KUBECONFIG, or run in a pod"
+                );
+                return EXIT_USAGE;
+            }
+            run_reconcile(opts, once, output)
         }
     };
     match outcome {
@@ -178,10 +299,20 @@ pub fn read_network_config(path: &PathBuf) -> Result<Value, String> {
     Ok(p)
 }
 
-/// An opened store and the networks it can list.
+/// The store behind an [`OpenStore`].
+#[allow(clippy::large_enum_variant)]
+pub enum Backend {
+    /// Node-local files.
+    File(FileStore),
+    /// IPLease objects.
+    Kube(KubeStore),
+}
+
+/// An opened store, the networks it can list, and API access when there is some.
 pub struct OpenStore {
-    pub store: Box<dyn LeaseStore>,
-    file: Option<FileStore>,
+    pub backend: Backend,
+    /// API access next to a file store (from `--kubeconfig` or the config's `kubernetes`).
+    api: Option<KubeStore>,
 }
 
 impl OpenStore {
@@ -190,7 +321,22 @@ impl OpenStore {
             Some(p) => Some(PoolConfig::from_value(&read_network_config(p)?).map_err(|e| e.to_string())?),
             None => None,
         };
-        let kind = cfg.as_ref().map_or(StoreKind::File, |c| c.store.clone());
+        let kind = match &cfg {
+            Some(c) => c.store,
+            None if args.data_dir.is_none() && args.kubeconfig.is_some() => StoreKind::Kubernetes,
+            None => StoreKind::File,
+        };
+        let settings = || -> Result<Option<KubeSettings>, String> {
+            let mut s = match cfg.as_ref().and_then(|c| c.kubernetes.as_ref()) {
+                Some(k) => Some(KubeSettings::from_kubernetes_config(Some(k)).map_err(|e| e.to_string())?),
+                None => None,
+            };
+            if let Some(p) = &args.kubeconfig {
+                s.get_or_insert_with(KubeSettings::default).kubeconfig = Some(p.clone());
+            }
+            Ok(s)
+        };
+        let connect = |s: KubeSettings| KubeStore::connect(s).map_err(|e| e.to_string());
         match kind {
             StoreKind::File => {
                 let dir = args
@@ -198,20 +344,59 @@ impl OpenStore {
                     .clone()
                     .or_else(|| cfg.as_ref().map(|c| c.data_dir.clone()))
                     .unwrap_or_else(|| PathBuf::from("/var/lib/cni/tether"));
-                let fs = FileStore::new(dir);
-                Ok((OpenStore { store: Box::new(fs.clone()), file: Some(fs) }, cfg))
+                let api = match settings()? {
+                    Some(s) => Some(connect(s)?),
+                    None => None,
+                };
+                Ok((OpenStore { backend: Backend::File(FileStore::new(dir)), api }, cfg))
             }
-            StoreKind::Kubernetes => Err("the kubernetes store is not available in this build".into()),
+            StoreKind::Kubernetes => {
+                let s = settings()?.unwrap_or_default();
+                Ok((OpenStore { backend: Backend::Kube(connect(s)?), api: None }, cfg))
+            }
         }
     }
 
-    pub fn networks(&self, only: Option<&str>) -> Result<Vec<String>, String> {
-        if let Some(n) = only {
-            return Ok(vec![n.to_string()]);
+    /// The lease store.
+    pub fn store(&self) -> &dyn LeaseStore {
+        match &self.backend {
+            Backend::File(f) => f,
+            Backend::Kube(k) => {
+                k.restart_budget();
+                k
+            }
         }
-        match &self.file {
-            Some(fs) => fs.networks().map_err(|e| e.to_string()),
-            None => Err("pass --network".into()),
+    }
+
+    /// API access (the Kubernetes store itself, or `--kubeconfig` next to a file store).
+    pub fn api(&self) -> Option<&KubeStore> {
+        let a = match &self.backend {
+            Backend::Kube(k) => Some(k),
+            Backend::File(_) => self.api.as_ref(),
+        };
+        if let Some(k) = a {
+            k.restart_budget();
+        }
+        a
+    }
+
+    /// Leases of `only`, or of every network.
+    pub fn leases(&self, only: Option<&str>) -> Result<Vec<Lease>, String> {
+        if let Some(n) = only {
+            return self.store().list(n).map_err(|e| e.to_string());
+        }
+        match &self.backend {
+            Backend::File(fs) => {
+                let mut all = Vec::new();
+                for n in fs.networks().map_err(|e| e.to_string())? {
+                    all.extend(fs.list(&n).map_err(|e| e.to_string())?);
+                }
+                Ok(all)
+            }
+            Backend::Kube(k) => {
+                k.restart_budget();
+                k.list_all().map_err(|e| e.to_string())
+            }
         }
     }
 }
@@ -299,10 +484,7 @@ fn validate(path: &PathBuf) -> Result<i32, String> {
 fn leases(network: Option<&str>, args: &StoreArgs, output: Output) -> Result<i32, String> {
     let (open, cfg) = OpenStore::open(args)?;
     let only = network.map(str::to_string).or_else(|| args.config.as_ref().and(cfg.as_ref().map(|c| c.network_name.clone())));
-    let mut all = Vec::new();
-    for n in open.networks(only.as_deref())? {
-        all.extend(open.store.list(&n).map_err(|e| e.to_string())?);
-    }
+    let mut all = open.leases(only.as_deref())?;
     all.sort_by(|a, b| (&a.network, a.address).cmp(&(&b.network, b.address)));
     let now = now();
     match output {
@@ -327,30 +509,126 @@ fn leases(network: Option<&str>, args: &StoreArgs, output: Output) -> Result<i32
     Ok(EXIT_OK)
 }
 
-fn release(address: IpAddr, network: &str, force: bool, args: &StoreArgs, output: Output) -> Result<i32, String> {
-    let (open, _) = OpenStore::open(args)?;
-    let leases = open.store.list(network).map_err(|e| e.to_string())?;
-    let Some(lease) = leases.iter().find(|l| l.address == address) else {
-        return Err(format!("network {network} has no record of {address}"));
-    };
-    if lease.is_leased() && !force {
-        eprintln!(
-            "tether-ipam: {address} is leased to {} (container {}, {}); its pod may still be running. \
-             Check with kubectl, then pass --force to release it anyway.",
+/// Is the pod holding `lease` alive? `Ok(reason it may be released)` or `Err(reason to refuse)`.
+fn pod_check(lease: &Lease, api: Option<&KubeStore>) -> Result<String, String> {
+    let Some(api) = api else {
+        return Err(format!(
+            "{} is leased to {} (container {}, {}); without API access (--kubeconfig) tether cannot tell whether its pod \
+             still runs. Check with kubectl, then pass --force to release it anyway.",
+            lease.address,
             pod_text(lease),
             short(&lease.container_id),
             lease.ifname
-        );
-        return Ok(EXIT_REFUSED);
+        ));
+    };
+    let (Some(ns), Some(name)) = (&lease.pod.namespace, &lease.pod.name) else {
+        return Err(format!(
+            "{} is leased to container {} ({}), which names no pod, so tether cannot tell whether it still runs; \
+             pass --force to release it anyway.",
+            lease.address,
+            short(&lease.container_id),
+            lease.ifname
+        ));
+    };
+    match api.pod_uid(ns, name) {
+        Ok(None) => Ok(format!("pod {ns}/{name} no longer exists")),
+        Ok(Some(uid)) => match &lease.pod.uid {
+            Some(held) if *held != uid => Ok(format!("pod {ns}/{name} is now another pod (uid {uid}, the lease names {held})")),
+            _ => Err(format!(
+                "{} is leased to pod {ns}/{name} (uid {uid}), which exists: releasing it would hand a live address to \
+                 another pod. Delete the pod first, or pass --force if you are sure.",
+                lease.address
+            )),
+        },
+        Err(e) => Err(format!(
+            "{} is leased to pod {ns}/{name}, and checking that pod failed ({e}); pass --force to release it anyway.",
+            lease.address
+        )),
     }
-    match open.store.remove(lease).map_err(|e| e.to_string())? {
+}
+
+fn release(address: IpAddr, network: &str, force: bool, args: &StoreArgs, output: Output) -> Result<i32, String> {
+    let (open, _) = OpenStore::open(args)?;
+    let leases = open.store().list(network).map_err(|e| e.to_string())?;
+    let Some(lease) = leases.iter().find(|l| l.address == address) else {
+        return Err(format!("network {network} has no record of {address}"));
+    };
+    let why = match &lease.state {
+        LeaseState::Leased if force => "forced (--force)".to_string(),
+        LeaseState::Leased => match pod_check(lease, open.api()) {
+            Ok(why) => why,
+            Err(refusal) => {
+                eprintln!("tether-ipam: {refusal}");
+                if output == Output::Json {
+                    println!("{}", json!({"refused": address.to_string(), "network": network, "reason": refusal, "lease": lease_json(lease, now())}));
+                }
+                return Ok(EXIT_REFUSED);
+            }
+        },
+        LeaseState::Released { .. } => "already released; its cooldown ends now".to_string(),
+        LeaseState::Quarantined { mac, .. } => format!("quarantine lifted ({mac} had answered for it)"),
+    };
+    match open.store().remove(lease).map_err(|e| e.to_string())? {
         Ok(()) => {}
         Err(_) => return Err(format!("{address} changed while releasing it; look again with `tether-ipam leases`")),
     }
     match output {
-        Output::Json => println!("{}", json!({"released": address.to_string(), "network": network, "was": lease_json(lease, now())})),
-        Output::Table => println!("released {address} in network {network} (was {} of {})", state_text(&lease.state), pod_text(lease)),
+        Output::Json => println!("{}", json!({"released": address.to_string(), "network": network, "reason": why, "was": lease_json(lease, now())})),
+        Output::Table => println!("released {address} in network {network} (was {} of {}): {why}", state_text(&lease.state), pod_text(lease)),
     }
+    Ok(EXIT_OK)
+}
+
+fn run_reconcile(opts: reconcile::Options, once: bool, output: Output) -> Result<i32, String> {
+    let r = reconcile::Reconciler::new(opts)?;
+    if once {
+        let report = r.pass(true);
+        match output {
+            Output::Json => {
+                let released: Vec<Value> = report
+                    .released
+                    .iter()
+                    .map(|x| {
+                        let mut v = lease_json(&x.lease, now());
+                        v["store"] = json!(match x.store {
+                            reconcile::StoreName::Kubernetes => "kubernetes",
+                            reconcile::StoreName::File => "file",
+                        });
+                        v["reason"] = json!(x.reason.to_string());
+                        v
+                    })
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({
+                        "released": released, "examined": report.examined, "lostRaces": report.lost_races,
+                        "confirmedAlive": report.confirmed_alive, "swept": report.swept, "errors": report.errors,
+                    }))
+                    .expect("json")
+                );
+            }
+            Output::Table => {
+                for x in &report.released {
+                    println!("{}", reconcile::describe(x));
+                }
+                println!(
+                    "{} record(s) examined, {} released, {} changed meanwhile, {} alive after all{}",
+                    report.examined,
+                    report.released.len(),
+                    report.lost_races,
+                    report.confirmed_alive,
+                    if report.swept { "; swept deleted nodes" } else { "" }
+                );
+            }
+        }
+        for e in &report.errors {
+            eprintln!("tether-ipam: reconcile: {e}");
+        }
+        return Ok(if report.errors.is_empty() { EXIT_OK } else { EXIT_FAILED });
+    }
+    tether_cni::logging::install("tether-ipam");
+    static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    r.run(&STOP, |_| {})?;
     Ok(EXIT_OK)
 }
 

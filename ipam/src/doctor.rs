@@ -1,13 +1,24 @@
 //! `tether-ipam doctor --config NAD.json`: every check a platform engineer would do by hand before
 //! blaming the plugin, each ending in OK or in what to do.
+//!
+//! Output: one line per finding, `OK` or `FAIL` in the first column, then the check's name
+//! (`config`, `master`, `kubeconfig`, `api`, `crd`, `rbac`, `store`, `pool`, `conflicts`), then
+//! the detail; `-o json` gives the same findings as a list. Exit 1 when any line is FAIL.
+//!
+//! For the Kubernetes store: the kubeconfig parses and its token (or certificate) is readable; the
+//! API server answers; the IPLease CRD is installed and established (when RBAC forbids reading
+//! CRDs, a LIST of ipleases stands in); and, through SelfSubjectAccessReviews, this identity may
+//! get/list/watch/create/update/delete ipleases, get/list/watch pods and list nodes (the
+//! reconciler's sweep of deleted nodes).
 
 use std::net::IpAddr;
 use std::path::PathBuf;
 
 use serde_json::{Value, json};
+use tether_kube_store::{CrdState, KubeSettings, KubeStore, KubeStoreError, check_credentials};
 use tether_leases::{Allocator, NoProbe, SystemClock};
 use tether_link::Netlink;
-use tether_pool::{PoolConfig, ProbeConfig};
+use tether_pool::{PoolConfig, ProbeConfig, StoreKind};
 use tether_wire::{ProbeBudget, ProbeOutcome};
 
 use crate::cli::{EXIT_FAILED, EXIT_OK, OpenStore, Output, StoreArgs, print_table, read_network_config};
@@ -60,11 +71,16 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
 
     let master = check_master(&raw, r);
 
-    let (open, _) = match OpenStore::open(&StoreArgs { config: Some(path.clone()), data_dir: None }) {
+    if cfg.store == StoreKind::Kubernetes && !check_kubernetes(&cfg, r) {
+        // The store check would only repeat the failure above.
+        return;
+    }
+
+    let (open, _) = match OpenStore::open(&StoreArgs { config: Some(path.clone()), ..StoreArgs::default() }) {
         Ok(s) => s,
         Err(e) => return r.fail("store", e),
     };
-    let leases = match open.store.list(&cfg.network_name) {
+    let leases = match open.store().list(&cfg.network_name) {
         Ok(l) => {
             r.ok("store", format!("readable; {} record(s) for network {}", l.len(), cfg.network_name));
             l
@@ -72,7 +88,7 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
         Err(e) => return r.fail("store", format!("{e}")),
     };
 
-    let alloc = Allocator::from_config(&cfg, open.store.as_ref(), &NoProbe, &SystemClock);
+    let alloc = Allocator::from_config(&cfg, open.store(), &NoProbe, &SystemClock);
     match alloc.status() {
         Ok(ranges) => {
             for s in ranges {
@@ -121,6 +137,105 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
     if conflicts == 0 {
         r.ok("conflicts", format!("{probed} unleased pool address(es) probed on {name}; none answered"));
     }
+}
+
+/// The verbs tether needs: (API group, resource, verbs, what breaks without them).
+const NEEDED: &[(&str, &str, &[&str], &str)] = &[
+    ("ipam.tether.dev", "ipleases", &["get", "list", "watch", "create", "update", "delete"], "allocation fails"),
+    ("", "pods", &["get", "list", "watch"], "leases of deleted pods are not reclaimed and `release` cannot check pods"),
+    ("", "nodes", &["list"], "leases of deleted nodes are not reclaimed"),
+];
+
+/// The Kubernetes checks; false when the API cannot be used at all (later checks would only repeat it).
+fn check_kubernetes(cfg: &PoolConfig, r: &mut Report) -> bool {
+    let settings = match KubeSettings::from_pool_config(cfg) {
+        Ok(s) => s,
+        Err(e) => {
+            r.fail("kubeconfig", format!("{e}; fix ipam.kubernetes"));
+            return false;
+        }
+    };
+    match check_credentials(&settings) {
+        Ok(d) => r.ok("kubeconfig", d),
+        Err(e) => {
+            r.fail("kubeconfig", e.to_string());
+            return false;
+        }
+    }
+    let store = match KubeStore::connect(settings) {
+        Ok(s) => s,
+        Err(e) => {
+            r.fail("kubeconfig", e.to_string());
+            return false;
+        }
+    };
+    match store.server_version() {
+        Ok(v) => r.ok("api", format!("{} answers (Kubernetes {v})", store.server())),
+        Err(e) => {
+            r.fail("api", e.to_string());
+            return false;
+        }
+    }
+    store.restart_budget();
+    let mut usable = true;
+    match store.crd_state() {
+        Ok(CrdState::Established) => r.ok("crd", format!("{} is installed and established", tether_kube_store::crd::CRD_NAME)),
+        Ok(CrdState::Missing) => {
+            r.fail("crd", KubeStoreError::CrdMissing { server: store.server().to_string() }.to_string());
+            usable = false;
+        }
+        Ok(CrdState::NotEstablished(detail)) => {
+            r.fail("crd", KubeStoreError::CrdNotEstablished { server: store.server().to_string(), detail }.to_string());
+            usable = false;
+        }
+        Ok(CrdState::Unreadable(msg)) => {
+            store.restart_budget();
+            // ready() lists ipleases when the CRD cannot be read.
+            match store.ready() {
+                Ok(()) => r.ok("crd", format!("cannot read CustomResourceDefinitions ({msg}), but listing ipleases works, so the CRD is installed")),
+                Err(e) => {
+                    r.fail("crd", format!("cannot read CustomResourceDefinitions ({msg}), and listing ipleases failed: {e}"));
+                    usable = false;
+                }
+            }
+        }
+        Err(e) => {
+            r.fail("crd", e.to_string());
+            usable = false;
+        }
+    }
+    'resources: for (group, resource, verbs, without) in NEEDED {
+        let qualified = if group.is_empty() { resource.to_string() } else { format!("{resource}.{group}") };
+        let mut denied = Vec::new();
+        for verb in *verbs {
+            store.restart_budget();
+            match store.can_i(verb, group, resource) {
+                Ok(a) if a.allowed => {}
+                Ok(a) => denied.push(if a.reason.is_empty() { verb.to_string() } else { format!("{verb} ({})", a.reason) }),
+                Err(e) => {
+                    r.fail(
+                        "rbac",
+                        format!("cannot ask the API server what this identity may do ({e}); check with `kubectl auth can-i --list` as {}", store.credentials()),
+                    );
+                    break 'resources;
+                }
+            }
+        }
+        if denied.is_empty() {
+            r.ok("rbac", format!("{} on {qualified} allowed", verbs.join(", ")));
+        } else {
+            r.fail(
+                "rbac",
+                format!(
+                    "forbidden: {} on {qualified} for {}, so {without}; grant {} on {qualified} in the ClusterRole bound to this identity (deploy/base/rbac.yaml)",
+                    denied.join(", "),
+                    store.credentials(),
+                    verbs.join(", ")
+                ),
+            );
+        }
+    }
+    usable
 }
 
 /// The master NIC exists and is up. Returns what probing needs.

@@ -8,6 +8,7 @@ pub mod agent;
 pub mod cli;
 pub mod doctor;
 pub mod prober;
+pub mod reconcile;
 pub mod requests;
 
 use tether_cni::result::{Dns as CniDns, IpConfig, Route as CniRoute};

@@ -26,6 +26,11 @@
 //!   the test controls ([`ApiServerDouble::upsert_pod`], [`ApiServerDouble::delete_pod`]). Watches
 //!   stream chunked JSON lines (`{"type":"ADDED","object":{...}}`), start with synthetic `ADDED`
 //!   events when no `resourceVersion` (or `0`) is given, and replay the recent history otherwise.
+//! - Nodes, read-only, the same way ([`ApiServerDouble::upsert_node`],
+//!   [`ApiServerDouble::delete_node`]).
+//! - `SelfSubjectAccessReview` (create): allowed unless the (verb, resource) pair is forbidden.
+//! - Metadata-only answers (`Accept: ...;as=PartialObjectMetadata[List];g=meta.k8s.io;v=v1`) for
+//!   every get, list and watch.
 //!
 //! Test knobs: injectable latency per request, `403 Forbidden` on demand per (verb, resource),
 //! "CRD not installed" mode (the group answers 404 like a real server without the CRD), and
@@ -48,6 +53,8 @@
 //! - `POST /_double/reset` → zero the request counters
 //! - `POST /_double/config` with any of `{"latencyMs": 2, "crdInstalled": false, "forbid": [["create", "ipleases"]], "allowAll": true}`
 //! - `PUT /_double/pods` with a pod object → stored pod; `DELETE /_double/pods/NS/NAME`
+//! - `PUT /_double/nodes` with a node object; `DELETE /_double/nodes/NAME`
+//! - `POST /_double/expire` → every open watch ends with a `410 Expired` ERROR event
 
 // Handlers return an early HTTP response as their error; its size does not matter here.
 #![allow(clippy::result_large_err)]
@@ -92,6 +99,8 @@ pub const CRD_NAME: &str = "ipleases.ipam.tether.dev";
 pub const FAKE_VERSION: &str = "v1.33.0-tether-double";
 
 const HISTORY: usize = 10_000;
+/// Pseudo event type: every open watch ends with a `410 Expired` ERROR event.
+const EXPIRE: &str = "EXPIRE";
 const MAX_WATCH_S: u64 = 1800;
 
 type Body = BoxBody<Bytes, Infallible>;
@@ -128,6 +137,7 @@ impl Default for Options {
 enum Kind {
     Lease,
     Pod,
+    Node,
 }
 
 impl Kind {
@@ -135,30 +145,33 @@ impl Kind {
         match self {
             Kind::Lease => PLURAL,
             Kind::Pod => "pods",
+            Kind::Node => "nodes",
         }
     }
     fn group(self) -> &'static str {
         match self {
             Kind::Lease => GROUP,
-            Kind::Pod => "",
+            Kind::Pod | Kind::Node => "",
         }
     }
     fn qualified(self) -> String {
         match self {
             Kind::Lease => format!("{PLURAL}.{GROUP}"),
             Kind::Pod => "pods".to_string(),
+            Kind::Node => "nodes".to_string(),
         }
     }
     fn list_kind(self) -> &'static str {
         match self {
             Kind::Lease => "IPLeaseList",
             Kind::Pod => "PodList",
+            Kind::Node => "NodeList",
         }
     }
     fn api_version(self) -> &'static str {
         match self {
             Kind::Lease => "ipam.tether.dev/v1alpha1",
-            Kind::Pod => "v1",
+            Kind::Pod | Kind::Node => "v1",
         }
     }
 }
@@ -198,6 +211,7 @@ struct State {
     leases: BTreeMap<String, Arc<Stored>>,
     /// Key `namespace/name`.
     pods: BTreeMap<String, Arc<Stored>>,
+    nodes: BTreeMap<String, Arc<Stored>>,
     history: VecDeque<Arc<Event>>,
     /// Events with a resourceVersion above this are all in `history`.
     history_floor: u64,
@@ -208,6 +222,7 @@ impl State {
         match kind {
             Kind::Lease => &mut self.leases,
             Kind::Pod => &mut self.pods,
+            Kind::Node => &mut self.nodes,
         }
     }
     fn next_rv(&mut self) -> u64 {
@@ -440,6 +455,33 @@ impl ApiServerDouble {
         delete_pod(&self.shared, namespace, name)
     }
 
+    /// Create or replace a node (needs `metadata.name`), like [`ApiServerDouble::upsert_pod`].
+    pub fn upsert_node(&self, node: Value) -> Result<Value, String> {
+        upsert_node(&self.shared, node)
+    }
+
+    /// Delete a node; false if it did not exist.
+    pub fn delete_node(&self, name: &str) -> bool {
+        delete_node(&self.shared, name)
+    }
+
+    /// Every stored node.
+    pub fn nodes(&self) -> Vec<Value> {
+        self.shared
+            .state()
+            .nodes
+            .values()
+            .map(|s| s.value.clone())
+            .collect()
+    }
+
+    /// Expire every open watch (each ends with an `ERROR` event carrying `410 Expired`) and forget
+    /// the event history, so a watch from any earlier `resourceVersion` gets `410` too: what a
+    /// real API server does after its watch cache or etcd compacted past a client.
+    pub fn expire_watches(&self) {
+        expire_watches(&self.shared)
+    }
+
     /// Every stored pod.
     pub fn pods(&self) -> Vec<Value> {
         self.shared
@@ -607,6 +649,7 @@ enum Target {
     Collection(Kind, Option<String>),
     Item(Kind, Option<String>, String),
     Control(Vec<String>),
+    AccessReview,
     Unknown,
 }
 
@@ -629,6 +672,14 @@ fn route(path: &str) -> Target {
             Target::Item(Kind::Lease, None, name.to_string())
         }
         ["api", "v1", "pods"] => Target::Collection(Kind::Pod, None),
+        ["api", "v1", "nodes"] => Target::Collection(Kind::Node, None),
+        ["api", "v1", "nodes", name] => Target::Item(Kind::Node, None, name.to_string()),
+        [
+            "apis",
+            "authorization.k8s.io",
+            "v1",
+            "selfsubjectaccessreviews",
+        ] => Target::AccessReview,
         ["api", "v1", "namespaces", ns, "pods"] => {
             Target::Collection(Kind::Pod, Some(ns.to_string()))
         }
@@ -644,6 +695,12 @@ async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Resp {
     let path = util::percent_decode(req.uri().path());
     let q = parse_query(req.uri().query());
     let target = route(&path);
+    // `Accept: application/json;as=PartialObjectMetadata[List];g=meta.k8s.io;v=v1`: metadata only.
+    let meta_only = req
+        .headers()
+        .get(hyper::header::ACCEPT)
+        .and_then(|a| a.to_str().ok())
+        .is_some_and(|a| a.contains("as=PartialObjectMetadata"));
     if let Target::Control(rest) = target {
         let body = read_body(req).await;
         return control(&sh, &method, &rest, body);
@@ -652,6 +709,7 @@ async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Resp {
     let (verb, resource) = match (&target, &method) {
         (Target::Version, _) => ("get", "version".to_string()),
         (Target::Crd(_), &Method::GET) => ("get", "customresourcedefinitions".to_string()),
+        (Target::AccessReview, &Method::POST) => ("create", "selfsubjectaccessreviews".to_string()),
         (Target::Collection(k, _), &Method::GET) if watch => ("watch", k.resource().to_string()),
         (Target::Collection(k, _), &Method::GET) => ("list", k.resource().to_string()),
         (Target::Collection(k, _), &Method::POST) => ("create", k.resource().to_string()),
@@ -688,16 +746,22 @@ async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Resp {
         (Target::Crd(name), Method::GET) => crd(&sh, &name),
         (Target::Collection(kind, ns), Method::GET) => {
             if watch {
-                watch_objects(&sh, kind, ns, &q)
+                watch_objects(&sh, kind, ns, &q, meta_only)
             } else {
-                list(&sh, kind, ns.as_deref(), &q)
+                list(&sh, kind, ns.as_deref(), &q, meta_only)
             }
         }
         (Target::Collection(Kind::Lease, _), Method::POST) => {
             let body = read_body(req).await;
             create_lease(&sh, body)
         }
-        (Target::Item(kind, ns, name), Method::GET) => get(&sh, kind, ns.as_deref(), &name),
+        (Target::Item(kind, ns, name), Method::GET) => {
+            get(&sh, kind, ns.as_deref(), &name, meta_only)
+        }
+        (Target::AccessReview, Method::POST) => {
+            let body = read_body(req).await;
+            access_review(&sh, body)
+        }
         (Target::Item(Kind::Lease, _, name), Method::PUT) => {
             let body = read_body(req).await;
             update_lease(&sh, &name, body)
@@ -739,6 +803,7 @@ fn forbidden(sh: &Shared, verb: &str, resource: &str, target: &Target) -> Resp {
         Target::Collection(k, ns) => (k.group(), None, ns.clone()),
         Target::Item(k, ns, n) => (k.group(), Some(n.clone()), ns.clone()),
         Target::Crd(n) => ("apiextensions.k8s.io", Some(n.clone()), None),
+        Target::AccessReview => ("authorization.k8s.io", None, None),
         _ => ("", None, None),
     };
     let qualified = if group.is_empty() {
@@ -812,10 +877,11 @@ fn key(ns: Option<&str>, name: &str) -> String {
     }
 }
 
-fn get(sh: &Shared, kind: Kind, ns: Option<&str>, name: &str) -> Resp {
+fn get(sh: &Shared, kind: Kind, ns: Option<&str>, name: &str, meta_only: bool) -> Resp {
     let k = key(ns, name);
     let obj = sh.state().map(kind).get(&k).cloned();
     match obj {
+        Some(o) if meta_only => json_bytes(200, metadata_json(&o, false)),
         Some(o) => json_bytes(200, o.json.clone()),
         None => not_found(kind, name),
     }
@@ -841,6 +907,7 @@ impl Filter {
         .map_err(|e| bad_request(&e))?;
         let allowed: &[&str] = match kind {
             Kind::Lease => &["metadata.name"],
+            Kind::Node => &["metadata.name"],
             Kind::Pod => &[
                 "metadata.name",
                 "metadata.namespace",
@@ -871,7 +938,13 @@ impl Filter {
     }
 }
 
-fn list(sh: &Shared, kind: Kind, ns: Option<&str>, q: &BTreeMap<String, String>) -> Resp {
+fn list(
+    sh: &Shared,
+    kind: Kind,
+    ns: Option<&str>,
+    q: &BTreeMap<String, String>,
+    meta_only: bool,
+) -> Resp {
     let filter = match Filter::parse(kind, ns.map(str::to_string), q) {
         Ok(f) => f,
         Err(r) => return r,
@@ -927,6 +1000,7 @@ fn list(sh: &Shared, kind: Kind, ns: Option<&str>, q: &BTreeMap<String, String>)
         let map = match kind {
             Kind::Lease => &st.leases,
             Kind::Pod => &st.pods,
+            Kind::Node => &st.nodes,
         };
         let start = cont.as_ref().map(|(_, after)| after.clone());
         let iter: Box<dyn Iterator<Item = (&String, &Arc<Stored>)>> = match &start {
@@ -955,12 +1029,14 @@ fn list(sh: &Shared, kind: Kind, ns: Option<&str>, q: &BTreeMap<String, String>)
     }
     let mut body =
         Vec::with_capacity(64 + page.iter().map(|(_, o)| o.json.len() + 1).sum::<usize>());
+    let (list_kind, api_version) = if meta_only {
+        ("PartialObjectMetadataList", "meta.k8s.io/v1")
+    } else {
+        (kind.list_kind(), kind.api_version())
+    };
     body.extend_from_slice(
         format!(
-            "{{\"kind\":\"{}\",\"apiVersion\":\"{}\",\"metadata\":{},\"items\":[",
-            kind.list_kind(),
-            kind.api_version(),
-            meta
+            "{{\"kind\":\"{list_kind}\",\"apiVersion\":\"{api_version}\",\"metadata\":{meta},\"items\":["
         )
         .as_bytes(),
     );
@@ -968,7 +1044,11 @@ fn list(sh: &Shared, kind: Kind, ns: Option<&str>, q: &BTreeMap<String, String>)
         if i > 0 {
             body.push(b',');
         }
-        body.extend_from_slice(&o.json);
+        if meta_only {
+            body.extend_from_slice(&metadata_json(o, true));
+        } else {
+            body.extend_from_slice(&o.json);
+        }
     }
     body.extend_from_slice(b"]}");
     json_bytes(200, Bytes::from(body))
@@ -993,6 +1073,34 @@ impl hyper::body::Body for ChanBody {
     }
 }
 
+/// The object as a `PartialObjectMetadata` (kind and apiVersion omitted inside a list, as the API
+/// server does).
+fn metadata_json(obj: &Stored, in_list: bool) -> Bytes {
+    let meta = obj
+        .value
+        .get("metadata")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let v = if in_list {
+        json!({"metadata": meta})
+    } else {
+        json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta})
+    };
+    Bytes::from(serde_json::to_vec(&v).expect("serialises"))
+}
+
+fn event_line_as(type_: &str, obj: &Stored, meta_only: bool) -> Bytes {
+    if meta_only {
+        let m = Stored {
+            value: Value::Null,
+            json: metadata_json(obj, false),
+        };
+        event_line(type_, &m)
+    } else {
+        event_line(type_, obj)
+    }
+}
+
 fn event_line(type_: &str, obj: &Stored) -> Bytes {
     let mut v = Vec::with_capacity(obj.json.len() + 32);
     v.extend_from_slice(format!("{{\"type\":\"{type_}\",\"object\":").as_bytes());
@@ -1006,6 +1114,7 @@ fn watch_objects(
     kind: Kind,
     ns: Option<String>,
     q: &BTreeMap<String, String>,
+    meta_only: bool,
 ) -> Resp {
     let filter = match Filter::parse(kind, ns, q) {
         Ok(f) => f,
@@ -1024,11 +1133,12 @@ fn watch_objects(
             let map = match kind {
                 Kind::Lease => &st.leases,
                 Kind::Pod => &st.pods,
+                Kind::Node => &st.nodes,
             };
             let lines = map
                 .values()
                 .filter(|o| filter.accepts(&o.value))
-                .map(|o| event_line("ADDED", o))
+                .map(|o| event_line_as("ADDED", o, meta_only))
                 .collect();
             (lines, st.rv)
         } else {
@@ -1047,7 +1157,7 @@ fn watch_objects(
                 .history
                 .iter()
                 .filter(|e| e.kind == kind && e.rv > want && filter.accepts(&e.obj.value))
-                .map(|e| event_line(e.type_, &e.obj))
+                .map(|e| event_line_as(e.type_, &e.obj, meta_only))
                 .collect();
             (lines, st.rv.max(want))
         }
@@ -1067,10 +1177,15 @@ fn watch_objects(
                 _ = tx.closed() => return,
                 ev = rx.recv() => match ev {
                     Ok(ev) => {
+                        if ev.type_ == EXPIRE {
+                            let st = Stored::new(status_value(410, "Expired", "too old resource version (the double expired every watch)", Value::Null));
+                            let _ = tx.send(event_line("ERROR", &st)).await;
+                            return;
+                        }
                         if ev.kind != kind || ev.rv <= from_rv || !filter.accepts(&ev.obj.value) {
                             continue;
                         }
-                        if tx.send(event_line(ev.type_, &ev.obj)).await.is_err() {
+                        if tx.send(event_line_as(ev.type_, &ev.obj, meta_only)).await.is_err() {
                             return;
                         }
                     }
@@ -1445,6 +1560,120 @@ fn delete_pod(sh: &Shared, ns: &str, name: &str) -> bool {
     true
 }
 
+fn upsert_node(sh: &Shared, mut node: Value) -> Result<Value, String> {
+    let name = meta_str(&node, "name")
+        .ok_or("node needs metadata.name")?
+        .to_string();
+    let mut st = sh.state();
+    let old = st.nodes.get(&name).cloned();
+    let rv = st.next_rv();
+    node["apiVersion"] = json!("v1");
+    node["kind"] = json!("Node");
+    let meta = node["metadata"]
+        .as_object_mut()
+        .ok_or("node metadata is not an object")?;
+    meta.remove("namespace");
+    if !meta.contains_key("uid") {
+        let uid = old
+            .as_ref()
+            .and_then(|o| meta_str(&o.value, "uid").map(str::to_string))
+            .unwrap_or_else(uuid4);
+        meta.insert("uid".into(), json!(uid));
+    }
+    if !meta.contains_key("creationTimestamp") {
+        meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
+    }
+    meta.insert("resourceVersion".into(), json!(rv.to_string()));
+    let stored = Stored::new(node);
+    st.nodes.insert(name, stored.clone());
+    let type_ = if old.is_some() { "MODIFIED" } else { "ADDED" };
+    let ev = Arc::new(Event {
+        kind: Kind::Node,
+        type_,
+        rv,
+        obj: stored.clone(),
+    });
+    st.record(ev, &sh.events);
+    Ok(stored.value.clone())
+}
+
+fn delete_node(sh: &Shared, name: &str) -> bool {
+    let mut st = sh.state();
+    let Some(old) = st.nodes.remove(name) else {
+        return false;
+    };
+    let rv = st.next_rv();
+    let mut gone = old.value.clone();
+    gone["metadata"]["resourceVersion"] = json!(rv.to_string());
+    let ev = Arc::new(Event {
+        kind: Kind::Node,
+        type_: "DELETED",
+        rv,
+        obj: Stored::new(gone),
+    });
+    st.record(ev, &sh.events);
+    true
+}
+
+fn expire_watches(sh: &Shared) {
+    let mut st = sh.state();
+    st.history.clear();
+    st.history_floor = st.rv;
+    let ev = Arc::new(Event {
+        kind: Kind::Pod,
+        type_: EXPIRE,
+        rv: st.rv,
+        obj: Stored::new(Value::Null),
+    });
+    // Not recorded in the history: it only ends the watches open now.
+    let _ = sh.events.send(ev);
+}
+
+// ----- access reviews -------------------------------------------------------------------------
+
+/// `SelfSubjectAccessReview`: allowed unless the (verb, resource) pair is forbidden with
+/// [`ApiServerDouble::forbid`] (the group is not considered; subresources and names are ignored).
+fn access_review(sh: &Shared, body: Bytes) -> Resp {
+    let mut v = match parse_object(&body) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let attrs = v.pointer("/spec/resourceAttributes").cloned();
+    let Some(attrs) = attrs.filter(Value::is_object) else {
+        return invalid_review(
+            "spec.resourceAttributes",
+            "Required value: the double answers resource attributes only",
+        );
+    };
+    let verb = attrs.get("verb").and_then(Value::as_str).unwrap_or("");
+    let resource = attrs.get("resource").and_then(Value::as_str).unwrap_or("");
+    if verb.is_empty() || resource.is_empty() {
+        return invalid_review("spec.resourceAttributes", "verb and resource are required");
+    }
+    let allowed = !sh.is_forbidden(verb, resource);
+    v["apiVersion"] = json!("authorization.k8s.io/v1");
+    v["kind"] = json!("SelfSubjectAccessReview");
+    v["metadata"] = json!({"creationTimestamp": null});
+    v["status"] = if allowed {
+        json!({"allowed": true, "reason": "allowed by the tether apiserver double"})
+    } else {
+        json!({"allowed": false, "reason": format!("the double forbids {verb} on {resource} for User \"{}\"", sh.user)})
+    };
+    json_resp(201, &v)
+}
+
+fn invalid_review(field_path: &str, msg: &str) -> Resp {
+    status(
+        422,
+        "Invalid",
+        &format!(
+            "SelfSubjectAccessReview.authorization.k8s.io \"\" is invalid: {field_path}: {msg}"
+        ),
+        json!({"group": "authorization.k8s.io", "kind": "SelfSubjectAccessReview",
+               "causes": [{"reason": "FieldValueRequired", "message": msg, "field": field_path}]}),
+    )
+}
+
 // ----- control --------------------------------------------------------------------------------
 
 fn control(sh: &Shared, method: &Method, rest: &[String], body: Bytes) -> Resp {
@@ -1456,7 +1685,7 @@ fn control(sh: &Shared, method: &Method, rest: &[String], body: Bytes) -> Resp {
             json_resp(
                 200,
                 &json!({"requests": counts, "resourceVersion": st.rv.to_string(),
-                        "ipleases": st.leases.len(), "pods": st.pods.len()}),
+                        "ipleases": st.leases.len(), "pods": st.pods.len(), "nodes": st.nodes.len()}),
             )
         }
         (&Method::POST, ["reset"]) => {
@@ -1497,6 +1726,24 @@ fn control(sh: &Shared, method: &Method, rest: &[String], body: Bytes) -> Resp {
             Ok(p) => json_resp(200, &p),
             Err(e) => bad_request(&e),
         },
+        (&Method::PUT, ["nodes"]) => match parse_object(&body)
+            .map_err(|_| "not JSON".to_string())
+            .and_then(|n| upsert_node(sh, n))
+        {
+            Ok(n) => json_resp(200, &n),
+            Err(e) => bad_request(&e),
+        },
+        (&Method::DELETE, ["nodes", name]) => {
+            if delete_node(sh, name) {
+                json_resp(200, &json!({}))
+            } else {
+                status(404, "NotFound", "no such node", Value::Null)
+            }
+        }
+        (&Method::POST, ["expire"]) => {
+            expire_watches(sh);
+            json_resp(200, &json!({}))
+        }
         (&Method::DELETE, ["pods", ns, name]) => {
             if delete_pod(sh, ns, name) {
                 json_resp(200, &json!({}))

@@ -442,3 +442,69 @@ fn watch_from_a_resource_version_replays_history() {
     assert_eq!(events[0]["type"], "ADDED");
     assert_eq!(events[0]["object"]["metadata"]["name"], "p2");
 }
+
+#[test]
+fn nodes_access_reviews_and_metadata_only() {
+    let d = ApiServerDouble::start().unwrap();
+    d.upsert_node(json!({"metadata": {"name": "n1", "labels": {"gpu": "true"}}}))
+        .unwrap();
+    d.upsert_node(json!({"metadata": {"name": "n2"}})).unwrap();
+    let r = call(&d, "GET", "/api/v1/nodes", None);
+    assert_eq!(r.code, 200);
+    assert_eq!(r.body["kind"], "NodeList");
+    assert_eq!(r.body["items"].as_array().unwrap().len(), 2);
+    let r = call(&d, "GET", "/api/v1/nodes?labelSelector=gpu%3Dtrue", None);
+    assert_eq!(r.body["items"].as_array().unwrap().len(), 1);
+    assert!(d.delete_node("n2"));
+    assert_eq!(call(&d, "GET", "/api/v1/nodes/n2", None).code, 404);
+
+    // Access reviews follow the 403 knob.
+    let review = |verb: &str, resource: &str| {
+        let body = json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                          "spec": {"resourceAttributes": {"verb": verb, "group": "", "resource": resource}}});
+        call(
+            &d,
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            Some(&body),
+        )
+    };
+    let r = review("list", "pods");
+    assert_eq!(
+        (r.code, r.body["status"]["allowed"].clone()),
+        (201, json!(true))
+    );
+    d.forbid("list", "pods");
+    assert_eq!(
+        review("list", "pods").body["status"]["allowed"],
+        json!(false)
+    );
+    d.forbid("create", "selfsubjectaccessreviews");
+    assert_eq!(review("get", "pods").code, 403);
+    d.allow_all();
+
+    // Metadata-only lists.
+    d.upsert_pod(json!({"metadata": {"namespace": "ns", "name": "p"}, "spec": {"nodeName": "n1", "containers": []}})).unwrap();
+    let raw = http_get_with_accept(
+        &d,
+        "/api/v1/pods",
+        "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+    );
+    let v: Value = serde_json::from_str(&raw).unwrap();
+    assert_eq!(v["kind"], "PartialObjectMetadataList");
+    assert_eq!(v["items"][0]["metadata"]["name"], "p");
+    assert!(v["items"][0].get("spec").is_none());
+}
+
+/// A GET with an `Accept` header; the body (not chunked: lists are answered whole).
+fn http_get_with_accept(d: &ApiServerDouble, path: &str, accept: &str) -> String {
+    let mut s = TcpStream::connect(d.addr()).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out.split_once("\r\n\r\n").unwrap().1.to_string()
+}

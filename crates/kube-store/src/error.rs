@@ -106,6 +106,23 @@ pub enum KubeStoreError {
         /// The server's message (names the user).
         message: String,
     },
+    /// RBAC forbids a request on a resource other than the leases (pods, nodes, access reviews).
+    #[error(
+        "the Kubernetes API at {server} forbids `{verb}` on {resource} for {source_}: {message}; \
+         grant `{verb}` on {resource} to this identity (deploy/base/rbac.yaml has the ClusterRole)"
+    )]
+    ForbiddenResource {
+        /// API server URL.
+        server: String,
+        /// RBAC verb.
+        verb: String,
+        /// Resource (`pods`, `nodes`, ...).
+        resource: String,
+        /// Credentials used.
+        source_: CredentialSource,
+        /// The server's message (names the user).
+        message: String,
+    },
     /// The credentials were rejected.
     #[error(
         "the Kubernetes API at {server} rejected the credentials from {source_} (401 Unauthorized: {message}); \

@@ -25,16 +25,22 @@
 //! unreachable, timed-out and 429/5xx answers. Every call is bounded by one budget per store
 //! ([`KubeSettings::timeout`], default 10 s), so a pod sandbox never hangs on the IPAM.
 
+//! Beyond the leases, [`cluster`] reads what the reconciler, the CLI and `doctor` need: this
+//! node's leases, every lease, the leases' node labels, pods and nodes (metadata-only, paginated,
+//! watched), SelfSubjectAccessReviews, `/version` and the CRD's state.
+
 // Errors carry the server, verb, identity and message for the operator; they are the cold path
 // of a short-lived process, so their size does not matter.
 #![allow(clippy::result_large_err)]
 
+pub mod cluster;
 pub mod convert;
 pub mod crd;
 pub mod error;
 pub mod settings;
 pub mod store;
 
+pub use cluster::{Access, CrdState, PodEvent, PodKey, WatchEnd, check_credentials};
 pub use crd::{IPLease, IPLeaseSpec, LeasePhase, PodInfo, Quarantine, crd_yaml, object_name};
 pub use error::{CredentialSource, KubeStoreError};
 pub use settings::{DEFAULT_PAGE_SIZE, DEFAULT_TIMEOUT, KubeSettings};

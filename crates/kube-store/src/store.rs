@@ -65,7 +65,7 @@ struct Counters {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Verb {
+pub(crate) enum Verb {
     List,
     Get,
     Create,
@@ -74,7 +74,7 @@ enum Verb {
 }
 
 impl Verb {
-    fn rbac(self) -> &'static str {
+    pub(crate) fn rbac(self) -> &'static str {
         match self {
             Verb::List => "list",
             Verb::Get => "get",
@@ -87,17 +87,17 @@ impl Verb {
 
 /// A list whose items are parsed one by one, so one malformed object cannot break the store.
 #[derive(Deserialize)]
-struct LeaseList {
+pub(crate) struct LeaseList {
     #[serde(default)]
-    metadata: ListMeta,
+    pub(crate) metadata: ListMeta,
     #[serde(default)]
-    items: Vec<Lenient>,
+    pub(crate) items: Vec<Lenient>,
 }
 
 #[derive(Deserialize)]
 #[serde(untagged)]
 #[allow(clippy::large_enum_variant)]
-enum Lenient {
+pub(crate) enum Lenient {
     Ok(IPLease),
     Bad(Value),
 }
@@ -109,12 +109,12 @@ enum Lenient {
 /// [`KubeStore::restart_budget`]). `Sync`: threads may share one store, though one store per
 /// thread (like one per CNI process) is the intended use.
 pub struct KubeStore {
-    client: Option<Client>,
-    rt: Option<tokio::runtime::Runtime>,
-    settings: KubeSettings,
-    server: String,
-    source: CredentialSource,
-    path: String,
+    pub(crate) client: Option<Client>,
+    pub(crate) rt: Option<tokio::runtime::Runtime>,
+    pub(crate) settings: KubeSettings,
+    pub(crate) server: String,
+    pub(crate) source: CredentialSource,
+    pub(crate) path: String,
     deadline: Mutex<Instant>,
     counters: Counters,
 }
@@ -301,7 +301,7 @@ impl KubeStore {
 
     // ----- plumbing -------------------------------------------------------------------------
 
-    fn counter(&self, v: Verb) -> &AtomicU64 {
+    pub(crate) fn counter(&self, v: Verb) -> &AtomicU64 {
         match v {
             Verb::List => &self.counters.list,
             Verb::Get => &self.counters.get,
@@ -312,7 +312,11 @@ impl KubeStore {
     }
 
     /// Run `fut` within the remaining budget.
-    fn within<T>(&self, what: &str, fut: impl Future<Output = T>) -> Result<T, KubeStoreError> {
+    pub(crate) fn within<T>(
+        &self,
+        what: &str,
+        fut: impl Future<Output = T>,
+    ) -> Result<T, KubeStoreError> {
         let timeout = |_| KubeStoreError::Timeout {
             server: self.server.clone(),
             what: what.to_string(),
@@ -331,7 +335,7 @@ impl KubeStore {
     }
 
     /// Send one request and parse the answer; the outer error is the budget running out.
-    fn send<T: DeserializeOwned>(
+    pub(crate) fn send<T: DeserializeOwned>(
         &self,
         verb: Verb,
         what: &str,
@@ -348,7 +352,7 @@ impl KubeStore {
         }
     }
 
-    fn protocol(&self, what: &str, detail: String) -> KubeStoreError {
+    pub(crate) fn protocol(&self, what: &str, detail: String) -> KubeStoreError {
         KubeStoreError::Protocol {
             server: self.server.clone(),
             what: what.to_string(),
@@ -358,7 +362,7 @@ impl KubeStore {
 
     /// Map a failed request to an actionable error. 404 here means the resource is not served
     /// (callers handle "object not found" before).
-    fn map_error(&self, verb: Verb, what: &str, e: kube::Error) -> KubeStoreError {
+    pub(crate) fn map_error(&self, verb: Verb, what: &str, e: kube::Error) -> KubeStoreError {
         let server = self.server.clone();
         match e {
             kube::Error::Service(b) if b.is::<Budget>() => b
@@ -419,7 +423,7 @@ impl KubeStore {
     }
 
     /// Is this 404 about the object (it has a name in its details) rather than the resource?
-    fn object_missing(s: &kube::core::Status) -> bool {
+    pub(crate) fn object_missing(s: &kube::core::Status) -> bool {
         s.code == 404 && s.details.as_ref().is_some_and(|d| !d.name.is_empty())
     }
 
@@ -598,7 +602,7 @@ impl KubeStore {
 
 /// The budget ran out (carried through `kube::Error::Service`).
 #[derive(Debug)]
-struct Budget(KubeStoreError);
+pub(crate) struct Budget(pub(crate) KubeStoreError);
 
 impl std::fmt::Display for Budget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -634,7 +638,7 @@ fn is_tls(e: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// `e: cause: cause ...` (first lines only), without repeating a cause already in the text.
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let first = e.to_string();
     let mut out = first
         .strip_prefix("ServiceError: ")

@@ -1,0 +1,614 @@
+//! Beyond the lease resource: what the reconciler, the CLI and `doctor` ask the API server about
+//! pods, nodes, this identity and the server itself, on the same client, runtime, credentials and
+//! error vocabulary as the store.
+//!
+//! Pods and nodes are only ever read **metadata-only** (`Accept:
+//! application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1`), parsed into a few strings
+//! per object and visited page by page (`limit` = [`KubeSettings::page_size`]), so nothing holds a
+//! pod spec or a whole list in memory. A server that ignores the metadata `Accept` still works
+//! (the same fields are read from the full objects).
+//!
+//! | call | request |
+//! |---|---|
+//! | [`KubeStore::list_all`] | LIST ipleases (every network), paginated |
+//! | [`KubeStore::list_node`] | LIST ipleases `labelSelector=ipam.tether.dev/node=<node>` |
+//! | [`KubeStore::lease_node_labels`] | metadata-only LIST ipleases, paginated: node label → count |
+//! | [`KubeStore::pod_uid`] | metadata-only GET of one pod |
+//! | [`KubeStore::visit_pods`] | metadata-only LIST pods (optional field selector), paginated |
+//! | [`KubeStore::watch_pods`] | metadata-only WATCH pods from a resourceVersion |
+//! | [`KubeStore::node_names`] | metadata-only LIST nodes (optional label selector) |
+//! | [`KubeStore::can_i`] | CREATE selfsubjectaccessreviews |
+//! | [`KubeStore::server_version`] | GET /version |
+//! | [`KubeStore::crd_state`] | GET of the IPLease CRD |
+//!
+//! [`KubeSettings::page_size`]: crate::KubeSettings::page_size
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use futures_util::TryStreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
+use kube::config::Kubeconfig;
+use kube::core::params::{GetParams, ListParams, PostParams, WatchParams};
+use kube::core::{Request, WatchEvent};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tether_leases::Lease;
+
+use crate::convert::from_object;
+use crate::crd::{IPLease, NODE_LABEL, PLURAL, label_value};
+use crate::error::{CredentialSource, KubeStoreError};
+use crate::settings::KubeSettings;
+use crate::store::{KubeStore, LeaseList, Lenient, Verb, error_chain};
+
+/// The few metadata fields tether reads from pods, nodes and leases.
+#[derive(Deserialize, Clone, Debug, Default)]
+#[serde(rename_all = "camelCase")]
+struct LiteMeta {
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    uid: Option<String>,
+    #[serde(default)]
+    resource_version: Option<String>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Deserialize, Clone, Debug, Default)]
+struct LiteObject {
+    #[serde(default)]
+    metadata: LiteMeta,
+}
+
+#[derive(Deserialize)]
+struct LiteList {
+    #[serde(default)]
+    metadata: ListMeta,
+    #[serde(default)]
+    items: Vec<LiteObject>,
+}
+
+/// A pod as the reconciler sees it: namespace, name, uid.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PodKey {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+}
+
+impl PodKey {
+    fn from_meta(m: LiteMeta) -> Option<PodKey> {
+        Some(PodKey {
+            namespace: m.namespace?,
+            name: m.name?,
+            uid: m.uid?,
+        })
+    }
+}
+
+/// One event of a pod watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodEvent {
+    /// The pod exists (added, or modified).
+    Upsert(PodKey),
+    /// The pod was deleted.
+    Deleted(PodKey),
+}
+
+/// How a pod watch ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchEnd {
+    /// The server closed it (its timeout) or the caller stopped it; resume from this
+    /// resourceVersion.
+    Closed {
+        /// Last resourceVersion seen.
+        resource_version: String,
+    },
+    /// `410 Gone`/`Expired`: the resourceVersion is too old; list again.
+    Expired,
+}
+
+/// Answer of a SelfSubjectAccessReview.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Access {
+    /// Allowed?
+    pub allowed: bool,
+    /// The authorizer's reason, when it gave one.
+    pub reason: String,
+}
+
+/// The IPLease CRD as `doctor` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CrdState {
+    /// Installed and Established.
+    Established,
+    /// Installed but not (yet) Established; the condition's message.
+    NotEstablished(String),
+    /// Not installed.
+    Missing,
+    /// This identity may not read CRDs (403): the server's message.
+    Unreadable(String),
+}
+
+impl KubeStore {
+    /// Map an error of a request on `resource` (not the leases): 403 names the resource.
+    fn map_other(&self, verb: &str, resource: &str, what: &str, e: kube::Error) -> KubeStoreError {
+        match e {
+            kube::Error::Api(s) if s.code == 403 => KubeStoreError::ForbiddenResource {
+                server: self.server.clone(),
+                verb: verb.to_string(),
+                resource: resource.to_string(),
+                source_: self.source.clone(),
+                message: s.message.clone(),
+            },
+            kube::Error::Api(s) if s.code == 404 => KubeStoreError::Api {
+                server: self.server.clone(),
+                what: what.to_string(),
+                code: 404,
+                reason: s.reason.clone(),
+                message: s.message.clone(),
+            },
+            other => self.map_error(Verb::Get, what, other),
+        }
+    }
+
+    /// Every lease of every network (paginated LIST without a selector), for `tether-ipam
+    /// leases` without `--network`. Malformed objects are skipped with a warning.
+    pub fn list_all(&self) -> Result<Vec<Lease>, KubeStoreError> {
+        self.list_selected(None, "LIST of ipleases of every network", |_| true)
+    }
+
+    /// The leases recorded for `node` (label selector on the node label, then `spec.node ==
+    /// node`).
+    pub fn list_node(&self, node: &str) -> Result<Vec<Lease>, KubeStoreError> {
+        let sel = format!("{NODE_LABEL}={}", label_value(node));
+        self.list_selected(
+            Some(&sel),
+            &format!("LIST of ipleases of node {node:?}"),
+            |o| o.spec.node.as_deref() == Some(node),
+        )
+    }
+
+    /// The leases whose node label is `label` (a value from [`KubeStore::lease_node_labels`]),
+    /// whatever their `spec.node`.
+    pub fn list_node_label(&self, label: &str) -> Result<Vec<Lease>, KubeStoreError> {
+        let sel = format!("{NODE_LABEL}={label}");
+        self.list_selected(
+            Some(&sel),
+            &format!("LIST of ipleases with node label {label:?}"),
+            |_| true,
+        )
+    }
+
+    fn list_selected(
+        &self,
+        selector: Option<&str>,
+        what: &str,
+        keep: impl Fn(&IPLease) -> bool,
+    ) -> Result<Vec<Lease>, KubeStoreError> {
+        let mut out = Vec::new();
+        let mut cont: Option<String> = None;
+        let mut restarts = 0;
+        loop {
+            let mut lp = ListParams::default().limit(self.settings.page_size);
+            if let Some(s) = selector {
+                lp = lp.labels(s);
+            }
+            if let Some(c) = &cont {
+                lp = lp.continue_token(c);
+            }
+            let req = Request::new(&self.path)
+                .list(&lp)
+                .map_err(|e| self.protocol(what, e.to_string()))?;
+            match self.send::<LeaseList>(Verb::List, what, req) {
+                Ok(page) => {
+                    for item in page.items {
+                        match item {
+                            Lenient::Ok(o) if keep(&o) => match from_object(&o) {
+                                Ok(l) => out.push(l),
+                                Err(e) => log::warn!("{e}"),
+                            },
+                            Lenient::Ok(_) => {}
+                            Lenient::Bad(v) => log::warn!(
+                                "ignoring malformed IPLease {}",
+                                v.pointer("/metadata/name")
+                                    .and_then(Value::as_str)
+                                    .unwrap_or("?")
+                            ),
+                        }
+                    }
+                    match page.metadata.continue_ {
+                        Some(c) if !c.is_empty() => cont = Some(c),
+                        _ => return Ok(out),
+                    }
+                }
+                Err(kube::Error::Api(s)) if s.code == 410 && cont.is_some() && restarts < 3 => {
+                    restarts += 1;
+                    out.clear();
+                    cont = None;
+                }
+                Err(e) => return Err(self.map_error(Verb::List, what, e)),
+            }
+        }
+    }
+
+    /// Node label values of every lease (metadata-only, paginated) with their lease counts.
+    /// Leases without a node label are counted under `""`.
+    pub fn lease_node_labels(&self) -> Result<BTreeMap<String, usize>, KubeStoreError> {
+        let what = "metadata-only LIST of ipleases";
+        let mut out = BTreeMap::new();
+        let mut cont: Option<String> = None;
+        loop {
+            let mut lp = ListParams::default().limit(self.settings.page_size);
+            if let Some(c) = &cont {
+                lp = lp.continue_token(c);
+            }
+            let req = Request::new(&self.path)
+                .list_metadata(&lp)
+                .map_err(|e| self.protocol(what, e.to_string()))?;
+            match self.send::<LiteList>(Verb::List, what, req) {
+                Ok(page) => {
+                    for item in page.items {
+                        let label = item
+                            .metadata
+                            .labels
+                            .and_then(|mut l| l.remove(NODE_LABEL))
+                            .unwrap_or_default();
+                        *out.entry(label).or_insert(0) += 1;
+                    }
+                    match page.metadata.continue_ {
+                        Some(c) if !c.is_empty() => cont = Some(c),
+                        _ => return Ok(out),
+                    }
+                }
+                Err(kube::Error::Api(s)) if s.code == 410 && cont.is_some() => {
+                    out.clear();
+                    cont = None;
+                }
+                Err(e) => return Err(self.map_error(Verb::List, what, e)),
+            }
+        }
+    }
+
+    /// The uid of pod `namespace/name`, `None` when it does not exist (metadata-only GET).
+    pub fn pod_uid(&self, namespace: &str, name: &str) -> Result<Option<String>, KubeStoreError> {
+        let what = format!("GET of pod {namespace}/{name}");
+        let req = Request::new(format!("/api/v1/namespaces/{namespace}/pods"))
+            .get_metadata(name, &GetParams::default())
+            .map_err(|e| self.protocol(&what, e.to_string()))?;
+        match self.send::<LiteObject>(Verb::Get, &what, req) {
+            Ok(o) => Ok(Some(o.metadata.uid.unwrap_or_default())),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+            Err(e) => Err(self.map_other("get", "pods", &what, e)),
+        }
+    }
+
+    /// Visit every pod (metadata-only, paginated; `field_selector` e.g. `spec.nodeName=n1`).
+    /// Returns the list's resourceVersion, to watch from.
+    pub fn visit_pods(
+        &self,
+        field_selector: Option<&str>,
+        mut f: impl FnMut(PodKey),
+    ) -> Result<String, KubeStoreError> {
+        let what = "metadata-only LIST of pods";
+        let mut cont: Option<String> = None;
+        loop {
+            let mut lp = ListParams::default().limit(self.settings.page_size);
+            if let Some(s) = field_selector {
+                lp = lp.fields(s);
+            }
+            if let Some(c) = &cont {
+                lp = lp.continue_token(c);
+            }
+            let req = Request::new("/api/v1/pods")
+                .list_metadata(&lp)
+                .map_err(|e| self.protocol(what, e.to_string()))?;
+            let page = self
+                .send::<LiteList>(Verb::List, what, req)
+                .map_err(|e| self.map_other("list", "pods", what, e))?;
+            for item in page.items {
+                if let Some(k) = PodKey::from_meta(item.metadata) {
+                    f(k);
+                }
+            }
+            match page.metadata.continue_ {
+                Some(c) if !c.is_empty() => cont = Some(c),
+                _ => return Ok(page.metadata.resource_version.unwrap_or_default()),
+            }
+        }
+    }
+
+    /// Watch pods (metadata-only) from `resource_version`, calling `f` per event, for at most
+    /// `timeout` (asked of the server as `timeoutSeconds`, enforced here too) or until
+    /// `keep_going()` turns false (checked every 200 ms). Not bounded by the store's budget.
+    pub fn watch_pods(
+        &self,
+        field_selector: Option<&str>,
+        resource_version: &str,
+        timeout: Duration,
+        keep_going: &dyn Fn() -> bool,
+        mut f: impl FnMut(PodEvent),
+    ) -> Result<WatchEnd, KubeStoreError> {
+        let what = "metadata-only WATCH of pods";
+        let mut wp = WatchParams::default().timeout(timeout.as_secs().clamp(1, 3600) as u32);
+        if let Some(s) = field_selector {
+            wp = wp.fields(s);
+        }
+        let req = Request::new("/api/v1/pods")
+            .watch_metadata(&wp, resource_version)
+            .map_err(|e| self.protocol(what, e.to_string()))?;
+        self.counter(Verb::List)
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let client = self
+            .client
+            .as_ref()
+            .expect("client lives as long as the store")
+            .clone();
+        let rt = self
+            .rt
+            .as_ref()
+            .expect("runtime lives as long as the store");
+        let mut rv = resource_version.to_string();
+        let outcome: Result<WatchEnd, kube::Error> = rt.block_on(async {
+            let deadline = tokio::time::sleep(timeout + Duration::from_secs(15));
+            tokio::pin!(deadline);
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            let stream = tokio::select! {
+                s = client.request_events::<LiteObject>(req) => s?,
+                _ = &mut deadline => return Ok(WatchEnd::Closed { resource_version: rv.clone() }),
+            };
+            tokio::pin!(stream);
+            loop {
+                tokio::select! {
+                    ev = stream.try_next() => match ev? {
+                        None => return Ok(WatchEnd::Closed { resource_version: rv.clone() }),
+                        Some(WatchEvent::Added(o)) | Some(WatchEvent::Modified(o)) => {
+                            if let Some(v) = o.metadata_rv() { rv = v; }
+                            if let Some(k) = PodKey::from_meta(o.metadata) { f(PodEvent::Upsert(k)); }
+                        }
+                        Some(WatchEvent::Deleted(o)) => {
+                            if let Some(v) = o.metadata_rv() { rv = v; }
+                            if let Some(k) = PodKey::from_meta(o.metadata) { f(PodEvent::Deleted(k)); }
+                        }
+                        Some(WatchEvent::Bookmark(b)) => rv = b.metadata.resource_version,
+                        Some(WatchEvent::Error(s)) if s.code == 410 => return Ok(WatchEnd::Expired),
+                        Some(WatchEvent::Error(s)) => return Err(kube::Error::Api(s)),
+                    },
+                    _ = tick.tick() => if !keep_going() {
+                        return Ok(WatchEnd::Closed { resource_version: rv.clone() });
+                    },
+                    _ = &mut deadline => return Ok(WatchEnd::Closed { resource_version: rv.clone() }),
+                }
+            }
+        });
+        match outcome {
+            Ok(end) => Ok(end),
+            Err(kube::Error::Api(s)) if s.code == 410 => Ok(WatchEnd::Expired),
+            Err(e) => Err(self.map_other("watch", "pods", what, e)),
+        }
+    }
+
+    /// Names of the nodes (metadata-only, paginated), optionally those matching
+    /// `label_selector`.
+    pub fn node_names(&self, label_selector: Option<&str>) -> Result<Vec<String>, KubeStoreError> {
+        let what = "metadata-only LIST of nodes";
+        let mut out = Vec::new();
+        let mut cont: Option<String> = None;
+        loop {
+            let mut lp = ListParams::default().limit(self.settings.page_size);
+            if let Some(s) = label_selector.filter(|s| !s.is_empty()) {
+                lp = lp.labels(s);
+            }
+            if let Some(c) = &cont {
+                lp = lp.continue_token(c);
+            }
+            let req = Request::new("/api/v1/nodes")
+                .list_metadata(&lp)
+                .map_err(|e| self.protocol(what, e.to_string()))?;
+            let page = self
+                .send::<LiteList>(Verb::List, what, req)
+                .map_err(|e| self.map_other("list", "nodes", what, e))?;
+            out.extend(page.items.into_iter().filter_map(|i| i.metadata.name));
+            match page.metadata.continue_ {
+                Some(c) if !c.is_empty() => cont = Some(c),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    /// May this identity `verb` the `resource` of API `group` (`""` for the core group),
+    /// cluster-wide? One SelfSubjectAccessReview.
+    pub fn can_i(&self, verb: &str, group: &str, resource: &str) -> Result<Access, KubeStoreError> {
+        let what = format!("SelfSubjectAccessReview of {verb} {resource}");
+        let body = json!({
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": {"verb": verb, "group": group, "resource": resource}}
+        });
+        let req = Request::new("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews")
+            .create(
+                &PostParams::default(),
+                serde_json::to_vec(&body).expect("json"),
+            )
+            .map_err(|e| self.protocol(&what, e.to_string()))?;
+        let v = self.send::<Value>(Verb::Create, &what, req).map_err(|e| {
+            self.map_other(
+                "create",
+                "selfsubjectaccessreviews.authorization.k8s.io",
+                &what,
+                e,
+            )
+        })?;
+        let st = v.get("status").cloned().unwrap_or(Value::Null);
+        Ok(Access {
+            allowed: st.get("allowed").and_then(Value::as_bool).unwrap_or(false),
+            reason: st
+                .get("reason")
+                .or_else(|| st.get("evaluationError"))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+        })
+    }
+
+    /// `gitVersion` of GET /version.
+    pub fn server_version(&self) -> Result<String, KubeStoreError> {
+        let what = "GET /version";
+        let req = http::Request::get("/version")
+            .body(Vec::new())
+            .map_err(|e| self.protocol(what, e.to_string()))?;
+        let v = self
+            .send::<Value>(Verb::Get, what, req)
+            .map_err(|e| self.map_other("get", "version", what, e))?;
+        Ok(v.get("gitVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("(unknown version)")
+            .to_string())
+    }
+
+    /// Is the IPLease CRD installed and established?
+    pub fn crd_state(&self) -> Result<CrdState, KubeStoreError> {
+        let crd_name = format!("{PLURAL}.{}", self.settings.group);
+        let what = "GET of the IPLease CRD";
+        let req = Request::new("/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
+            .get(&crd_name, &GetParams::default())
+            .map_err(|e| self.protocol(what, e.to_string()))?;
+        match self.send::<Value>(Verb::Get, what, req) {
+            Ok(crd) => {
+                let c = crd
+                    .pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .and_then(|cs| cs.iter().find(|c| c["type"] == "Established"));
+                Ok(match c {
+                    Some(c) if c["status"] == "True" => CrdState::Established,
+                    other => CrdState::NotEstablished(
+                        other
+                            .and_then(|c| c["message"].as_str())
+                            .unwrap_or("no Established condition")
+                            .to_string(),
+                    ),
+                })
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(CrdState::Missing),
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                Ok(CrdState::Unreadable(s.message.clone()))
+            }
+            Err(e) => Err(self.map_other("get", "customresourcedefinitions", what, e)),
+        }
+    }
+}
+
+impl LiteObject {
+    fn metadata_rv(&self) -> Option<String> {
+        self.metadata.resource_version.clone()
+    }
+}
+
+/// What the credentials of `settings` are, checked offline: the kubeconfig parses, has a current
+/// context and user, and the user's token (inline or `tokenFile`) or client certificate is
+/// readable. Returns a one-line description for `doctor`.
+pub fn check_credentials(settings: &KubeSettings) -> Result<String, KubeStoreError> {
+    let from_file = |p: &Path, source: CredentialSource| -> Result<String, KubeStoreError> {
+        let bad = |detail: String| KubeStoreError::Kubeconfig {
+            source_: source.clone(),
+            detail,
+        };
+        let kc = Kubeconfig::read_from(p).map_err(|e| bad(error_chain(&e)))?;
+        let ctx_name = kc
+            .current_context
+            .clone()
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| bad("no current-context".into()))?;
+        let ctx = kc
+            .contexts
+            .iter()
+            .find(|c| c.name == ctx_name)
+            .and_then(|c| c.context.clone())
+            .ok_or_else(|| bad(format!("current-context {ctx_name:?} is not defined")))?;
+        let server = kc
+            .clusters
+            .iter()
+            .find(|c| c.name == ctx.cluster)
+            .and_then(|c| c.cluster.as_ref())
+            .and_then(|c| c.server.clone())
+            .ok_or_else(|| bad(format!("cluster {:?} has no server", ctx.cluster)))?;
+        let user = ctx.user.clone().unwrap_or_default();
+        let auth = kc
+            .auth_infos
+            .iter()
+            .find(|a| a.name == user)
+            .and_then(|a| a.auth_info.clone());
+        let cred = match auth {
+            None => "no user credentials (anonymous)".to_string(),
+            Some(a) => {
+                if let Some(f) = &a.token_file {
+                    let t = std::fs::read_to_string(f)
+                        .map_err(|e| bad(format!("cannot read tokenFile {f}: {e}")))?;
+                    if t.trim().is_empty() {
+                        return Err(bad(format!("tokenFile {f} is empty")));
+                    }
+                    format!("token from {f}")
+                } else if a.token.is_some() {
+                    "inline token".to_string()
+                } else if a.client_certificate_data.is_some() || a.client_certificate.is_some() {
+                    if let Some(f) = &a.client_certificate {
+                        std::fs::metadata(f)
+                            .map_err(|e| bad(format!("cannot read client-certificate {f}: {e}")))?;
+                    }
+                    "client certificate".to_string()
+                } else if a.exec.is_some() {
+                    "exec credential plugin (not run by doctor)".to_string()
+                } else if a.auth_provider.is_some() {
+                    "auth-provider (not checked)".to_string()
+                } else {
+                    "no user credentials (anonymous)".to_string()
+                }
+            }
+        };
+        Ok(format!("{source}: server {server}, {cred}"))
+    };
+    if let Some(p) = &settings.kubeconfig {
+        let source = CredentialSource::Config(p.clone());
+        if !p.is_file() {
+            return Err(KubeStoreError::Kubeconfig {
+                source_: source,
+                detail: if p.exists() {
+                    "not a regular file".into()
+                } else {
+                    "the file does not exist".into()
+                },
+            });
+        }
+        return from_file(p, source);
+    }
+    if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+        let tok = Path::new("/var/run/secrets/kubernetes.io/serviceaccount/token");
+        return match std::fs::read_to_string(tok) {
+            Ok(t) if !t.trim().is_empty() => Ok(format!(
+                "{}: token {}",
+                CredentialSource::InCluster,
+                tok.display()
+            )),
+            Ok(_) => Err(KubeStoreError::InCluster {
+                detail: format!("{} is empty", tok.display()),
+            }),
+            Err(e) => Err(KubeStoreError::InCluster {
+                detail: format!("cannot read {}: {e}", tok.display()),
+            }),
+        };
+    }
+    match std::env::var("KUBECONFIG") {
+        Ok(v) if !v.trim().is_empty() => {
+            let first = v.split(':').next().unwrap_or(&v).to_string();
+            from_file(Path::new(&first), CredentialSource::Env(v.clone()))
+        }
+        _ => Err(KubeStoreError::NoCredentials),
+    }
+}

@@ -1,0 +1,629 @@
+//! The lease reconciler: releases leases whose pod is gone, or whose pod name now belongs to
+//! another pod (another uid), and never a live one. Run by the node-agent on every node, or as
+//! `tether-ipam reconcile`.
+//!
+//! # What it releases, and why that is safe
+//!
+//! A lease is released only when all of these hold (the decision itself is
+//! [`tether_leases::reclaim::stale`]):
+//!
+//! 1. it is `Leased` and names a pod (namespace and name; records of cnitool or plain runtimes
+//!    are left to CNI GC);
+//! 2. it is older than the grace period (`--grace-s`, default 120 s): an ADD in flight holds its
+//!    lease before its pod shows any network status, and caches lag;
+//! 3. the pod cache says its pod is gone or replaced, **and a fresh GET of that pod from the API
+//!    server confirms it** (404, or a pod of that name with another uid). The cache only finds
+//!    candidates; the decision is made on an authoritative read, so a lagging or partial cache
+//!    (or a node-name mismatch between the plugin and the agent) can never free a live address;
+//! 4. the write is conditional: `release` replaces the record only if it still has the version
+//!    read (Kubernetes: the object's uid and resourceVersion; file store: its counter). A lease
+//!    taken over, renewed or released since is never touched; losing that race is normal.
+//!
+//! Released records stay as `Released` (not deleted), so cooldown and sticky re-use by the same
+//! pod name (a StatefulSet pod's replacement) keep working.
+//!
+//! # Which leases each agent looks at
+//!
+//! Several agents run at once, one per node. Each agent reconciles:
+//!
+//! - **its own node's Kubernetes-store leases** (`LIST ipleases -l ipam.tether.dev/node=<node>`),
+//!   against a pod cache of its own node (`spec.nodeName=<node>`), event-driven: a pod deletion
+//!   seen on the watch triggers a pass within `debounce` (default 0.5 s);
+//! - **its node's file-store leases** (every network state file in `--data-dir`), in the same
+//!   passes;
+//! - **leases of nodes that no longer exist**, in periodic passes only, and only while it is the
+//!   *sweeper*: the node with the lowest hash among the nodes matching `--sweeper-selector`
+//!   (default: every node). Every agent computes the same sweeper from the node list, so one agent
+//!   does the cluster-wide part (one metadata-only LIST of the leases' node labels, then one LIST
+//!   per dead node and one pod GET per candidate). During node churn two agents may both think
+//!   they are the sweeper for a moment; conditional writes make that harmless. If the DaemonSet
+//!   runs only on some nodes, pass its node selector as `--sweeper-selector` so that the sweeper
+//!   is a node that runs an agent. Needs `list` on nodes; without it the agent logs that dead
+//!   nodes' leases are not reclaimed and carries on with its own node.
+//!
+//! A node that is down but still registered keeps its leases until it comes back (its own agent
+//! then reclaims them) or is deleted (the sweeper then does): its pods may still be running.
+//!
+//! # Memory
+//!
+//! Only (namespace, name) → uid of the pods of this node is cached (metadata-only list and watch;
+//! page by page), plus the leases of one node or one dead node during a pass. On watch expiry
+//! (`410 Gone`) the cache is rebuilt from a fresh list.
+
+// KubeStoreError is large by design (it carries what the operator needs); this is not a hot path.
+#![allow(clippy::result_large_err)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tether_kube_store::{KubeSettings, KubeStore, KubeStoreError, PodEvent, WatchEnd};
+use tether_leases::reclaim::{PodIndex, StaleReason, stale};
+use tether_leases::{FileStore, Lease, LeaseStore, StoreError};
+
+/// Default grace period: leases younger than this are never judged.
+pub const DEFAULT_GRACE_S: u64 = 120;
+/// Default interval between periodic full passes.
+pub const DEFAULT_INTERVAL_S: u64 = 600;
+
+/// How to reconcile.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// This node's name (`--node`, `NODE_NAME`).
+    pub node: String,
+    /// API access; `None`: no Kubernetes (nothing can be reconciled, as pods cannot be seen).
+    pub kube: Option<KubeSettings>,
+    /// The node-local file store to reconcile, if any.
+    pub data_dir: Option<PathBuf>,
+    /// Leases younger than this many seconds are left alone.
+    pub grace_s: u64,
+    /// Time between periodic full passes.
+    pub interval: Duration,
+    /// Reclaim leases of nodes that no longer exist while this agent is the sweeper.
+    pub sweep_dead_nodes: bool,
+    /// Label selector of the nodes that run an agent (sweeper candidates); `None`: every node.
+    pub sweeper_selector: Option<String>,
+    /// Wait this long after a pod event before the pass, gathering further events.
+    pub debounce: Duration,
+    /// Server-side timeout of one pod watch request (re-issued from the last resourceVersion).
+    pub watch_timeout: Duration,
+}
+
+impl Options {
+    /// Defaults for `node`.
+    pub fn new(node: impl Into<String>) -> Options {
+        Options {
+            node: node.into(),
+            kube: None,
+            data_dir: None,
+            grace_s: DEFAULT_GRACE_S,
+            interval: Duration::from_secs(DEFAULT_INTERVAL_S),
+            sweep_dead_nodes: true,
+            sweeper_selector: None,
+            debounce: Duration::from_millis(500),
+            watch_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Which store a lease was in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreName {
+    /// The cluster-wide IPLease store.
+    Kubernetes,
+    /// The node-local file store.
+    File,
+}
+
+/// One release done by a pass.
+#[derive(Debug, Clone)]
+pub struct Released {
+    /// Where.
+    pub store: StoreName,
+    /// The lease as it was before the release.
+    pub lease: Lease,
+    /// Why.
+    pub reason: StaleReason,
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Default)]
+pub struct PassReport {
+    /// Leases released.
+    pub released: Vec<Released>,
+    /// Conditional releases that lost a race (the record changed since it was read): fine.
+    pub lost_races: usize,
+    /// Candidates whose pod the API server still reports alive (the cache lagged).
+    pub confirmed_alive: usize,
+    /// Leases looked at.
+    pub examined: usize,
+    /// Whether the dead-node sweep ran (this agent was the sweeper).
+    pub swept: bool,
+    /// Failures (the pass went on past each).
+    pub errors: Vec<String>,
+    /// Unix time when a lease now inside its grace period (and whose pod the cache does not
+    /// know) leaves it: a pass is due then.
+    pub next_due: Option<u64>,
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// (namespace, name) → uid of the pods of this node, kept by the watch thread.
+#[derive(Default)]
+struct PodCache {
+    pods: PodIndex,
+    synced: bool,
+}
+
+/// Why the watch thread wakes the pass loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trigger {
+    /// A pod was deleted or replaced.
+    PodGone,
+    /// The cache was rebuilt from a list (events may have been missed).
+    Relisted,
+}
+
+/// FNV-1a, 64 bit: the sweeper is the candidate node with the lowest hash (stable across agents
+/// and releases, independent of name order).
+fn fnv(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The sweeper among `candidates`.
+pub fn sweeper(candidates: &[String]) -> Option<&str> {
+    candidates.iter().min_by_key(|n| (fnv(n), n.as_str())).map(String::as_str)
+}
+
+/// The reconciler of one node.
+pub struct Reconciler {
+    opts: Options,
+    store: Option<KubeStore>,
+    cache: Arc<Mutex<PodCache>>,
+    warned_nodes: AtomicBool,
+}
+
+impl Reconciler {
+    /// Connect (no request sent yet).
+    pub fn new(opts: Options) -> Result<Reconciler, String> {
+        if opts.node.trim().is_empty() {
+            return Err("no node name: pass --node or set NODE_NAME".into());
+        }
+        let store = match &opts.kube {
+            Some(s) => Some(KubeStore::connect(long_lived(s)).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        if store.is_none() && opts.data_dir.is_none() {
+            return Err("nothing to reconcile: give a kubeconfig (or run in a pod) and/or --data-dir".into());
+        }
+        Ok(Reconciler { opts, store, cache: Arc::default(), warned_nodes: AtomicBool::new(false) })
+    }
+
+    /// The options.
+    pub fn options(&self) -> &Options {
+        &self.opts
+    }
+
+    fn pod_selector(&self) -> String {
+        format!("spec.nodeName={}", self.opts.node)
+    }
+
+    /// The pods of this node: the watch's cache when it is synced, else a fresh list.
+    fn node_pods(&self, store: &KubeStore) -> Result<PodIndex, KubeStoreError> {
+        {
+            let c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            if c.synced {
+                return Ok(c.pods.clone());
+            }
+        }
+        let mut pods = PodIndex::new();
+        store.restart_budget();
+        store.visit_pods(Some(&self.pod_selector()), |k| {
+            pods.insert((k.namespace, k.name), k.uid);
+        })?;
+        Ok(pods)
+    }
+
+    /// One pass: this node's Kubernetes and file-store leases; with `full`, also the dead-node
+    /// sweep (when this agent is the sweeper).
+    pub fn pass(&self, full: bool) -> PassReport {
+        let mut r = PassReport::default();
+        let now = now_s();
+        let Some(store) = &self.store else {
+            r.errors.push(
+                "no Kubernetes API access: pods cannot be seen, so no lease can be judged; give --kubeconfig".into(),
+            );
+            return r;
+        };
+        let pods = match self.node_pods(store) {
+            Ok(p) => p,
+            Err(e) => {
+                r.errors.push(format!("listing the pods of node {}: {e}", self.opts.node));
+                return r;
+            }
+        };
+        // This node's cluster-wide leases.
+        store.restart_budget();
+        match store.list_node(&self.opts.node) {
+            Ok(leases) => self.judge(StoreName::Kubernetes, &leases, &pods, now, store, &mut r),
+            Err(KubeStoreError::CrdMissing { .. }) => {
+                log::debug!("the IPLease CRD is not installed: no cluster-wide leases to reconcile")
+            }
+            Err(e) => r.errors.push(format!("listing the leases of node {}: {e}", self.opts.node)),
+        }
+        // The node-local file store.
+        if let Some(dir) = &self.opts.data_dir {
+            let fs = FileStore::new(dir.clone());
+            match fs.networks() {
+                Ok(nets) => {
+                    for n in nets {
+                        match fs.list(&n) {
+                            Ok(leases) => self.judge(StoreName::File, &leases, &pods, now, store, &mut r),
+                            Err(e) => r.errors.push(format!("reading network {n} in {}: {e}", dir.display())),
+                        }
+                    }
+                }
+                Err(e) => r.errors.push(format!("listing the networks in {}: {e}", dir.display())),
+            }
+        }
+        if full && self.opts.sweep_dead_nodes {
+            self.sweep(now, store, &mut r);
+        }
+        r
+    }
+
+    /// Judge `leases` against `pods` (a cache: only finds candidates), confirm each candidate with
+    /// a GET of its pod, release conditionally.
+    fn judge(&self, which: StoreName, leases: &[Lease], pods: &PodIndex, now: u64, store: &KubeStore, r: &mut PassReport) {
+        r.examined += leases.len();
+        for l in leases {
+            // A young lease whose pod the cache does not show: look again when its grace ends.
+            if l.is_leased() && now.saturating_sub(l.since) < self.opts.grace_s {
+                let known = match (&l.pod.namespace, &l.pod.name) {
+                    (Some(ns), Some(n)) => pods.get(&(ns.clone(), n.clone())).is_some_and(|u| l.pod.uid.as_ref().is_none_or(|h| h == u)),
+                    _ => true,
+                };
+                if !known {
+                    let due = l.since + self.opts.grace_s;
+                    r.next_due = Some(r.next_due.map_or(due, |d| d.min(due)));
+                }
+            }
+        }
+        for (lease, _) in stale(leases, pods, now, self.opts.grace_s) {
+            let (Some(ns), Some(name)) = (&lease.pod.namespace, &lease.pod.name) else { continue };
+            store.restart_budget();
+            let reason = match store.pod_uid(ns, name) {
+                Ok(None) => StaleReason::PodGone,
+                Ok(Some(uid)) => match &lease.pod.uid {
+                    Some(held) if *held != uid => StaleReason::PodReplaced { current_uid: uid },
+                    _ => {
+                        r.confirmed_alive += 1;
+                        continue;
+                    }
+                },
+                Err(e) => {
+                    r.errors.push(format!("checking pod {ns}/{name} of {}: {e}", lease.address));
+                    continue;
+                }
+            };
+            self.release(which, lease, reason, now, store, r);
+        }
+    }
+
+    fn release(&self, which: StoreName, lease: &Lease, reason: StaleReason, now: u64, store: &KubeStore, r: &mut PassReport) {
+        let outcome: Result<Result<Lease, tether_leases::Taken>, StoreError> = match which {
+            StoreName::Kubernetes => {
+                store.restart_budget();
+                store.release(lease, now)
+            }
+            StoreName::File => match &self.opts.data_dir {
+                Some(d) => FileStore::new(d.clone()).release(lease, now),
+                None => return,
+            },
+        };
+        match outcome {
+            Ok(Ok(_)) => {
+                log::warn!(
+                    "reconcile: released {} of network {} ({:?} store): held by pod {} (uid {}), container {}, {}: {reason}",
+                    lease.address,
+                    lease.network,
+                    which,
+                    lease.pod,
+                    lease.pod.uid.as_deref().unwrap_or("?"),
+                    &lease.container_id[..lease.container_id.len().min(12)],
+                    lease.ifname
+                );
+                r.released.push(Released { store: which, lease: lease.clone(), reason });
+            }
+            Ok(Err(taken)) => {
+                log::info!("reconcile: {} of network {} changed meanwhile ({taken}); left alone", lease.address, lease.network);
+                r.lost_races += 1;
+            }
+            Err(e) => r.errors.push(format!("releasing {} of network {}: {e}", lease.address, lease.network)),
+        }
+    }
+
+    /// Leases of nodes that no longer exist, when this agent is the sweeper.
+    fn sweep(&self, now: u64, store: &KubeStore, r: &mut PassReport) {
+        store.restart_budget();
+        let live = match store.node_names(None) {
+            Ok(n) => n,
+            Err(e) => {
+                if !self.warned_nodes.swap(true, Ordering::Relaxed) {
+                    log::warn!("reconcile: cannot list nodes, so leases of deleted nodes are not reclaimed by this agent: {e}");
+                }
+                return;
+            }
+        };
+        let candidates = match self.opts.sweeper_selector.as_deref().filter(|s| !s.is_empty()) {
+            Some(sel) => {
+                store.restart_budget();
+                match store.node_names(Some(sel)) {
+                    Ok(c) => c,
+                    Err(e) => return r.errors.push(format!("listing nodes matching {sel:?}: {e}")),
+                }
+            }
+            None => live.clone(),
+        };
+        if sweeper(&candidates) != Some(self.opts.node.as_str()) {
+            return;
+        }
+        r.swept = true;
+        store.restart_budget();
+        let labels = match store.lease_node_labels() {
+            Ok(l) => l,
+            Err(KubeStoreError::CrdMissing { .. }) => return,
+            Err(e) => return r.errors.push(format!("listing the leases' nodes: {e}")),
+        };
+        let live_labels: std::collections::HashSet<String> =
+            live.iter().map(|n| tether_kube_store::crd::label_value(n)).collect();
+        for label in labels.keys().filter(|l| !l.is_empty() && !live_labels.contains(*l)) {
+            store.restart_budget();
+            let leases = match store.list_node_label(label) {
+                Ok(l) => l,
+                Err(e) => {
+                    r.errors.push(format!("listing the leases of deleted node {label}: {e}"));
+                    continue;
+                }
+            };
+            // No cache of other nodes' pods: with an empty index every old Leased record is a
+            // candidate, and judge() decides on a GET of its pod. Its young ones do not schedule
+            // passes here (the sweep runs in periodic passes only).
+            let pods = PodIndex::new();
+            let due = r.next_due;
+            log::info!("reconcile: node {label} no longer exists; judging its {} lease record(s)", leases.len());
+            self.judge(StoreName::Kubernetes, &leases, &pods, now, store, r);
+            r.next_due = due;
+        }
+    }
+
+    /// Run until `stop` is set: the pod watch on its own thread, a pass after each pod deletion
+    /// (debounced), when a young lease leaves its grace period, and a full pass every interval.
+    /// `on_pass` sees each report (after logging).
+    pub fn run(&self, stop: &AtomicBool, mut on_pass: impl FnMut(&PassReport)) -> Result<(), String> {
+        let (tx, rx) = mpsc::channel();
+        let stop_watch = Arc::new(AtomicBool::new(false));
+        let watcher = match &self.opts.kube {
+            Some(settings) => {
+                let store = KubeStore::connect(long_lived(settings)).map_err(|e| e.to_string())?;
+                let cache = self.cache.clone();
+                let sel = self.pod_selector();
+                let stop_w = stop_watch.clone();
+                let timeout = self.opts.watch_timeout;
+                Some(
+                    std::thread::Builder::new()
+                        .name("pod-watch".into())
+                        .spawn(move || watch_loop(&store, &sel, timeout, &cache, &tx, &stop_w))
+                        .map_err(|e| format!("cannot start the pod watch: {e}"))?,
+                )
+            }
+            None => None,
+        };
+        let result = self.pass_loop(stop, &rx, &mut on_pass);
+        stop_watch.store(true, Ordering::Relaxed);
+        if let Some(w) = watcher {
+            let _ = w.join();
+        }
+        result
+    }
+
+    fn pass_loop(&self, stop: &AtomicBool, rx: &Receiver<Trigger>, on_pass: &mut dyn FnMut(&PassReport)) -> Result<(), String> {
+        let mut next_full = Instant::now();
+        let mut next_due: Option<u64> = None;
+        while !stop.load(Ordering::Relaxed) {
+            let now = Instant::now();
+            let due_in = next_due.map(|d| Duration::from_secs(d.saturating_sub(now_s())));
+            let mut wait = next_full.saturating_duration_since(now);
+            if let Some(d) = due_in {
+                wait = wait.min(d);
+            }
+            // Wake up regularly to notice `stop`.
+            let wait = wait.min(Duration::from_millis(250));
+            let full = match rx.recv_timeout(wait) {
+                Ok(_) => {
+                    // Gather the burst (a deleted ReplicaSet, a drained node) into one pass.
+                    let until = Instant::now() + self.opts.debounce;
+                    while let Some(left) = until.checked_duration_since(Instant::now()) {
+                        if rx.recv_timeout(left).is_err() {
+                            break;
+                        }
+                    }
+                    false
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    if Instant::now() >= next_full {
+                        true
+                    } else if next_due.is_some_and(|d| now_s() >= d) {
+                        false
+                    } else {
+                        continue;
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    // No watch (file store only, or it ended): periodic passes only.
+                    std::thread::sleep(wait);
+                    if Instant::now() < next_full && next_due.is_none_or(|d| now_s() < d) {
+                        continue;
+                    }
+                    Instant::now() >= next_full
+                }
+            };
+            if full {
+                next_full = Instant::now() + self.opts.interval;
+            }
+            let report = self.pass(full);
+            log_report(&report, full);
+            next_due = report.next_due;
+            on_pass(&report);
+        }
+        Ok(())
+    }
+}
+
+/// Settings for a long-lived client: the same credentials; every call gets its own budget
+/// (`restart_budget`), at least 30 s.
+fn long_lived(s: &KubeSettings) -> KubeSettings {
+    let mut s = s.clone();
+    s.timeout = s.timeout.max(Duration::from_secs(30));
+    s
+}
+
+fn log_report(r: &PassReport, full: bool) {
+    for e in &r.errors {
+        log::error!("reconcile: {e}");
+    }
+    if !r.released.is_empty() || r.lost_races > 0 {
+        log::warn!(
+            "reconcile ({}): {} record(s) examined, {} released, {} changed meanwhile, {} alive after all",
+            if full { "full pass" } else { "pod event" },
+            r.examined,
+            r.released.len(),
+            r.lost_races,
+            r.confirmed_alive
+        );
+    } else {
+        log::debug!("reconcile ({}): {} record(s) examined, nothing to release", if full { "full pass" } else { "pod event" }, r.examined);
+    }
+}
+
+/// Keep `cache` = the pods of this node: list, then watch from the list's resourceVersion;
+/// re-list on expiry (410) or error (with backoff). Wakes the pass loop on pod deletions and
+/// after each re-list.
+fn watch_loop(store: &KubeStore, sel: &str, timeout: Duration, cache: &Mutex<PodCache>, tx: &Sender<Trigger>, stop: &AtomicBool) {
+    let keep_going = || !stop.load(Ordering::Relaxed);
+    let mut backoff = Duration::from_millis(500);
+    let sleep = |d: Duration| {
+        let until = Instant::now() + d;
+        while keep_going() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    'relist: while keep_going() {
+        let mut fresh: PodIndex = HashMap::new();
+        store.restart_budget();
+        let rv = match store.visit_pods(Some(sel), |k| {
+            fresh.insert((k.namespace, k.name), k.uid);
+        }) {
+            Ok(rv) => rv,
+            Err(e) => {
+                log::error!("reconcile: listing pods ({sel}): {e}; retrying in {}s", backoff.as_secs_f32());
+                cache.lock().unwrap_or_else(|p| p.into_inner()).synced = false;
+                sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+                continue;
+            }
+        };
+        {
+            let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+            c.pods = fresh;
+            c.pods.shrink_to_fit();
+            c.synced = true;
+        }
+        let _ = tx.send(Trigger::Relisted);
+        let mut rv = rv;
+        while keep_going() {
+            let result = store.watch_pods(Some(sel), &rv, timeout, &keep_going, |ev| {
+                let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+                match ev {
+                    PodEvent::Upsert(k) => {
+                        let replaced = c.pods.get(&(k.namespace.clone(), k.name.clone())).is_some_and(|u| *u != k.uid);
+                        c.pods.insert((k.namespace, k.name), k.uid);
+                        if replaced {
+                            let _ = tx.send(Trigger::PodGone);
+                        }
+                    }
+                    PodEvent::Deleted(k) => {
+                        let key = (k.namespace, k.name);
+                        if c.pods.get(&key).is_some_and(|u| *u == k.uid) {
+                            c.pods.remove(&key);
+                        }
+                        let _ = tx.send(Trigger::PodGone);
+                    }
+                }
+            });
+            match result {
+                Ok(WatchEnd::Closed { resource_version }) => {
+                    backoff = Duration::from_millis(500);
+                    if resource_version.is_empty() {
+                        continue 'relist;
+                    }
+                    rv = resource_version;
+                }
+                Ok(WatchEnd::Expired) => {
+                    log::info!("reconcile: pod watch expired (410); listing again");
+                    continue 'relist;
+                }
+                Err(e) => {
+                    log::error!("reconcile: watching pods ({sel}): {e}; listing again in {}s", backoff.as_secs_f32());
+                    cache.lock().unwrap_or_else(|p| p.into_inner()).synced = false;
+                    sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    continue 'relist;
+                }
+            }
+        }
+    }
+}
+
+/// One line per release, for `--once` and tests.
+pub fn describe(r: &Released) -> String {
+    format!(
+        "released {} network {} ({}) pod {} uid {}: {}",
+        r.lease.address,
+        r.lease.network,
+        match r.store {
+            StoreName::Kubernetes => "kubernetes",
+            StoreName::File => "file",
+        },
+        r.lease.pod,
+        r.lease.pod.uid.as_deref().unwrap_or("?"),
+        r.reason
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_sweeper_whatever_the_order() {
+        let a: Vec<String> = ["n1", "n2", "n3", "gpu-17"].iter().map(|s| s.to_string()).collect();
+        let mut b = a.clone();
+        b.reverse();
+        assert_eq!(sweeper(&a), sweeper(&b));
+        assert!(sweeper(&[]).is_none());
+    }
+}

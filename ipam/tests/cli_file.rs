@@ -1,0 +1,175 @@
+//! The command line over the node-local file store (a temporary directory): leases, release,
+//! doctor, validate, version, usage errors.
+
+mod reconcile_support;
+
+use reconcile_support::*;
+use serde_json::json;
+use tether_leases::{FileStore, LeaseState, LeaseStore};
+
+fn setup(tag: &str) -> (TempDir, FileStore, String) {
+    let dir = TempDir::new(tag);
+    let data = dir.join("data");
+    let fs = FileStore::new(&data);
+    let t = now() - 600;
+    fs.claim(lease("net-a", "10.3.0.10", Some(("ns", "p1", "u1")), "n1", t), None).unwrap().unwrap();
+    fs.claim(lease("net-a", "10.3.0.11", None, "n1", t), None).unwrap().unwrap();
+    let mut rel = lease("net-b", "10.4.0.5", Some(("ns", "old", "u0")), "n1", t);
+    rel.state = LeaseState::Released { at: t };
+    fs.claim(rel, None).unwrap().unwrap();
+    let d = data.to_str().unwrap().to_string();
+    (dir, fs, d)
+}
+
+#[test]
+fn leases_table_and_json() {
+    let (_dir, _fs, data) = setup("leases");
+    let o = ipam(&["leases", "--data-dir", &data]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0].split_whitespace().collect::<Vec<_>>(), ["NETWORK", "ADDRESS", "POD", "NODE", "STATE", "AGE"]);
+    assert_eq!(lines.len(), 4, "{out}");
+    assert!(lines[1].starts_with("net-a") && lines[1].contains("10.3.0.10/24") && lines[1].contains("ns/p1") && lines[1].contains("leased") && lines[1].contains("10m"), "{out}");
+    assert!(lines[2].contains("(container ctr-10.3.0.1)"), "{out}");
+    assert!(lines[3].starts_with("net-b") && lines[3].contains("released"), "{out}");
+
+    let o = ipam(&["leases", "--data-dir", &data, "--network", "net-b", "-o", "json"]);
+    assert_eq!(o.status.code(), Some(0));
+    let v = json_out(&o);
+    assert_eq!(v.as_array().unwrap().len(), 1);
+    assert_eq!(v[0]["address"], "10.4.0.5");
+    assert_eq!(v[0]["state"], "released");
+    assert_eq!(v[0]["pod"], json!({"namespace": "ns", "name": "old", "uid": "u0"}));
+    assert_eq!(v[0]["node"], "n1");
+
+    let empty = TempDir::new("leases-empty");
+    let o = ipam(&["leases", "--data-dir", empty.path().to_str().unwrap(), "-o", "json"]);
+    assert_eq!((o.status.code(), json_out(&o)), (Some(0), json!([])));
+}
+
+#[test]
+fn release_refuses_leased_without_api_and_force_overrides() {
+    let (_dir, fs, data) = setup("release");
+    let o = ipam(&["release", "10.3.0.10", "--network", "net-a", "--data-dir", &data]);
+    assert_eq!(o.status.code(), Some(3), "refused");
+    assert!(stderr(&o).contains("--force") && stderr(&o).contains("ns/p1"), "{}", stderr(&o));
+    assert!(fs.list("net-a").unwrap().iter().any(|l| l.address.to_string() == "10.3.0.10" && l.is_leased()));
+
+    let o = ipam(&["release", "10.3.0.10", "--network", "net-a", "--data-dir", &data, "--force", "-o", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = json_out(&o);
+    assert_eq!(v["released"], "10.3.0.10");
+    assert_eq!(v["was"]["state"], "leased");
+    assert!(!fs.list("net-a").unwrap().iter().any(|l| l.address.to_string() == "10.3.0.10"));
+
+    // A Released record: removing it ends its cooldown; no --force needed.
+    let o = ipam(&["release", "10.4.0.5", "--network", "net-b", "--data-dir", &data]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("cooldown ends now"), "{}", stdout(&o));
+    assert!(fs.list("net-b").unwrap().is_empty());
+
+    // Unknown address: failed (1); bad address: usage (2).
+    assert_eq!(ipam(&["release", "10.3.0.99", "--network", "net-a", "--data-dir", &data]).status.code(), Some(1));
+    assert_eq!(ipam(&["release", "not-an-ip", "--network", "net-a", "--data-dir", &data]).status.code(), Some(2));
+    assert_eq!(ipam(&["release", "10.3.0.11", "--data-dir", &data]).status.code(), Some(2), "--network is required");
+}
+
+#[test]
+fn doctor_happy_path_on_lo_exits_0() {
+    let dir = TempDir::new("doctor-file");
+    let nad = dir.join("nad.json");
+    let data = dir.join("data");
+    std::fs::write(
+        &nad,
+        serde_json::to_vec(&json!({"cniVersion": "1.0.0", "name": "ok-net", "type": "tether-ipvlan", "master": "lo",
+            "ipam": {"type": "tether-ipam", "range": "10.5.0.0/28", "probe": false, "dataDir": data}}))
+        .unwrap(),
+    )
+    .unwrap();
+    let o = ipam(&["doctor", "--config", nad.to_str().unwrap()]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
+    for check in ["config", "master", "store", "pool", "conflicts"] {
+        assert_eq!(findings(&out, "OK", check).len().min(1), 1, "OK {check}: {out}");
+    }
+    assert!(out.lines().skip(1).all(|l| l.starts_with("OK ")), "one finding per line, status first: {out}");
+    let o = ipam(&["doctor", "--config", nad.to_str().unwrap(), "-o", "json"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(json_out(&o).as_array().unwrap().iter().all(|f| f["ok"] == true));
+
+    // A master that does not exist: FAIL naming what to do, exit 1.
+    std::fs::write(
+        &nad,
+        serde_json::to_vec(&json!({"cniVersion": "1.0.0", "name": "ok-net", "type": "tether-ipvlan", "master": "nosuch0",
+            "ipam": {"type": "tether-ipam", "range": "10.5.0.0/28", "probe": false, "dataDir": data}}))
+        .unwrap(),
+    )
+    .unwrap();
+    let o = ipam(&["doctor", "--config", nad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = stdout(&o);
+    assert!(findings(&out, "FAIL", "master").iter().any(|l| l.contains("does not exist")), "{out}");
+}
+
+#[test]
+fn validate_version_help_and_usage() {
+    let dir = TempDir::new("validate");
+    let nad = dir.join("nad.json");
+    std::fs::write(&nad, r#"{"cniVersion":"1.0.0","name":"v","type":"tether-ipvlan","ipam":{"type":"tether-ipam","range":"10.6.0.0/29"}}"#).unwrap();
+    let o = ipam(&["validate", "--config", nad.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("network v: 10.6.0.0/29"), "{}", stdout(&o));
+    std::fs::write(&nad, r#"{"name":"v","ipam":{"type":"tether-ipam"}}"#).unwrap();
+    assert_eq!(ipam(&["validate", "--config", nad.to_str().unwrap()]).status.code(), Some(1));
+    let o = ipam(&["version"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(stdout(&o).starts_with("tether-ipam "));
+    let o = ipam(&["--help"]);
+    assert_eq!(o.status.code(), Some(0));
+    for cmd in ["leases", "release", "doctor", "validate", "reconcile", "node-agent", "version"] {
+        assert!(stdout(&o).contains(cmd), "--help lists {cmd}");
+    }
+    let o = ipam(&["reconcile", "--help"]);
+    for flag in ["--kubeconfig", "--node", "--data-dir", "--grace-s", "--interval-s", "--once"] {
+        assert!(stdout(&o).contains(flag), "reconcile --help lists {flag}: {}", stdout(&o));
+    }
+    let o = ipam(&["node-agent", "--help"]);
+    for flag in ["--grace-s", "--interval-s", "--node", "--no-reconcile"] {
+        assert!(stdout(&o).contains(flag), "node-agent --help lists {flag}");
+    }
+    assert_eq!(ipam(&["frobnicate"]).status.code(), Some(2));
+}
+
+#[test]
+fn node_agent_once_installs_and_reconciles() {
+    let env = Env::new("agent");
+    env.node("n1");
+    let dir = &env.dir;
+    let (src, bin, sa) = (dir.join("src"), dir.join("bin"), dir.join("sa"));
+    for d in [&src, &sa] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    for b in ["tether-ipvlan", "tether-ipam"] {
+        std::fs::write(src.join(b), format!("#!/bin/sh\n# {b}\n")).unwrap();
+    }
+    std::fs::write(sa.join("token"), "tok").unwrap();
+    std::fs::write(sa.join("ca.crt"), "CA").unwrap();
+    let data = dir.join("data");
+    let fs = FileStore::new(&data);
+    fs.claim(lease("fnet", "10.8.0.1", Some(("ns", "gone", "u")), "n1", now() - 3600), None).unwrap().unwrap();
+    env.put(lease("knet", "10.8.1.1", Some(("ns", "gone-too", "u2")), "n1", now() - 3600));
+    let o = ipam_env(
+        &[
+            "node-agent", "--cni-bin-dir", bin.to_str().unwrap(), "--kubeconfig-out", dir.join("out/tether.kubeconfig").to_str().unwrap(),
+            "--source-dir", src.to_str().unwrap(), "--service-account-dir", sa.to_str().unwrap(), "--data-dir", data.to_str().unwrap(),
+            "--kubeconfig", env.kubeconfig.to_str().unwrap(), "--once",
+        ],
+        &[("KUBERNETES_SERVICE_HOST", "10.43.0.1"), ("NODE_NAME", "n1")],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(bin.join("tether-ipam").is_file() && dir.join("out/tether.kubeconfig").is_file());
+    assert!(matches!(fs.list("fnet").unwrap()[0].state, LeaseState::Released { .. }), "file store reconciled");
+    assert!(is_released(&env.state("knet", "10.8.1.1")), "kubernetes store reconciled");
+    assert!(stderr(&o).contains("released 10.8.0.1"), "{}", stderr(&o));
+}
