@@ -289,7 +289,7 @@ impl LeaseStore for Racing<'_> {
 /// Checklist item 80: two allocators race for the same candidate; one gets it, the other moves
 /// on, both succeed.
 #[test]
-fn two_allocators_race_for_one_candidate() {
+fn item80_two_allocators_race_for_one_candidate() {
     let fx = Fx::new("race", &["10.17.0.0/24"]);
     let target = fx.first_candidate("race-a", "net1");
     let cid_b = (0..100_000)

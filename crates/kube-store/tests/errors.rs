@@ -109,7 +109,7 @@ fn settings_for(server: &str, dir: &TempDir, timeout: Duration) -> KubeSettings 
 }
 
 #[test]
-fn unreachable_api_is_transient_and_quick() {
+fn item82_unreachable_api_is_transient_and_quick() {
     let dir = TempDir::new("closed");
     let port = {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -137,7 +137,7 @@ fn unreachable_api_is_transient_and_quick() {
 }
 
 #[test]
-fn silent_api_times_out_within_the_budget() {
+fn item82_silent_api_times_out_within_the_budget() {
     let dir = TempDir::new("silent");
     // Accepts connections (the kernel completes the handshake) but never answers.
     let l = TcpListener::bind("127.0.0.1:0").unwrap();

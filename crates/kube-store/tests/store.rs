@@ -10,7 +10,7 @@ use tether_leases::{
 };
 
 #[test]
-fn create_then_already_exists() {
+fn item80_create_then_already_exists() {
     let env = Env::new("create");
     let store = env.store();
     let a = lease(&env.network, "10.0.0.5", "ca");
@@ -77,7 +77,7 @@ fn replace_with_stale_version_is_taken() {
 
 /// Checklist item 81: a release or delete never frees a lease someone else took since.
 #[test]
-fn delete_precondition_protects_a_recreated_lease() {
+fn item81_delete_precondition_protects_a_recreated_lease() {
     let env = Env::new("precond");
     let store = env.store();
     let mine = store
