@@ -6,7 +6,10 @@
 //!    token and CA, and rewrites it whenever either rotates (projected tokens expire in about an hour).
 //! 3. Runs the lease reconciler for this node ([`crate::reconcile`]) on its own thread, with the
 //!    pod's service account: this node's IPLeases and the file store under `--data-dir`, plus the
-//!    leases of deleted nodes while this agent is the sweeper. `--once` runs one full pass.
+//!    leases of deleted nodes while this agent is the sweeper. The live nodes and the sweeper come
+//!    from the DaemonSet's own pods (`--agent-namespace`, default this pod's namespace;
+//!    `--agent-selector`, default `app.kubernetes.io/name=tether`), so no access to nodes is
+//!    needed. `--once` runs one full pass.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;

@@ -161,10 +161,14 @@ pub struct ReconcileArgs {
     /// Seconds between periodic full passes (pod deletions trigger a pass at once).
     #[arg(long, default_value_t = reconcile::DEFAULT_INTERVAL_S)]
     pub interval_s: u64,
-    /// Label selector of the nodes that run the node-agent (the DaemonSet's nodeSelector); the
-    /// one agent that sweeps leases of deleted nodes is chosen among them. Default: every node.
+    /// Namespace of the node-agent's pods: the nodes running one are the live nodes, and the one
+    /// agent that sweeps leases of deleted nodes is chosen among them. Default: $POD_NAMESPACE,
+    /// else the service account's namespace file, else kube-system.
     #[arg(long)]
-    pub sweeper_selector: Option<String>,
+    pub agent_namespace: Option<String>,
+    /// Label selector of the node-agent's pods (the DaemonSet's pod label).
+    #[arg(long, default_value = reconcile::DEFAULT_AGENT_SELECTOR)]
+    pub agent_selector: String,
     /// Do not reclaim leases of deleted nodes (only this node's).
     #[arg(long)]
     pub no_sweep: bool,
@@ -197,7 +201,15 @@ impl ReconcileArgs {
         o.grace_s = self.grace_s;
         o.interval = std::time::Duration::from_secs(self.interval_s);
         o.sweep_dead_nodes = !self.no_sweep;
-        o.sweeper_selector = self.sweeper_selector.clone();
+        o.agent_namespace = match self.agent_namespace.as_deref().map(str::trim) {
+            Some("") => return Err("--agent-namespace must not be empty".into()),
+            Some(ns) => ns.to_string(),
+            None => reconcile::default_agent_namespace(),
+        };
+        if self.agent_selector.trim().is_empty() {
+            return Err("--agent-selector must not be empty (it would take every pod of the namespace for an agent)".into());
+        }
+        o.agent_selector = self.agent_selector.trim().to_string();
         Ok(o)
     }
 }

@@ -8,8 +8,9 @@
 //! For the Kubernetes store: the kubeconfig parses and its token (or certificate) is readable; the
 //! API server answers; the IPLease CRD is installed and established (when RBAC forbids reading
 //! CRDs, a LIST of ipleases stands in); and, through SelfSubjectAccessReviews, this identity may
-//! get/list/watch/create/update/delete ipleases, get/list/watch pods and list nodes (the
-//! reconciler's sweep of deleted nodes).
+//! get/list/watch/create/update/delete ipleases and get/list/watch pods — exactly what
+//! deploy/base/rbac.yaml grants, nothing else (the reconciler finds deleted nodes from the
+//! node-agent's own pods, so it needs no access to nodes).
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -142,8 +143,7 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
 /// The verbs tether needs: (API group, resource, verbs, what breaks without them).
 const NEEDED: &[(&str, &str, &[&str], &str)] = &[
     ("ipam.tether.dev", "ipleases", &["get", "list", "watch", "create", "update", "delete"], "allocation fails"),
-    ("", "pods", &["get", "list", "watch"], "leases of deleted pods are not reclaimed and `release` cannot check pods"),
-    ("", "nodes", &["list"], "leases of deleted nodes are not reclaimed"),
+    ("", "pods", &["get", "list", "watch"], "leases of deleted pods and nodes are not reclaimed and `release` cannot check pods"),
 ];
 
 /// The Kubernetes checks; false when the API cannot be used at all (later checks would only repeat it).

@@ -31,24 +31,48 @@
 //!   seen on the watch triggers a pass within `debounce` (default 0.5 s);
 //! - **its node's file-store leases** (every network state file in `--data-dir`), in the same
 //!   passes;
-//! - **leases of nodes that no longer exist**, in periodic passes only, and only while it is the
-//!   *sweeper*: the node with the lowest hash among the nodes matching `--sweeper-selector`
-//!   (default: every node). Every agent computes the same sweeper from the node list, so one agent
-//!   does the cluster-wide part (one metadata-only LIST of the leases' node labels, then one LIST
-//!   per dead node and one pod GET per candidate). During node churn two agents may both think
-//!   they are the sweeper for a moment; conditional writes make that harmless. If the DaemonSet
-//!   runs only on some nodes, pass its node selector as `--sweeper-selector` so that the sweeper
-//!   is a node that runs an agent. Needs `list` on nodes; without it the agent logs that dead
-//!   nodes' leases are not reclaimed and carries on with its own node.
+//! - **leases of nodes that no longer run an agent**, in periodic passes only, and only while it
+//!   is the *sweeper*.
 //!
-//! A node that is down but still registered keeps its leases until it comes back (its own agent
-//! then reclaims them) or is deleted (the sweeper then does): its pods may still be running.
+//! # Dead nodes and the sweeper, from the agent's own pods
+//!
+//! The agent never reads Node objects (its RBAC is the lease resource and pods get/list/watch,
+//! nothing else). Instead, the nodes that are alive *for tether* are the nodes that run a pod of
+//! the node-agent DaemonSet: one LIST of the pods in `--agent-namespace` (default `$POD_NAMESPACE`,
+//! else the service account's namespace, else `kube-system`) matching `--agent-selector`
+//! (default `app.kubernetes.io/name=tether`, the DaemonSet's pod label), keeping each pod's
+//! `spec.nodeName` ([`KubeStore::agent_nodes`]). From that one set:
+//!
+//! - the *sweeper* is the node with the lowest hash among the agent nodes ([`sweeper`]). Every
+//!   agent computes the same one, so one agent does the cluster-wide part (one metadata-only LIST
+//!   of the leases' node labels, then one LIST per dead node and one pod GET per candidate). An
+//!   agent whose own pod is not in the set (a wrong `--agent-namespace`/`--agent-selector`, or
+//!   `reconcile` run by hand for a node without an agent) is never the sweeper, so a set that is
+//!   empty or incomplete because of a misconfiguration sweeps nothing. During churn two agents
+//!   may both think they are the sweeper for a moment; conditional writes make that harmless;
+//! - *dead-node* leases are those whose node label names no agent node: the node was deleted
+//!   (its DaemonSet pod went with it), or its agent pod is absent for a while (a rolling update,
+//!   an eviction, a node that stopped running the DaemonSet).
+//!
+//! Judging a node that is in fact alive is **safe**, as the rules above do not depend on which
+//! node a lease belongs to: every release of a dead-node lease still needs a fresh GET of its pod
+//! confirming that the pod is gone or replaced, and a conditional write. A node whose agent pod
+//! is briefly absent during a rolling update may be judged, but none of its live pods' leases can
+//! be freed (each pod is checked with a GET); only leases of pods that are really gone are, which
+//! that node's own agent would have released anyway. A node that is down but still runs (or
+//! still lists) its agent pod keeps its leases until it comes back or its pod is deleted with it.
+//!
+//! Needs `list` on pods in the agent namespace (the ClusterRole grants it cluster-wide); without
+//! it the agent logs once that dead nodes' leases are not reclaimed and carries on with its own
+//! node.
 //!
 //! # Memory
 //!
 //! Only (namespace, name) → uid of the pods of this node is cached (metadata-only list and watch;
-//! page by page), plus the leases of one node or one dead node during a pass. On watch expiry
-//! (`410 Gone`) the cache is rebuilt from a fresh list.
+//! page by page), plus the leases of one node or one dead node during a pass, and during a sweep
+//! the names of the nodes running an agent pod (the agent pods are read page by page and only
+//! their `spec.nodeName` is kept). On watch expiry (`410 Gone`) the cache is rebuilt from a
+//! fresh list.
 
 // KubeStoreError is large by design (it carries what the operator needs); this is not a hot path.
 #![allow(clippy::result_large_err)]
@@ -68,6 +92,29 @@ use tether_leases::{FileStore, Lease, LeaseStore, StoreError};
 pub const DEFAULT_GRACE_S: u64 = 120;
 /// Default interval between periodic full passes.
 pub const DEFAULT_INTERVAL_S: u64 = 600;
+/// Default label selector of the node-agent's pods (the DaemonSet's pod label).
+pub const DEFAULT_AGENT_SELECTOR: &str = "app.kubernetes.io/name=tether";
+/// Namespace of the node-agent's pods when neither `POD_NAMESPACE` nor the service account's
+/// namespace file says.
+pub const FALLBACK_AGENT_NAMESPACE: &str = "kube-system";
+/// The service account's namespace, as mounted in every pod.
+pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// The node-agent's namespace by default: `$POD_NAMESPACE`, else the service account's namespace
+/// file, else `kube-system`.
+pub fn default_agent_namespace() -> String {
+    std::env::var("POD_NAMESPACE")
+        .ok()
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE_FILE)
+                .ok()
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+        })
+        .unwrap_or_else(|| FALLBACK_AGENT_NAMESPACE.to_string())
+}
 
 /// How to reconcile.
 #[derive(Debug, Clone)]
@@ -82,10 +129,13 @@ pub struct Options {
     pub grace_s: u64,
     /// Time between periodic full passes.
     pub interval: Duration,
-    /// Reclaim leases of nodes that no longer exist while this agent is the sweeper.
+    /// Reclaim leases of nodes that no longer run an agent while this agent is the sweeper.
     pub sweep_dead_nodes: bool,
-    /// Label selector of the nodes that run an agent (sweeper candidates); `None`: every node.
-    pub sweeper_selector: Option<String>,
+    /// Namespace of the node-agent's pods (`--agent-namespace`).
+    pub agent_namespace: String,
+    /// Label selector of the node-agent's pods (`--agent-selector`): the nodes running one are
+    /// the live nodes and the sweeper candidates.
+    pub agent_selector: String,
     /// Wait this long after a pod event before the pass, gathering further events.
     pub debounce: Duration,
     /// Server-side timeout of one pod watch request (re-issued from the last resourceVersion).
@@ -102,7 +152,8 @@ impl Options {
             grace_s: DEFAULT_GRACE_S,
             interval: Duration::from_secs(DEFAULT_INTERVAL_S),
             sweep_dead_nodes: true,
-            sweeper_selector: None,
+            agent_namespace: default_agent_namespace(),
+            agent_selector: DEFAULT_AGENT_SELECTOR.to_string(),
             debounce: Duration::from_millis(500),
             watch_timeout: Duration::from_secs(300),
         }
@@ -140,7 +191,7 @@ pub struct PassReport {
     pub confirmed_alive: usize,
     /// Leases looked at.
     pub examined: usize,
-    /// Whether the dead-node sweep ran (this agent was the sweeper).
+    /// Whether the dead-node sweep ran (this agent was the sweeper among the agent nodes).
     pub swept: bool,
     /// Failures (the pass went on past each).
     pub errors: Vec<String>,
@@ -172,7 +223,7 @@ enum Trigger {
     Relisted,
 }
 
-/// FNV-1a, 64 bit: the sweeper is the candidate node with the lowest hash (stable across agents
+/// FNV-1a, 64 bit: the sweeper is the agent node with the lowest hash (stable across agents
 /// and releases, independent of name order).
 fn fnv(s: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -183,7 +234,7 @@ fn fnv(s: &str) -> u64 {
     h
 }
 
-/// The sweeper among `candidates`.
+/// The sweeper among `candidates` (the nodes that run an agent pod).
 pub fn sweeper(candidates: &[String]) -> Option<&str> {
     candidates.iter().min_by_key(|n| (fnv(n), n.as_str())).map(String::as_str)
 }
@@ -193,7 +244,7 @@ pub struct Reconciler {
     opts: Options,
     store: Option<KubeStore>,
     cache: Arc<Mutex<PodCache>>,
-    warned_nodes: AtomicBool,
+    warned_agents: AtomicBool,
 }
 
 impl Reconciler {
@@ -209,7 +260,7 @@ impl Reconciler {
         if store.is_none() && opts.data_dir.is_none() {
             return Err("nothing to reconcile: give a kubeconfig (or run in a pod) and/or --data-dir".into());
         }
-        Ok(Reconciler { opts, store, cache: Arc::default(), warned_nodes: AtomicBool::new(false) })
+        Ok(Reconciler { opts, store, cache: Arc::default(), warned_agents: AtomicBool::new(false) })
     }
 
     /// The options.
@@ -356,29 +407,34 @@ impl Reconciler {
         }
     }
 
-    /// Leases of nodes that no longer exist, when this agent is the sweeper.
+    /// Leases of nodes that run no agent pod (deleted nodes), when this agent is the sweeper.
     fn sweep(&self, now: u64, store: &KubeStore, r: &mut PassReport) {
+        let (ns, sel) = (self.opts.agent_namespace.as_str(), self.opts.agent_selector.as_str());
         store.restart_budget();
-        let live = match store.node_names(None) {
+        // The live nodes, and the sweeper candidates: the nodes running an agent pod.
+        let live = match store.agent_nodes(ns, sel) {
             Ok(n) => n,
             Err(e) => {
-                if !self.warned_nodes.swap(true, Ordering::Relaxed) {
-                    log::warn!("reconcile: cannot list nodes, so leases of deleted nodes are not reclaimed by this agent: {e}");
+                if !self.warned_agents.swap(true, Ordering::Relaxed) {
+                    log::warn!(
+                        "reconcile: cannot list the node-agent's pods (namespace {ns}, selector {sel}), so leases of deleted \
+                         nodes are not reclaimed by this agent: {e}"
+                    );
                 }
                 return;
             }
         };
-        let candidates = match self.opts.sweeper_selector.as_deref().filter(|s| !s.is_empty()) {
-            Some(sel) => {
-                store.restart_budget();
-                match store.node_names(Some(sel)) {
-                    Ok(c) => c,
-                    Err(e) => return r.errors.push(format!("listing nodes matching {sel:?}: {e}")),
-                }
+        if !live.contains(&self.opts.node) {
+            if !self.warned_agents.swap(true, Ordering::Relaxed) {
+                log::warn!(
+                    "reconcile: no pod of namespace {ns} matching {sel} runs on node {}, so this agent does not sweep \
+                     leases of deleted nodes; if it is a node-agent, check --agent-namespace and --agent-selector",
+                    self.opts.node
+                );
             }
-            None => live.clone(),
-        };
-        if sweeper(&candidates) != Some(self.opts.node.as_str()) {
+            return;
+        }
+        if sweeper(&live) != Some(self.opts.node.as_str()) {
             return;
         }
         r.swept = true;
@@ -395,7 +451,7 @@ impl Reconciler {
             let leases = match store.list_node_label(label) {
                 Ok(l) => l,
                 Err(e) => {
-                    r.errors.push(format!("listing the leases of deleted node {label}: {e}"));
+                    r.errors.push(format!("listing the leases of node {label} (no agent pod): {e}"));
                     continue;
                 }
             };
@@ -404,7 +460,7 @@ impl Reconciler {
             // passes here (the sweep runs in periodic passes only).
             let pods = PodIndex::new();
             let due = r.next_due;
-            log::info!("reconcile: node {label} no longer exists; judging its {} lease record(s)", leases.len());
+            log::info!("reconcile: node {label} runs no node-agent pod; judging its {} lease record(s)", leases.len());
             self.judge(StoreName::Kubernetes, &leases, &pods, now, store, r);
             r.next_due = due;
         }

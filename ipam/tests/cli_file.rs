@@ -131,11 +131,11 @@ fn validate_version_help_and_usage() {
         assert!(stdout(&o).contains(cmd), "--help lists {cmd}");
     }
     let o = ipam(&["reconcile", "--help"]);
-    for flag in ["--kubeconfig", "--node", "--data-dir", "--grace-s", "--interval-s", "--once"] {
+    for flag in ["--kubeconfig", "--node", "--data-dir", "--grace-s", "--interval-s", "--once", "--agent-namespace", "--agent-selector"] {
         assert!(stdout(&o).contains(flag), "reconcile --help lists {flag}: {}", stdout(&o));
     }
     let o = ipam(&["node-agent", "--help"]);
-    for flag in ["--grace-s", "--interval-s", "--node", "--no-reconcile"] {
+    for flag in ["--grace-s", "--interval-s", "--node", "--no-reconcile", "--agent-namespace", "--agent-selector"] {
         assert!(stdout(&o).contains(flag), "node-agent --help lists {flag}");
     }
     assert_eq!(ipam(&["frobnicate"]).status.code(), Some(2));
@@ -144,7 +144,7 @@ fn validate_version_help_and_usage() {
 #[test]
 fn node_agent_once_installs_and_reconciles() {
     let env = Env::new("agent");
-    env.node("n1");
+    env.agent("n1");
     let dir = &env.dir;
     let (src, bin, sa) = (dir.join("src"), dir.join("bin"), dir.join("sa"));
     for d in [&src, &sa] {

@@ -19,14 +19,16 @@ fn options(env: &Env, node: &str) -> Options {
     let mut o = Options::new(node);
     o.kube = Some(env.settings());
     o.debounce = Duration::from_millis(50);
+    o.agent_namespace = AGENT_NS.to_string();
+    o.agent_selector = AGENT_LABEL.to_string();
     o
 }
 
 #[test]
 fn releases_gone_and_replaced_pods_never_live_young_or_anonymous() {
     let env = Env::new("judge");
-    env.node("n1");
-    env.node("n2");
+    env.agent("n1");
+    env.agent("n2");
     let t = now() - OLD;
     let alive = env.pod("ns", "alive", "u-alive", "n1");
     env.pod("ns", "sts-0", "u-new", "n1");
@@ -69,7 +71,7 @@ fn releases_gone_and_replaced_pods_never_live_young_or_anonymous() {
 #[test]
 fn pod_created_while_reconcile_runs_is_safe_within_grace() {
     let env = Env::new("race");
-    env.node("n1");
+    env.agent("n1");
     // The ADD has its lease; the pod shows up in the API a moment later.
     env.put(lease(NET, "10.0.1.1", Some(("ns", "starting", "u-s")), "n1", now()));
     let mut o = options(&env, "n1");
@@ -99,7 +101,7 @@ fn pod_created_while_reconcile_runs_is_safe_within_grace() {
 #[test]
 fn a_young_lease_of_a_pod_that_never_appears_is_released_when_its_grace_ends() {
     let env = Env::new("grace-end");
-    env.node("n1");
+    env.agent("n1");
     env.put(lease(NET, "10.0.2.1", Some(("ns", "never", "u-n")), "n1", now()));
     let mut o = options(&env, "n1");
     o.grace_s = 2;
@@ -117,7 +119,7 @@ fn a_young_lease_of_a_pod_that_never_appears_is_released_when_its_grace_ends() {
 #[test]
 fn deleting_a_pod_releases_its_lease_without_waiting_for_the_periodic_pass() {
     let env = Env::new("event");
-    env.node("n1");
+    env.agent("n1");
     let t = now() - OLD;
     env.pod("ns", "worker", "u-w", "n1");
     env.pod("ns", "other", "u-o", "n1");
@@ -150,7 +152,7 @@ fn deleting_a_pod_releases_its_lease_without_waiting_for_the_periodic_pass() {
 #[test]
 fn two_reconcilers_at_once_release_each_lease_once_and_do_not_fail() {
     let env = Env::new("two");
-    env.node("n1");
+    env.agent("n1");
     let t = now() - OLD;
     for i in 1..=40 {
         env.put(lease(NET, &format!("10.0.4.{i}"), Some(("ns", &format!("gone-{i}"), &format!("u{i}"))), "n1", t));
@@ -177,7 +179,7 @@ fn two_reconcilers_at_once_release_each_lease_once_and_do_not_fail() {
 #[test]
 fn file_store_is_reconciled_for_this_node() {
     let env = Env::new("file");
-    env.node("n1");
+    env.agent("n1");
     let data = env.dir.join("data");
     let fs = FileStore::new(&data);
     let t = now() - OLD;
@@ -208,43 +210,103 @@ fn file_store_is_reconciled_for_this_node() {
 #[test]
 fn leases_of_deleted_nodes_are_swept_by_one_agent_only() {
     let env = Env::new("sweep");
-    let nodes = ["gpu-a", "gpu-b", "gpu-c"];
-    for n in nodes {
-        env.node(n);
+    // Live nodes are the nodes running an agent pod; no Node object is ever read.
+    let survivors: Vec<String> = ["gpu-a", "gpu-b", "gpu-c"].iter().map(|s| s.to_string()).collect();
+    let doomed = "gpu-d";
+    for n in survivors.iter().map(String::as_str).chain([doomed]) {
+        env.agent(n);
     }
-    let names: Vec<String> = nodes.iter().map(|s| s.to_string()).collect();
-    let me = sweeper(&names).unwrap().to_string();
-    let other = nodes.iter().find(|n| **n != me).unwrap().to_string();
+    let me = sweeper(&survivors).unwrap().to_string();
+    let other = survivors.iter().find(|n| **n != me).unwrap().clone();
     let t = now() - OLD;
-    // gpu-dead was deleted; one of its pods is gone, one (same uid) runs elsewhere, one is young.
+    // gpu-d's leases: one pod is gone, one (same uid) runs elsewhere, one is young, and one pod
+    // still runs on gpu-d itself (its agent pod is only briefly away, e.g. a rolling update).
     env.pod("ns", "moved", "u-m", &other);
-    env.put(lease(NET, "10.0.5.1", Some(("ns", "dead-pod", "u-d")), "gpu-dead", t));
-    env.put(lease(NET, "10.0.5.2", Some(("ns", "moved", "u-m")), "gpu-dead", t));
-    env.put(lease(NET, "10.0.5.3", Some(("ns", "fresh", "u-f")), "gpu-dead", now()));
+    env.pod("ns", "d-live", "u-dl", doomed);
+    env.put(lease(NET, "10.0.5.1", Some(("ns", "dead-pod", "u-d")), doomed, t));
+    env.put(lease(NET, "10.0.5.2", Some(("ns", "moved", "u-m")), doomed, t));
+    env.put(lease(NET, "10.0.5.3", Some(("ns", "fresh", "u-f")), doomed, now()));
+    env.put(lease(NET, "10.0.5.4", Some(("ns", "d-live", "u-dl")), doomed, t));
+    let gpu_d = ["10.0.5.1", "10.0.5.2", "10.0.5.3", "10.0.5.4"];
 
-    let not_sweeper = Reconciler::new(options(&env, &other)).unwrap().pass(true);
-    assert!(!not_sweeper.swept && not_sweeper.released.is_empty());
-    assert!(is_leased(&env.state(NET, "10.0.5.1")));
+    // While gpu-d runs its agent it is alive: nobody else judges its leases.
+    for n in &survivors {
+        let r = Reconciler::new(options(&env, n)).unwrap().pass(true);
+        assert!(r.errors.is_empty() && r.released.is_empty(), "{n}: {:?} {:?}", r.errors, r.released);
+    }
+    assert!(gpu_d.iter().all(|a| is_leased(&env.state(NET, a))));
+
+    // gpu-d's agent pod disappears (the node was deleted, or its agent is being replaced).
+    env.agent_gone(doomed);
+    env.double.reset_counts();
 
     let event_pass = Reconciler::new(options(&env, &me)).unwrap().pass(false);
     assert!(!event_pass.swept, "the sweep runs in periodic passes only");
+    assert!(is_leased(&env.state(NET, "10.0.5.1")));
 
-    let swept = Reconciler::new(options(&env, &me)).unwrap().pass(true);
-    assert!(swept.swept && swept.errors.is_empty(), "{:?}", swept.errors);
-    let got: Vec<String> = swept.released.iter().map(|x| x.lease.address.to_string()).collect();
-    assert_eq!(got, vec!["10.0.5.1".to_string()]);
-    assert!(is_leased(&env.state(NET, "10.0.5.2")) && is_leased(&env.state(NET, "10.0.5.3")));
+    // A rolling update on gpu-a: its old and new agent pods both listed (one node, counted once).
+    env.double
+        .upsert_pod(serde_json::json!({"metadata": {"namespace": AGENT_NS, "name": "tether-gpu-a-new", "uid": "u-agent-new",
+                                                    "labels": {"app.kubernetes.io/name": "tether"}},
+                                       "spec": {"nodeName": "gpu-a"}}))
+        .unwrap();
 
-    // Without `list` on nodes the agent keeps reconciling its own node and does not fail.
-    env.double.forbid("list", "nodes");
+    // Every surviving agent runs a full pass: exactly one sweeps, and frees only the lease whose
+    // pod the API server says is gone. (Pages of one pod: the agent pods are read page by page.)
+    let mut sweepers = Vec::new();
+    let mut released = Vec::new();
+    for n in &survivors {
+        let mut o = options(&env, n);
+        o.kube.as_mut().unwrap().page_size = 1;
+        let r = Reconciler::new(o).unwrap().pass(true);
+        assert!(r.errors.is_empty(), "{n}: {:?}", r.errors);
+        if r.swept {
+            sweepers.push(n.clone());
+            assert_eq!(r.confirmed_alive, 2, "ns/moved and ns/d-live were confirmed alive with a GET");
+        }
+        released.extend(r.released.iter().map(|x| x.lease.address.to_string()));
+    }
+    assert_eq!(sweepers, vec![me.clone()], "one sweeper, the same for every agent");
+    assert_eq!(released, vec!["10.0.5.1".to_string()]);
+    assert!(is_released(&env.state(NET, "10.0.5.1")));
+    for a in ["10.0.5.2", "10.0.5.3", "10.0.5.4"] {
+        assert!(is_leased(&env.state(NET, a)), "{a} must stay leased");
+    }
+    assert!(env.double.count("get", "pods") >= 3, "each old candidate was checked with a GET");
+    assert_eq!(env.double.total("nodes"), 0, "nodes are never read");
+
+    // Without `list` on pods in the agent namespace the agent keeps reconciling its own node and
+    // does not fail; the dead node's new stale lease waits.
+    env.put(lease(NET, "10.0.5.5", Some(("ns", "dead-pod-2", "u-d2")), doomed, t));
+    env.put(lease(NET, "10.0.5.6", Some(("ns", "mine-gone", "u-mg")), &me, t));
+    env.double.forbid_in("list", "pods", AGENT_NS);
     let r = Reconciler::new(options(&env, &me)).unwrap().pass(true);
     assert!(!r.swept && r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(r.released.iter().map(|x| x.lease.address.to_string()).collect::<Vec<_>>(), vec!["10.0.5.6".to_string()]);
+    assert!(is_leased(&env.state(NET, "10.0.5.5")));
+    env.double.allow_all();
+
+    // A wrong agent namespace (or selector) finds no agent pod on this node: no sweep, no failure.
+    let mut o = options(&env, &me);
+    o.agent_namespace = "elsewhere".into();
+    let r = Reconciler::new(o).unwrap().pass(true);
+    assert!(!r.swept && r.errors.is_empty() && r.released.is_empty(), "{:?} {:?}", r.errors, r.released);
+    let mut o = options(&env, &me);
+    o.agent_selector = "app.kubernetes.io/name=other".into();
+    assert!(!Reconciler::new(o).unwrap().pass(true).swept);
+    assert!(is_leased(&env.state(NET, "10.0.5.5")));
+
+    // With the right settings the next periodic pass picks it up.
+    let r = Reconciler::new(options(&env, &me)).unwrap().pass(true);
+    assert!(r.swept && r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(r.released.iter().map(|x| x.lease.address.to_string()).collect::<Vec<_>>(), vec!["10.0.5.5".to_string()]);
+    assert!(is_leased(&env.state(NET, "10.0.5.4")), "the live pod's lease is still never freed");
 }
 
 #[test]
 fn reconcile_once_from_the_command_line() {
     let env = Env::new("cli-once");
-    env.node("n1");
+    env.agent("n1");
     env.put(lease(NET, "10.0.6.1", Some(("ns", "gone", "u-g")), "n1", now() - OLD));
     let kc = env.kubeconfig.to_str().unwrap();
     let o = ipam(&["reconcile", "--kubeconfig", kc, "--node", "n1", "--once"]);

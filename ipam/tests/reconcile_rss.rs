@@ -28,7 +28,7 @@ fn measure(tag: &str, pods_on_me: usize, nodes: usize) {
     let me = "node-000";
     let node_names: Vec<String> = (0..nodes).map(|i| format!("node-{i:03}")).collect();
     for n in &node_names {
-        env.node(n);
+        env.agent(n);
     }
     // 5,000 pods: `pods_on_me` on this node, the rest spread over the others.
     for i in 0..5000 {
@@ -53,7 +53,7 @@ fn measure(tag: &str, pods_on_me: usize, nodes: usize) {
         store.claim(lease("big", &format!("10.200.0.{i}"), Some(("ml", &format!("dead-{i}"), "u")), "node-gone", t), None).unwrap().unwrap();
     }
     let mut child = Command::new(env!("CARGO_BIN_EXE_tether-ipam"))
-        .args(["reconcile", "--kubeconfig", env.kubeconfig.to_str().unwrap(), "--node", me])
+        .args(["reconcile", "--kubeconfig", env.kubeconfig.to_str().unwrap(), "--node", me, "--agent-namespace", AGENT_NS])
         .env_remove("CNI_COMMAND")
         .env_remove("KUBERNETES_SERVICE_HOST")
         .stdout(Stdio::null())

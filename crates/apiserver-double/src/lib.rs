@@ -32,10 +32,10 @@
 //! - Metadata-only answers (`Accept: ...;as=PartialObjectMetadata[List];g=meta.k8s.io;v=v1`) for
 //!   every get, list and watch.
 //!
-//! Test knobs: injectable latency per request, `403 Forbidden` on demand per (verb, resource),
-//! "CRD not installed" mode (the group answers 404 like a real server without the CRD), and
-//! request counters per verb and resource (`"create ipleases"`), so benchmarks can report API
-//! requests per allocation.
+//! Test knobs: injectable latency per request, `403 Forbidden` on demand per (verb, resource) or
+//! per (verb, resource, namespace), "CRD not installed" mode (the group answers 404 like a real
+//! server without the CRD), and request counters per verb and resource (`"create ipleases"`), so
+//! benchmarks can report API requests per allocation.
 //!
 //! Not modelled: authentication, admission, field managers, patch, finalizers, namespaces as
 //! objects, and snapshot-consistent pagination (pages after the first reflect the current state;
@@ -51,7 +51,8 @@
 //!
 //! - `GET /_double/stats` → `{"requests": {"list ipleases": 3, ...}, "resourceVersion": "17", "ipleases": 5, "pods": 2}`
 //! - `POST /_double/reset` → zero the request counters
-//! - `POST /_double/config` with any of `{"latencyMs": 2, "crdInstalled": false, "forbid": [["create", "ipleases"]], "allowAll": true}`
+//! - `POST /_double/config` with any of `{"latencyMs": 2, "crdInstalled": false, "forbid": [["create", "ipleases"], ["list", "pods", "kube-system"]], "allowAll": true}`
+//!   (a third element limits a forbid to that namespace)
 //! - `PUT /_double/pods` with a pod object → stored pod; `DELETE /_double/pods/NS/NAME`
 //! - `PUT /_double/nodes` with a node object; `DELETE /_double/nodes/NAME`
 //! - `POST /_double/expire` → every open watch ends with a `410 Expired` ERROR event
@@ -245,6 +246,8 @@ struct Shared {
     latency_us: AtomicU64,
     crd_installed: AtomicBool,
     forbidden: Mutex<HashSet<(String, String)>>,
+    /// (verb, resource, namespace): 403 on requests in that namespace only.
+    forbidden_in: Mutex<HashSet<(String, String, String)>>,
     counts: Mutex<BTreeMap<String, u64>>,
     events: broadcast::Sender<Arc<Event>>,
     user: String,
@@ -270,6 +273,13 @@ impl Shared {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .contains(&(verb.to_string(), resource.to_string()))
+    }
+    fn is_forbidden_in(&self, verb: &str, resource: &str, ns: Option<&str>) -> bool {
+        let Some(ns) = ns else { return false };
+        self.forbidden_in
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&(verb.to_string(), resource.to_string(), ns.to_string()))
     }
 }
 
@@ -298,6 +308,7 @@ impl ApiServerDouble {
             latency_us: AtomicU64::new(opts.latency.as_micros() as u64),
             crd_installed: AtomicBool::new(opts.crd_installed),
             forbidden: Mutex::new(HashSet::new()),
+            forbidden_in: Mutex::new(HashSet::new()),
             counts: Mutex::new(BTreeMap::new()),
             events,
             user: opts.user.clone(),
@@ -378,6 +389,17 @@ impl ApiServerDouble {
             .insert((verb.to_string(), resource.to_string()));
     }
 
+    /// Answer 403 to `verb` on the namespaced `resource` (`pods`) in `namespace` only, as a
+    /// Role missing in that namespace would: requests of other namespaces and cluster-wide ones
+    /// (`/api/v1/pods`) are still served, and access reviews (cluster-wide) are unaffected.
+    pub fn forbid_in(&self, verb: &str, resource: &str, namespace: &str) {
+        self.shared.forbidden_in.lock().unwrap().insert((
+            verb.to_string(),
+            resource.to_string(),
+            namespace.to_string(),
+        ));
+    }
+
     /// Undo one [`ApiServerDouble::forbid`].
     pub fn allow(&self, verb: &str, resource: &str) {
         self.shared
@@ -390,6 +412,7 @@ impl ApiServerDouble {
     /// Undo every [`ApiServerDouble::forbid`].
     pub fn allow_all(&self) {
         self.shared.forbidden.lock().unwrap().clear();
+        self.shared.forbidden_in.lock().unwrap().clear();
     }
 
     /// Requests served so far, by `"verb resource"` (e.g. `"create ipleases"`, `"get version"`).
@@ -727,7 +750,11 @@ async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Resp {
     if !lat.is_zero() {
         tokio::time::sleep(lat).await;
     }
-    if sh.is_forbidden(verb, &resource) {
+    let target_ns = match &target {
+        Target::Collection(_, ns) | Target::Item(_, ns, _) => ns.as_deref(),
+        _ => None,
+    };
+    if sh.is_forbidden(verb, &resource) || sh.is_forbidden_in(verb, &resource, target_ns) {
         return forbidden(&sh, verb, &resource, &target);
     }
     let lease_target = matches!(
@@ -1705,15 +1732,22 @@ fn control(sh: &Shared, method: &Method, rest: &[String], body: Bytes) -> Resp {
             }
             if v.get("allowAll").and_then(Value::as_bool) == Some(true) {
                 sh.forbidden.lock().unwrap().clear();
+                sh.forbidden_in.lock().unwrap().clear();
             }
             if let Some(list) = v.get("forbid").and_then(Value::as_array) {
                 let mut f = sh.forbidden.lock().unwrap();
+                let mut f_in = sh.forbidden_in.lock().unwrap();
                 for pair in list {
                     if let (Some(verb), Some(res)) = (
                         pair.get(0).and_then(Value::as_str),
                         pair.get(1).and_then(Value::as_str),
                     ) {
-                        f.insert((verb.to_string(), res.to_string()));
+                        match pair.get(2).and_then(Value::as_str) {
+                            Some(ns) => {
+                                f_in.insert((verb.to_string(), res.to_string(), ns.to_string()))
+                            }
+                            None => f.insert((verb.to_string(), res.to_string())),
+                        };
                     }
                 }
             }

@@ -1,7 +1,7 @@
 //! `tether-apiserver-double`: run the Kubernetes API test double as its own process.
 //!
 //! ```text
-//! tether-apiserver-double [--port N] [--latency-ms MS] [--no-crd] [--forbid VERB[:RESOURCE]]...
+//! tether-apiserver-double [--port N] [--latency-ms MS] [--no-crd] [--forbid VERB[:RESOURCE[:NAMESPACE]]]...
 //!                         [--kubeconfig-out PATH] [--threads N] [--exit-on-stdin-eof]
 //! ```
 //!
@@ -15,7 +15,7 @@ use tether_apiserver_double::{ApiServerDouble, Options};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: tether-apiserver-double [--port N] [--latency-ms MS] [--no-crd] [--forbid VERB[:RESOURCE]]... \
+        "usage: tether-apiserver-double [--port N] [--latency-ms MS] [--no-crd] [--forbid VERB[:RESOURCE[:NAMESPACE]]]... \
          [--kubeconfig-out PATH] [--threads N] [--exit-on-stdin-eof]\n\
          A test double of the Kubernetes API (IPLease and pod subset), not an API server."
     );
@@ -39,8 +39,10 @@ fn main() {
             "--no-crd" => opts.crd_installed = false,
             "--forbid" => {
                 let v = val();
-                let (verb, res) = v.split_once(':').unwrap_or((&v, "ipleases"));
-                forbid.push((verb.to_string(), res.to_string()));
+                let mut parts = v.splitn(3, ':');
+                let verb = parts.next().unwrap_or_default().to_string();
+                let res = parts.next().unwrap_or("ipleases").to_string();
+                forbid.push((verb, res, parts.next().map(str::to_string)));
             }
             "--kubeconfig-out" => kubeconfig_out = Some(val()),
             "--threads" => opts.worker_threads = val().parse().unwrap_or_else(|_| usage()),
@@ -56,8 +58,11 @@ fn main() {
             std::process::exit(1)
         }
     };
-    for (verb, res) in &forbid {
-        double.forbid(verb, res);
+    for (verb, res, ns) in &forbid {
+        match ns {
+            Some(ns) => double.forbid_in(verb, res, ns),
+            None => double.forbid(verb, res),
+        }
     }
     if let Some(p) = kubeconfig_out
         && let Err(e) = double.write_kubeconfig(std::path::Path::new(&p))

@@ -496,6 +496,73 @@ fn nodes_access_reviews_and_metadata_only() {
     assert!(v["items"][0].get("spec").is_none());
 }
 
+#[test]
+fn forbid_in_one_namespace_only() {
+    let d = ApiServerDouble::start().unwrap();
+    d.upsert_pod(
+        json!({"metadata": {"namespace": "kube-system", "name": "agent", "labels": {"app": "a"}},
+                        "spec": {"nodeName": "n1"}}),
+    )
+    .unwrap();
+    d.upsert_pod(json!({"metadata": {"namespace": "ns", "name": "p"}, "spec": {"nodeName": "n1"}}))
+        .unwrap();
+    d.forbid_in("list", "pods", "kube-system");
+    let r = call(
+        &d,
+        "GET",
+        "/api/v1/namespaces/kube-system/pods?labelSelector=app%3Da",
+        None,
+    );
+    assert_eq!(r.code, 403, "{:?}", r.body);
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("in the namespace \"kube-system\""),
+        "{:?}",
+        r.body
+    );
+    assert_eq!(
+        call(&d, "GET", "/api/v1/namespaces/ns/pods", None).code,
+        200
+    );
+    assert_eq!(
+        call(&d, "GET", "/api/v1/pods", None).code,
+        200,
+        "cluster-wide list still served"
+    );
+    assert_eq!(
+        call(&d, "GET", "/api/v1/namespaces/kube-system/pods/agent", None).code,
+        200,
+        "only list"
+    );
+    d.allow_all();
+    let r = call(
+        &d,
+        "GET",
+        "/api/v1/namespaces/kube-system/pods?labelSelector=app%3Da",
+        None,
+    );
+    assert_eq!(r.code, 200);
+    assert_eq!(r.body["items"][0]["spec"]["nodeName"], "n1");
+    // The same over the control endpoint: a third element names the namespace.
+    let r = call(
+        &d,
+        "POST",
+        "/_double/config",
+        Some(&json!({"forbid": [["list", "pods", "kube-system"]]})),
+    );
+    assert_eq!(r.code, 200);
+    assert_eq!(
+        call(&d, "GET", "/api/v1/namespaces/kube-system/pods", None).code,
+        403
+    );
+    assert_eq!(
+        call(&d, "GET", "/api/v1/namespaces/ns/pods", None).code,
+        200
+    );
+}
+
 /// A GET with an `Accept` header; the body (not chunked: lists are answered whole).
 fn http_get_with_accept(d: &ApiServerDouble, path: &str, accept: &str) -> String {
     let mut s = TcpStream::connect(d.addr()).unwrap();

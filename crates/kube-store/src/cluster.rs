@@ -1,11 +1,13 @@
 //! Beyond the lease resource: what the reconciler, the CLI and `doctor` ask the API server about
-//! pods, nodes, this identity and the server itself, on the same client, runtime, credentials and
+//! pods, this identity and the server itself, on the same client, runtime, credentials and
 //! error vocabulary as the store.
 //!
-//! Pods and nodes are only ever read **metadata-only** (`Accept:
+//! Pods are read **metadata-only** (`Accept:
 //! application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1`), parsed into a few strings
 //! per object and visited page by page (`limit` = [`KubeSettings::page_size`]), so nothing holds a
-//! pod spec or a whole list in memory. A server that ignores the metadata `Accept` still works
+//! pod spec or a whole list in memory. The one exception is [`KubeStore::agent_nodes`], which
+//! needs `spec.nodeName` of the node-agent's own pods (one namespace, one label selector, one per
+//! node): it reads full objects page by page and keeps only that field. A server that ignores the metadata `Accept` still works
 //! (the same fields are read from the full objects).
 //!
 //! | call | request |
@@ -16,7 +18,7 @@
 //! | [`KubeStore::pod_uid`] | metadata-only GET of one pod |
 //! | [`KubeStore::visit_pods`] | metadata-only LIST pods (optional field selector), paginated |
 //! | [`KubeStore::watch_pods`] | metadata-only WATCH pods from a resourceVersion |
-//! | [`KubeStore::node_names`] | metadata-only LIST nodes (optional label selector) |
+//! | [`KubeStore::agent_nodes`] | LIST pods of one namespace by label selector, paginated: their nodes |
 //! | [`KubeStore::can_i`] | CREATE selfsubjectaccessreviews |
 //! | [`KubeStore::server_version`] | GET /version |
 //! | [`KubeStore::crd_state`] | GET of the IPLease CRD |
@@ -42,7 +44,7 @@ use crate::error::{CredentialSource, KubeStoreError};
 use crate::settings::KubeSettings;
 use crate::store::{KubeStore, LeaseList, Lenient, Verb, error_chain};
 
-/// The few metadata fields tether reads from pods, nodes and leases.
+/// The few metadata fields tether reads from pods and leases.
 #[derive(Deserialize, Clone, Debug, Default)]
 #[serde(rename_all = "camelCase")]
 struct LiteMeta {
@@ -62,6 +64,28 @@ struct LiteMeta {
 struct LiteObject {
     #[serde(default)]
     metadata: LiteMeta,
+}
+
+/// A pod reduced to its node (`spec.nodeName`), for [`KubeStore::agent_nodes`].
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct NodeOfPodSpec {
+    #[serde(default)]
+    node_name: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct NodeOfPod {
+    #[serde(default)]
+    spec: NodeOfPodSpec,
+}
+
+#[derive(Deserialize)]
+struct NodeOfPodList {
+    #[serde(default)]
+    metadata: ListMeta,
+    #[serde(default)]
+    items: Vec<NodeOfPod>,
 }
 
 #[derive(Deserialize)]
@@ -395,30 +419,51 @@ impl KubeStore {
         }
     }
 
-    /// Names of the nodes (metadata-only, paginated), optionally those matching
-    /// `label_selector`.
-    pub fn node_names(&self, label_selector: Option<&str>) -> Result<Vec<String>, KubeStoreError> {
-        let what = "metadata-only LIST of nodes";
-        let mut out = Vec::new();
+    /// The distinct names of the nodes that run a pod of `namespace` matching `label_selector`
+    /// (the node-agent DaemonSet's pods): paginated LIST of
+    /// `/api/v1/namespaces/{namespace}/pods?labelSelector=...` (full objects, as `spec.nodeName`
+    /// is not metadata; only that field is parsed). Pods not yet scheduled are skipped. Needs
+    /// only `list` on pods, not on nodes.
+    pub fn agent_nodes(
+        &self,
+        namespace: &str,
+        label_selector: &str,
+    ) -> Result<Vec<String>, KubeStoreError> {
+        let what = format!("LIST of pods in namespace {namespace} matching {label_selector:?}");
+        let mut out = std::collections::BTreeSet::new();
         let mut cont: Option<String> = None;
+        let mut restarts = 0;
         loop {
             let mut lp = ListParams::default().limit(self.settings.page_size);
-            if let Some(s) = label_selector.filter(|s| !s.is_empty()) {
-                lp = lp.labels(s);
+            if !label_selector.is_empty() {
+                lp = lp.labels(label_selector);
             }
             if let Some(c) = &cont {
                 lp = lp.continue_token(c);
             }
-            let req = Request::new("/api/v1/nodes")
-                .list_metadata(&lp)
-                .map_err(|e| self.protocol(what, e.to_string()))?;
-            let page = self
-                .send::<LiteList>(Verb::List, what, req)
-                .map_err(|e| self.map_other("list", "nodes", what, e))?;
-            out.extend(page.items.into_iter().filter_map(|i| i.metadata.name));
-            match page.metadata.continue_ {
-                Some(c) if !c.is_empty() => cont = Some(c),
-                _ => return Ok(out),
+            let req = Request::new(format!("/api/v1/namespaces/{namespace}/pods"))
+                .list(&lp)
+                .map_err(|e| self.protocol(&what, e.to_string()))?;
+            match self.send::<NodeOfPodList>(Verb::List, &what, req) {
+                Ok(page) => {
+                    out.extend(
+                        page.items
+                            .into_iter()
+                            .filter_map(|p| p.spec.node_name)
+                            .filter(|n| !n.is_empty()),
+                    );
+                    match page.metadata.continue_ {
+                        Some(c) if !c.is_empty() => cont = Some(c),
+                        _ => return Ok(out.into_iter().collect()),
+                    }
+                }
+                // The continue token expired: start over.
+                Err(kube::Error::Api(s)) if s.code == 410 && cont.is_some() && restarts < 3 => {
+                    restarts += 1;
+                    out.clear();
+                    cont = None;
+                }
+                Err(e) => return Err(self.map_other("list", "pods", &what, e)),
             }
         }
     }

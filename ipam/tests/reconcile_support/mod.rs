@@ -69,8 +69,20 @@ impl Env {
         uid.to_string()
     }
 
-    pub fn node(&self, name: &str) {
-        self.double.upsert_node(json!({"metadata": {"name": name}})).unwrap();
+    /// A node running the node-agent: its DaemonSet pod (namespace [`AGENT_NS`], label
+    /// [`AGENT_LABEL`], `spec.nodeName` = `node`), which is how the reconciler knows live nodes.
+    pub fn agent(&self, node: &str) {
+        let (k, v) = AGENT_LABEL.split_once('=').unwrap();
+        self.double
+            .upsert_pod(json!({"metadata": {"namespace": AGENT_NS, "name": agent_pod(node), "uid": format!("u-agent-{node}"),
+                                            "labels": {k: v}},
+                               "spec": {"nodeName": node}, "status": {"phase": "Running"}}))
+            .unwrap();
+    }
+
+    /// The node's agent pod is gone (the node was deleted, its pods with it).
+    pub fn agent_gone(&self, node: &str) {
+        assert!(self.double.delete_pod(AGENT_NS, &agent_pod(node)), "no agent pod on {node}");
     }
 
     /// Put `l` in the Kubernetes store.
@@ -94,6 +106,15 @@ impl Env {
         std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
         p
     }
+}
+
+/// Where the node-agent's pods are, and their label (the reconciler's defaults).
+pub const AGENT_NS: &str = "kube-system";
+pub const AGENT_LABEL: &str = "app.kubernetes.io/name=tether";
+
+/// The name of the agent pod on `node`.
+pub fn agent_pod(node: &str) -> String {
+    format!("tether-{node}")
 }
 
 pub fn now() -> u64 {
@@ -148,7 +169,8 @@ pub fn ipam_env(args: &[&str], env: &[(&str, &str)]) -> Output {
         .env_remove("CNI_COMMAND")
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env_remove("KUBECONFIG")
-        .env_remove("NODE_NAME");
+        .env_remove("NODE_NAME")
+        .env_remove("POD_NAMESPACE");
     for (k, v) in env {
         c.env(k, v);
     }
