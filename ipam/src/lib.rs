@@ -56,7 +56,7 @@ fn node_name() -> Option<String> {
 pub fn kube_error(e: KubeStoreError) -> CniError {
     let c = if e.is_transient() {
         code::TRY_AGAIN_LATER
-    } else if matches!(e, KubeStoreError::Config { .. } | KubeStoreError::Kubeconfig { .. } | KubeStoreError::NoCredentials { .. }) {
+    } else if matches!(e, KubeStoreError::Config { .. } | KubeStoreError::Kubeconfig { .. } | KubeStoreError::NoCredentials) {
         code::INVALID_CONFIG
     } else {
         code::STORE
@@ -68,21 +68,21 @@ pub fn kube_error(e: KubeStoreError) -> CniError {
 pub enum Store {
     File(FileStore),
     /// One per CNI call: its time budget (`kubernetes.timeout_s`) covers the whole call.
-    Kube(KubeStore),
+    Kube(Box<KubeStore>),
 }
 
 impl Store {
     pub fn open(cfg: &PoolConfig) -> Result<Store, CniError> {
         Ok(match cfg.store {
             StoreKind::File => Store::File(FileStore::new(cfg.data_dir.clone())),
-            StoreKind::Kubernetes => Store::Kube(KubeStore::from_pool_config(cfg).map_err(kube_error)?),
+            StoreKind::Kubernetes => Store::Kube(Box::new(KubeStore::from_pool_config(cfg).map_err(kube_error)?)),
         })
     }
 
     pub fn get(&self) -> &dyn LeaseStore {
         match self {
             Store::File(s) => s,
-            Store::Kube(s) => s,
+            Store::Kube(s) => s.as_ref(),
         }
     }
 }

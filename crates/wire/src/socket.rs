@@ -126,7 +126,7 @@ impl PacketSocket {
                 }
                 return Err(e);
             }
-            if from.sll_pkttype == libc::PACKET_OUTGOING as u8 {
+            if from.sll_pkttype == libc::PACKET_OUTGOING {
                 continue;
             }
             return Ok(Some(n as usize));
