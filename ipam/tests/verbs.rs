@@ -45,7 +45,7 @@ fn check_fails_when_the_lease_is_gone() {
 /// GC with `cni.dev/valid-attachments` releases unlisted leases and keeps listed ones; the legacy key
 /// `cni.dev/attachments` works the same; without either, GC is refused and releases nothing.
 #[test]
-fn gc_releases_unlisted_and_keeps_listed() {
+fn h55_h56_gc_releases_unlisted_and_keeps_listed() {
     for key in ["cni.dev/valid-attachments", "cni.dev/attachments"] {
         let net = Net::new(json!({"range": "10.1.2.0/24"}));
         let atts = [
