@@ -23,6 +23,8 @@
 #                                      Debian reference, for checking the rest of the demo)
 #   DEMO_MGMT_RANGE     default 10.20.30.241-10.20.30.250/24
 #   DEMO_FIXED_IP       default 10.20.30.240/24
+#   DEMO_FIXED_RANGE    default 10.20.30.224-10.20.30.240/24 (the mgmt-fixed network: addresses
+#                       pods ask for by name, kept apart from the pool)
 #   DEMO_COMPUTE_RANGE  default 192.168.100.10-192.168.100.250/24
 #   TETHER_BIN_DIR      where tether-ipvlan / tether-ipam are (default target/debug)
 #   LIBCNI_DRIVER       default target/libcni-driver
@@ -38,6 +40,7 @@ REFDIR=${TETHER_REFERENCE_CNI_PATH:-/usr/lib/cni}
 IPAM=${DEMO_IPAM:-tether-ipam}
 MGMT_RANGE=${DEMO_MGMT_RANGE:-10.20.30.241-10.20.30.250/24}
 FIXED_IP=${DEMO_FIXED_IP:-10.20.30.240/24}
+FIXED_RANGE=${DEMO_FIXED_RANGE:-10.20.30.224-10.20.30.240/24}
 COMPUTE_RANGE=${DEMO_COMPUTE_RANGE:-192.168.100.10-192.168.100.250/24}
 MGMT_HOST=10.20.30.1
 COMPUTE_HOST=192.168.100.1
@@ -145,7 +148,10 @@ conflist() {
 }
 
 mkdir -p "$SCRATCH/net.d" "$SCRATCH/cache" "$SCRATCH/ipam"
-conflist mgmt enp5s0 "$(ipam_json "$MGMT_RANGE" "$FIXED_IP")" >"$SCRATCH/net.d/mgmt.conflist"
+# Management is two NADs on the same NIC, as in deploy/examples: fixed addresses (asked for in the
+# pod's network selection) come from their own block, so the pool never hands one of them out.
+conflist mgmt-fixed enp5s0 "$(ipam_json "$FIXED_RANGE" "$FIXED_IP")" >"$SCRATCH/net.d/mgmt-fixed.conflist"
+conflist mgmt enp5s0 "$(ipam_json "$MGMT_RANGE")" >"$SCRATCH/net.d/mgmt.conflist"
 conflist compute enp6s0 "$(ipam_json "$COMPUTE_RANGE")" >"$SCRATCH/net.d/compute.conflist"
 
 # ---------------------------------------------------------------------------- the node
@@ -163,7 +169,7 @@ cable() {
 step "node NIC enp5s0 (management) cabled to a host $MGMT_HOST" cable enp5s0 mgmt-port "$MGMT_HOST/24"
 step "node NIC enp6s0 (compute) cabled to a host $COMPUTE_HOST" cable enp6s0 compute-port "$COMPUTE_HOST/24"
 note "NetworkAttachmentDefinition configs (spec.config), as given to libcni:"
-for n in mgmt compute; do
+for n in mgmt-fixed mgmt compute; do
     printf '     %s: %s\n' "$n" "$(jq -c '.plugins[0]' "$SCRATCH/net.d/$n.conflist")"
 done
 
@@ -198,7 +204,8 @@ for p in "${PODS[@]}"; do
     CID[$p]=$(printf '%s-%s' "$p" "$RUN" | sha256sum | cut -c1-64)
     UID_[$p]=$(cat /proc/sys/kernel/random/uuid)
 done
-attach trainer-0 mgmt net1 "$(jq -cn --arg ip "$FIXED_IP" '{ips: [$ip]}')"
+declare -A MGMT_NET=([trainer-0]=mgmt-fixed [trainer-1]=mgmt [trainer-2]=mgmt)
+attach trainer-0 mgmt-fixed net1 "$(jq -cn --arg ip "$FIXED_IP" '{ips: [$ip]}')"
 attach trainer-1 mgmt net1
 attach trainer-2 mgmt net1
 for p in "${PODS[@]}"; do attach "$p" compute net2; done
@@ -228,13 +235,13 @@ pingit trainer-0 "$MGMT_HOST" "host on management"
 pingit trainer-0 "$(addr_of trainer-2 net2)" "trainer-2, compute"
 pingit trainer-1 "$(addr_of trainer-0 net2)" "trainer-0, compute"
 pingit trainer-2 "$COMPUTE_HOST" "host on compute"
-check_pod() { cni check mgmt "$1" net1 && cni check compute "$1" net2; }
+check_pod() { cni check "${MGMT_NET[$1]}" "$1" net1 && cni check compute "$1" net2; }
 for p in "${PODS[@]}"; do
     step "CHECK $p: both attachments are as ADD left them" check_pod "$p"
 done
 
 heading "5. Delete everything"
-del_pod() { cni del compute "$1" net2 && cni del mgmt "$1" net1; }
+del_pod() { cni del compute "$1" net2 && cni del "${MGMT_NET[$1]}" "$1" net1; }
 for p in "${PODS[@]}"; do
     step "$p: DEL net2 (compute), DEL net1 (management)" del_pod "$p"
 done
