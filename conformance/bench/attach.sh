@@ -19,6 +19,8 @@
 #   BENCH_PROFILE=release            cargo profile of our binaries (release | debug)
 #   TETHER_REFERENCE_CNI_PATH        reference plugins (default /usr/lib/cni)
 #   TETHER_LAB_FORCE_VM=1            use the VM even if this kernel has ipvlan
+#   BENCH_SAMPLES_DIR                also write every latency (ms, one a line) to
+#                                    <dir>/attach__{tether,reference}_{ADD,DEL}.txt (make bench)
 set -euo pipefail
 export LC_ALL=C # $EPOCHREALTIME with a "." separator
 
@@ -47,12 +49,27 @@ if [ "${1:-}" != --here ] && [ "${1:-}" != --loop ]; then
     cargo build "${profile_flag[@]}" --bin tether-ipvlan --bin tether-ipam >&2 || die "cargo build failed"
     if [ "${TETHER_LAB_FORCE_VM:-0}" != 1 ] && "$ROOT/conformance/lab/has-ipvlan.sh"; then
         log "kernel $(uname -r) has ipvlan: running here"
-        exec "$SELF" --here
+        BENCH_SAMPLES_OUT=${BENCH_SAMPLES_DIR:-} exec "$SELF" --here
     fi
     log "kernel $(uname -r) lacks ipvlan: running in the lab VM"
-    # run.sh passes BENCH_* only via TETHER_*: hand them over explicitly.
-    exec "$ROOT/conformance/lab/run.sh" "$(printf 'BENCH_CYCLES=%q BENCH_OURS_IPAM=%q BENCH_PROBE=%q BENCH_PROFILE=%q %q --here' \
-        "$CYCLES" "$OURS_IPAM" "$PROBE" "$PROFILE" "$SELF")"
+    # In the VM only target/lab is writable: samples go there first, then to BENCH_SAMPLES_DIR.
+    samples_vm=
+    if [ -n "${BENCH_SAMPLES_DIR:-}" ]; then
+        samples_vm=$ROOT/target/lab/bench-attach-samples.$$
+        mkdir -p "$samples_vm"
+    fi
+    # run.sh passes only TETHER_*/RUST_*/CARGO_* into the VM: hand BENCH_* over explicitly.
+    set +e
+    "$ROOT/conformance/lab/run.sh" "$(printf 'BENCH_CYCLES=%q BENCH_OURS_IPAM=%q BENCH_PROBE=%q BENCH_PROFILE=%q BENCH_SAMPLES_OUT=%q %q --here' \
+        "$CYCLES" "$OURS_IPAM" "$PROBE" "$PROFILE" "$samples_vm" "$SELF")"
+    rc=$?
+    set -e
+    if [ -n "$samples_vm" ]; then
+        mkdir -p "$BENCH_SAMPLES_DIR"
+        cp "$samples_vm"/*.txt "$BENCH_SAMPLES_DIR"/ 2>/dev/null || true
+        rm -rf "$samples_vm"
+    fi
+    exit $rc
 fi
 
 # ----------------------------------------------------------------------------- the loop
@@ -174,6 +191,16 @@ for op in ADD DEL; do
             "$(pct $impl $op 50)" "$(pct $impl $op 90)"
     done
 done
+# Every latency, for `make bench`'s distribution chart: <dir>/attach__<impl>_<op>.txt, ms per line.
+if [ -n "${BENCH_SAMPLES_OUT:-}" ]; then
+    mkdir -p "$BENCH_SAMPLES_OUT"
+    for op in ADD DEL; do
+        for impl in ours ref; do
+            awk -v i="$impl" -v o="$op" '$1 == i && $2 == o {printf "%.3f\n", $3 / 1000}' "$TIMES" \
+                >"$BENCH_SAMPLES_OUT/attach__$([ $impl = ours ] && echo tether || echo reference)_$op.txt"
+        done
+    done
+fi
 echo
 for op in ADD DEL; do
     awk -v op="$op" -v a50="$(pct ours $op 50)" -v b50="$(pct ref $op 50)" -v a90="$(pct ours $op 90)" -v b90="$(pct ref $op 90)" \

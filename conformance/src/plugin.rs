@@ -282,3 +282,35 @@ impl FakeIpam {
         self.calls().into_iter().map(|c| c.command).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fake_ipam_answers_and_records_calls() {
+        let fake = FakeIpam::new("fake-ipam").answer("DEL", FakeIpam::fail(11, "it's busy"));
+        let exec = PluginExec::new(fake.path())
+            .var("CNI_CONTAINERID", "c1")
+            .var("CNI_IFNAME", "net1");
+        let add = exec.call_json(
+            "ADD",
+            &serde_json::json!({"cniVersion": "1.0.0", "name": "n"}),
+        );
+        assert_eq!(add.json()["ips"][0]["address"], "10.1.2.77/24");
+        let del = exec.unset("CNI_IFNAME").call("DEL", b"{\"a\":\n1}");
+        let e = assert_cni_error(&del, Some(11));
+        assert_eq!(e["msg"], "it's busy");
+        let calls = fake.calls();
+        assert_eq!(fake.verbs(), ["ADD", "DEL"]);
+        assert_eq!(
+            (calls[0].container_id.as_str(), calls[0].ifname.as_str()),
+            ("c1", "net1")
+        );
+        assert_eq!(calls[0].stdin["name"], "n");
+        assert_eq!(
+            (calls[1].ifname.as_str(), &calls[1].stdin),
+            ("", &serde_json::json!({"a": 1}))
+        );
+    }
+}
