@@ -18,7 +18,7 @@ OUT_PNG = ROOT / "docs" / "benchmarks.png"
 
 SECTIONS = [
     ("attach", "Attach: tether-ipvlan + tether-ipam vs reference ipvlan + host-local (lab VM, real ipvlan)",
-     "50 ADD/DEL cycles of each, interleaved, in one boot of the lab VM (Debian 6.1 kernel under qemu without KVM: "
+     "ADD/DEL cycles of each (BENCH_CYCLES, default 50; the count is in the header below), interleaved, in one boot of the lab VM (Debian 6.1 kernel under qemu without KVM: "
      "absolute times are inflated by emulation; the ratio is the comparison)."),
     ("ipam", "Node-local IPAM: tether-ipam (file store) vs host-local",
      "256 ADDs then 256 DELs at concurrency 1 and 32, fresh store per round, best of 3 rounds; probing off so the "
@@ -70,7 +70,7 @@ def chart():
             groups.setdefault(bench, []).append((label.replace("_", " "), vals))
     fig, axes = plt.subplots(len(groups), 1, figsize=(11, 3.2 * len(groups)), squeeze=False)
     for ax, (bench, series) in zip(axes[:, 0], sorted(groups.items())):
-        ax.boxplot([v for _, v in series], vert=False, showfliers=True, whis=(1, 99))
+        ax.boxplot([v for _, v in series], orientation="horizontal", showfliers=True, whis=(1, 99))
         ax.set_yticks(range(1, len(series) + 1), [l for l, _ in series], fontsize=8)
         ax.set_xscale("log")
         ax.set_xlabel("latency per call, ms (log scale; whiskers p1–p99)")
