@@ -533,19 +533,7 @@ impl KubeStore {
     ) -> Result<Result<Lease, Taken>, KubeStoreError> {
         let name = object_name(&new.network, new.address);
         let what = format!("UPDATE of IPLease {name}");
-        let (uid, rv) = expected
-            .version
-            .as_deref()
-            .and_then(split_version)
-            .ok_or_else(|| {
-                self.protocol(
-                    &what,
-                    format!(
-                        "lease version {:?} is not <uid>/<resourceVersion>",
-                        expected.version
-                    ),
-                )
-            })?;
+        let (uid, rv) = self.uid_and_version(expected, &what)?;
         let obj = to_object(&new, Some((uid, rv)))?;
         let body = serde_json::to_vec(&obj).map_err(|e| self.protocol(&what, e.to_string()))?;
         let req = Request::new(&self.path)
@@ -562,22 +550,17 @@ impl KubeStore {
         }
     }
 
+    /// The object identity a conditional write needs, from the lease's opaque version.
+    fn uid_and_version<'l>(&self, expected: &'l Lease, what: &str) -> Result<(&'l str, &'l str), KubeStoreError> {
+        expected.version.as_deref().and_then(split_version).ok_or_else(|| {
+            self.protocol(what, format!("lease version {:?} is not <uid>/<resourceVersion>", expected.version))
+        })
+    }
+
     fn delete(&self, expected: &Lease) -> Result<Result<(), Taken>, KubeStoreError> {
         let name = object_name(&expected.network, expected.address);
         let what = format!("DELETE of IPLease {name}");
-        let (uid, rv) = expected
-            .version
-            .as_deref()
-            .and_then(split_version)
-            .ok_or_else(|| {
-                self.protocol(
-                    &what,
-                    format!(
-                        "lease version {:?} is not <uid>/<resourceVersion>",
-                        expected.version
-                    ),
-                )
-            })?;
+        let (uid, rv) = self.uid_and_version(expected, &what)?;
         let dp = DeleteParams {
             preconditions: Some(Preconditions {
                 uid: Some(uid.to_string()),
