@@ -36,7 +36,7 @@ driver:
 
 test: deps driver
 	$(CARGO) build --locked --workspace --bins
-	$(MAKE) --no-print-directory unit fuzz-regressions manifests conformance
+	$(MAKE) --no-print-directory clippy unit fuzz-regressions manifests conformance
 
 # Test output is kept in target/conformance/ for the checklist table (conformance/report.py).
 LOGS := target/conformance
@@ -116,7 +116,7 @@ fmt:
 	$(CARGO) fmt --all
 
 clippy:
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
 clean:
 	$(CARGO) clean
