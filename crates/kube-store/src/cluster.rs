@@ -38,11 +38,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tether_leases::Lease;
 
-use crate::convert::from_object;
 use crate::crd::{IPLease, NODE_LABEL, PLURAL, label_value};
 use crate::error::{CredentialSource, KubeStoreError};
 use crate::settings::KubeSettings;
-use crate::store::{KubeStore, LeaseList, Lenient, Verb, error_chain};
+use crate::store::{KubeStore, LeaseList, Verb, collect_leases, error_chain};
 
 /// The few metadata fields tether reads from pods and leases.
 #[derive(Deserialize, Clone, Debug, Default)]
@@ -233,21 +232,7 @@ impl KubeStore {
                 .map_err(|e| self.protocol(what, e.to_string()))?;
             match self.send::<LeaseList>(Verb::List, what, req) {
                 Ok(page) => {
-                    for item in page.items {
-                        match item {
-                            Lenient::Ok(o) if keep(&o) => match from_object(&o) {
-                                Ok(l) => out.push(l),
-                                Err(e) => log::warn!("{e}"),
-                            },
-                            Lenient::Ok(_) => {}
-                            Lenient::Bad(v) => log::warn!(
-                                "ignoring malformed IPLease {}",
-                                v.pointer("/metadata/name")
-                                    .and_then(Value::as_str)
-                                    .unwrap_or("?")
-                            ),
-                        }
-                    }
+                    collect_leases(page.items, &keep, &mut out);
                     match page.metadata.continue_ {
                         Some(c) if !c.is_empty() => cont = Some(c),
                         _ => return Ok(out),

@@ -102,6 +102,24 @@ pub(crate) enum Lenient {
     Bad(Value),
 }
 
+/// Decode one page of a lease LIST into `out`: objects `keep` accepts become leases; malformed
+/// objects (someone else's writes) are logged and skipped rather than failing the whole call.
+pub(crate) fn collect_leases(items: Vec<Lenient>, keep: impl Fn(&IPLease) -> bool, out: &mut Vec<Lease>) {
+    for item in items {
+        match item {
+            Lenient::Ok(o) if keep(&o) => match from_object(&o) {
+                Ok(l) => out.push(l),
+                Err(e) => log::warn!("{e}"),
+            },
+            Lenient::Ok(_) => {}
+            Lenient::Bad(v) => log::warn!(
+                "ignoring malformed IPLease {}",
+                v.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("?")
+            ),
+        }
+    }
+}
+
 /// The lease store over the Kubernetes API. See the crate docs.
 ///
 /// Synchronous: each call runs on the store's own current-thread tokio runtime, bounded by the
@@ -477,21 +495,8 @@ impl KubeStore {
                 .map_err(|e| self.protocol(&what, e.to_string()))?;
             match self.send::<LeaseList>(Verb::List, &what, req) {
                 Ok(page) => {
-                    for item in page.items {
-                        match item {
-                            Lenient::Ok(o) if o.spec.network == network => match from_object(&o) {
-                                Ok(l) => out.push(l),
-                                Err(e) => log::warn!("{e}"),
-                            },
-                            Lenient::Ok(_) => {} // label collision of a hashed network name
-                            Lenient::Bad(v) => log::warn!(
-                                "ignoring malformed IPLease {}",
-                                v.pointer("/metadata/name")
-                                    .and_then(Value::as_str)
-                                    .unwrap_or("?")
-                            ),
-                        }
-                    }
+                    // Other networks only show up through a label collision of a hashed name.
+                    collect_leases(page.items, |o| o.spec.network == network, &mut out);
                     match page.metadata.continue_ {
                         Some(c) if !c.is_empty() && !self.settings.list_from_cache => {
                             cont = Some(c)
