@@ -210,7 +210,11 @@ impl KubeStore {
         )
     }
 
-    fn list_selected(
+    /// One LIST of leases (label `selector`, then `keep`): a single `resourceVersion=0`
+    /// request served from the API server's watch cache with `list_from_cache` (the default;
+    /// etcd 3.4 cannot serve consistent lists from the cache, so a consistent one reads every
+    /// IPLease of the cluster), else consistent pages of `page_size`.
+    pub(crate) fn list_selected(
         &self,
         selector: Option<&str>,
         what: &str,
@@ -219,8 +223,13 @@ impl KubeStore {
         let mut out = Vec::new();
         let mut cont: Option<String> = None;
         let mut restarts = 0;
+        let mut cache = self.settings.list_from_cache;
         loop {
-            let mut lp = ListParams::default().limit(self.settings.page_size);
+            let mut lp = if cache {
+                ListParams::default().match_any()
+            } else {
+                ListParams::default().limit(self.settings.page_size)
+            };
             if let Some(s) = selector {
                 lp = lp.labels(s);
             }
@@ -234,7 +243,7 @@ impl KubeStore {
                 Ok(page) => {
                     collect_leases(page.items, &keep, &mut out);
                     match page.metadata.continue_ {
-                        Some(c) if !c.is_empty() => cont = Some(c),
+                        Some(c) if !c.is_empty() && !cache => cont = Some(c),
                         _ => return Ok(out),
                     }
                 }
@@ -242,6 +251,12 @@ impl KubeStore {
                     restarts += 1;
                     out.clear();
                     cont = None;
+                }
+                // The watch cache is still filling (a new CRD, a restarted API server): ask
+                // etcd instead, once.
+                Err(kube::Error::Api(s)) if s.code == 429 && cache => {
+                    log::debug!("{what}: the watch cache is not ready ({}); listing from etcd", s.message);
+                    cache = false;
                 }
                 Err(e) => return Err(self.map_error(Verb::List, what, e)),
             }
@@ -254,8 +269,13 @@ impl KubeStore {
         let what = "metadata-only LIST of ipleases";
         let mut out = BTreeMap::new();
         let mut cont: Option<String> = None;
+        let cache = self.settings.list_from_cache;
         loop {
-            let mut lp = ListParams::default().limit(self.settings.page_size);
+            let mut lp = if cache {
+                ListParams::default().match_any()
+            } else {
+                ListParams::default().limit(self.settings.page_size)
+            };
             if let Some(c) = &cont {
                 lp = lp.continue_token(c);
             }
@@ -273,7 +293,7 @@ impl KubeStore {
                         *out.entry(label).or_insert(0) += 1;
                     }
                     match page.metadata.continue_ {
-                        Some(c) if !c.is_empty() => cont = Some(c),
+                        Some(c) if !c.is_empty() && !cache => cont = Some(c),
                         _ => return Ok(out),
                     }
                 }

@@ -23,8 +23,11 @@ pub const DEFAULT_PAGE_SIZE: u32 = 500;
 /// | `kubeconfig` | — | kubeconfig file (whereabouts' key). Without it: the in-cluster service account when `KUBERNETES_SERVICE_HOST` is set, else `KUBECONFIG`. |
 /// | `k8s_api_root` | — | API server URL overriding the kubeconfig's (whereabouts' key). |
 /// | `timeout_s` | 10 | Total time budget of one CNI call against the API server, seconds (fractions allowed). |
-/// | `list_from_cache` | false | List with `resourceVersion=0` (any version, from the API server's watch cache, one unpaginated request) instead of a consistent, paginated list. |
+/// | `list_from_cache` | true | List with `resourceVersion=0` (from the API server's watch cache, one unpaginated request); `false`: a consistent, paginated list, which etcd serves by reading every IPLease of the cluster. |
 /// | `page_size` | 500 | `limit` of paginated lists. |
+///
+/// Not from the config: [`KubeSettings::node`] and [`KubeSettings::journal_dir`], which the
+/// binary sets (the node's name, `<dataDir>/journal`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct KubeSettings {
     /// `kubernetes.kubeconfig`.
@@ -38,6 +41,11 @@ pub struct KubeSettings {
     pub list_from_cache: bool,
     /// `kubernetes.page_size`.
     pub page_size: u32,
+    /// This node's name: recorded on leases, and the scope of GC and of the node journal.
+    pub node: Option<String>,
+    /// The node journal's directory (see [`tether_leases::journal`]). With `node`, ADD, DEL and
+    /// CHECK read single objects instead of listing the network.
+    pub journal_dir: Option<PathBuf>,
     /// API group of the lease resource. Tests point it at a group that does not exist to see a
     /// real server's "not installed" answer; nothing else should change it.
     #[doc(hidden)]
@@ -50,8 +58,10 @@ impl Default for KubeSettings {
             kubeconfig: None,
             api_root: None,
             timeout: DEFAULT_TIMEOUT,
-            list_from_cache: false,
+            list_from_cache: true,
             page_size: DEFAULT_PAGE_SIZE,
+            node: None,
+            journal_dir: None,
             group: GROUP.to_string(),
         }
     }

@@ -1,6 +1,7 @@
 //! [`KubeStore`]: the [`LeaseStore`] over one `IPLease` object per (network, address).
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -13,10 +14,13 @@ use kube::{Client, Config};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use tether_leases::{CasResult, Lease, LeaseStore, StoreError, Taken, validate_claim};
+use tether_leases::{
+    AttachmentIndex, CasResult, FileJournal, JournalEntry, Lease, LeaseStore, Lookup, PodRef, StoreError,
+    Taken, validate_claim,
+};
 
 use crate::convert::{from_object, split_version, to_object};
-use crate::crd::{IPLease, PLURAL, VERSION, network_selector, object_name};
+use crate::crd::{IPLease, NODE_LABEL, PLURAL, VERSION, label_value, network_selector, object_name};
 use crate::error::{CredentialSource, KubeStoreError};
 use crate::settings::KubeSettings;
 
@@ -135,6 +139,8 @@ pub struct KubeStore {
     pub(crate) path: String,
     deadline: Mutex<Instant>,
     counters: Counters,
+    /// This node's journal ([`KubeSettings::journal_dir`]), when set with a node name.
+    journal: Option<FileJournal>,
 }
 
 impl std::fmt::Debug for KubeStore {
@@ -213,6 +219,7 @@ impl KubeStore {
             })?
         };
         let path = format!("/apis/{}/{VERSION}/{PLURAL}", settings.group);
+        let (settings_journal, settings_node) = (settings.journal_dir.clone(), settings.node.clone());
         Ok(KubeStore {
             client: Some(client),
             rt: Some(rt),
@@ -222,6 +229,10 @@ impl KubeStore {
             source,
             path,
             counters: Counters::default(),
+            journal: match (&settings_journal, &settings_node) {
+                (Some(d), Some(_)) => Some(FileJournal::new(d.clone())),
+                _ => None,
+            },
         })
     }
 
@@ -446,7 +457,7 @@ impl KubeStore {
     }
 
     /// GET the lease object `name`: `None` when absent or not a valid lease.
-    fn get(&self, name: &str) -> Result<Option<Lease>, KubeStoreError> {
+    fn get_object(&self, name: &str) -> Result<Option<Lease>, KubeStoreError> {
         let what = format!("GET of IPLease {name}");
         let req = Request::new(&self.path)
             .get(name, &Default::default())
@@ -470,49 +481,41 @@ impl KubeStore {
     /// After a lost conditional write: the current record, for the engine's view.
     fn lost(&self, name: &str) -> Result<Taken, KubeStoreError> {
         Ok(Taken {
-            current: self.get(name)?,
+            current: self.get_object(name)?,
         })
     }
 
+    /// The leases of `network` (label selector, then `spec.network`): one LIST, served from
+    /// the API server's watch cache unless `list_from_cache` is off.
     fn list_leases(&self, network: &str) -> Result<Vec<Lease>, KubeStoreError> {
-        let selector = network_selector(network);
-        let what = format!("LIST of ipleases of network {network:?}");
-        let mut out = Vec::new();
-        let mut cont: Option<String> = None;
-        let mut restarts = 0;
-        loop {
-            let mut lp = ListParams::default().labels(&selector);
-            if self.settings.list_from_cache {
-                lp = lp.match_any(); // resourceVersion=0: the watch cache serves it whole
-            } else {
-                lp = lp.limit(self.settings.page_size);
-                if let Some(c) = &cont {
-                    lp = lp.continue_token(c);
-                }
-            }
-            let req = Request::new(&self.path)
-                .list(&lp)
-                .map_err(|e| self.protocol(&what, e.to_string()))?;
-            match self.send::<LeaseList>(Verb::List, &what, req) {
-                Ok(page) => {
-                    // Other networks only show up through a label collision of a hashed name.
-                    collect_leases(page.items, |o| o.spec.network == network, &mut out);
-                    match page.metadata.continue_ {
-                        Some(c) if !c.is_empty() && !self.settings.list_from_cache => {
-                            cont = Some(c)
-                        }
-                        _ => return Ok(out),
-                    }
-                }
-                // The continue token expired (the snapshot was compacted): start over.
-                Err(kube::Error::Api(s)) if s.code == 410 && cont.is_some() && restarts < 3 => {
-                    restarts += 1;
-                    out.clear();
-                    cont = None;
-                }
-                Err(e) => return Err(self.map_error(Verb::List, &what, e)),
-            }
+        self.list_selected(
+            Some(&network_selector(network)),
+            &format!("LIST of ipleases of network {network:?}"),
+            |o| o.spec.network == network,
+        )
+    }
+
+    /// The leases of `network` held by `node` (both label selectors, then the spec).
+    pub fn list_network_node(&self, network: &str, node: &str) -> Result<Vec<Lease>, KubeStoreError> {
+        let sel = format!("{},{NODE_LABEL}={}", network_selector(network), label_value(node));
+        self.list_selected(
+            Some(&sel),
+            &format!("LIST of ipleases of network {network:?} on node {node:?}"),
+            |o| o.spec.network == network && o.spec.node.as_deref() == Some(node),
+        )
+    }
+
+    /// The node journal, made authoritative for `network` first (see [`tether_leases::journal`]):
+    /// the first call on a node (or after its journal was lost) lists this node's leases of
+    /// the network once.
+    fn journal_for(&self, network: &str) -> Result<&FileJournal, StoreError> {
+        let (Some(j), Some(node)) = (&self.journal, &self.settings.node) else {
+            return Err(StoreError::Invalid("the node journal needs a directory and a node name".into()));
+        };
+        if !j.is_complete(network) {
+            j.rebuild(network, || Ok(self.list_network_node(network, node)?))?;
         }
+        Ok(j)
     }
 
     fn create(&self, new: Lease) -> Result<Result<Lease, Taken>, KubeStoreError> {
@@ -701,10 +704,39 @@ async fn load_config(
 }
 
 impl LeaseStore for KubeStore {
-    /// One LIST with the network's label selector (paginated by `page_size`, or one
-    /// `resourceVersion=0` request with `list_from_cache`), keeping the objects of `network`.
+    /// One LIST with the network's label selector (one `resourceVersion=0` request served by
+    /// the watch cache, or paginated by `page_size` without `list_from_cache`), keeping the
+    /// objects of `network`.
     fn list(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
         Ok(self.list_leases(network)?)
+    }
+
+    /// One GET of the object `<network>.<address>`.
+    fn get(&self, network: &str, address: IpAddr) -> Result<Option<Lease>, StoreError> {
+        let l = self.get_object(&object_name(network, address))?;
+        Ok(l.filter(|l| l.network == network && l.address == address))
+    }
+
+    /// The node journal, with a journal directory and a node name in the settings: ADD, DEL and
+    /// CHECK then read and write single objects only.
+    fn index(&self) -> Option<&dyn AttachmentIndex> {
+        match (&self.journal, &self.settings.node) {
+            (Some(_), Some(_)) => Some(self),
+            _ => None,
+        }
+    }
+
+    /// This node's leases of `network` (GC must not judge other nodes' attachments: they are
+    /// not in this runtime's list of valid attachments). Without a node name: an error.
+    fn list_mine(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
+        match &self.settings.node {
+            Some(node) => Ok(self.list_network_node(network, node)?),
+            None => Err(StoreError::Backend {
+                message: "GC with the Kubernetes store needs this node's name (NODE_NAME or the hostname) so it only judges this node's leases".into(),
+                transient: false,
+                source: None,
+            }),
+        }
     }
 
     /// CREATE (`expected = None`; 409 AlreadyExists → `Taken`) or UPDATE with the expected uid
@@ -727,5 +759,19 @@ impl LeaseStore for KubeStore {
             )));
         }
         Ok(self.delete(expected)?)
+    }
+}
+
+/// The node journal of this store: every call first makes the network's journal authoritative
+/// (see [`KubeStore::journal_for`]).
+impl AttachmentIndex for KubeStore {
+    fn lookup(&self, network: &str, container_id: &str, ifname: &str, pod: &PodRef) -> Result<Lookup, StoreError> {
+        self.journal_for(network)?.lookup(network, container_id, ifname, pod)
+    }
+    fn record(&self, network: &str, entry: &JournalEntry) -> Result<(), StoreError> {
+        self.journal_for(network)?.record(network, entry)
+    }
+    fn entries(&self, network: &str) -> Result<Vec<JournalEntry>, StoreError> {
+        self.journal_for(network)?.entries(network)
     }
 }

@@ -10,6 +10,7 @@ use std::net::IpAddr;
 use tether_pool::{IpRange, PoolConfig, RequestError, RequestedIp};
 
 use crate::clock::Clock;
+use crate::journal::{AttachmentIndex, JournalEntry, Lookup};
 use crate::model::{Attachment, Lease, LeaseState, PodRef};
 use crate::probe::{ProbeError, ProbeOutcome, Prober};
 use crate::store::{LeaseStore, StoreError, Taken};
@@ -232,6 +233,12 @@ pub struct Policy {
     pub max_attempts: usize,
     /// At most this many old records are pruned by one DEL. Default 16.
     pub prune_per_del: usize,
+    /// Point mode (a store with a node journal): reads of single records one ADD makes in a
+    /// range before it takes one snapshot of the network instead. Default 32.
+    pub max_point_reads: usize,
+    /// Point mode: once a free record of another pod is found, how many more candidates are
+    /// read looking for an address nobody had, or this pod's own previous one. Default 4.
+    pub sticky_horizon: usize,
 }
 
 impl Default for Policy {
@@ -243,6 +250,8 @@ impl Default for Policy {
             max_probe_conflicts: 16,
             max_attempts: 8,
             prune_per_del: 16,
+            max_point_reads: 32,
+            sticky_horizon: 4,
         }
     }
 }
@@ -338,6 +347,52 @@ enum Claimed {
     InUse(String),
 }
 
+/// The node journal while an ADD runs (point mode).
+struct Journaling<'j> {
+    index: &'j dyn AttachmentIndex,
+    /// This attachment's entry: every address it holds or is about to claim.
+    entry: JournalEntry,
+    /// What the journal knew before the ADD.
+    lookup: Lookup,
+}
+
+/// What one ADD has read and written.
+#[derive(Default)]
+struct Call<'j> {
+    /// Records known: every record of the network once `complete` (a snapshot), else those
+    /// read so far.
+    view: HashMap<IpAddr, Lease>,
+    /// Point mode: the addresses read or written (present in `view` or known absent).
+    seen: HashSet<IpAddr>,
+    complete: bool,
+    /// Records written, for rollback.
+    written: Vec<Written>,
+    journal: Option<Journaling<'j>>,
+}
+
+/// Probe conflicts met in one range during one ADD.
+#[derive(Default)]
+struct Conflicts {
+    in_use: Vec<(IpAddr, String)>,
+}
+
+impl Conflicts {
+    /// Count one; too many in a row means something else hands out this range.
+    fn add(&mut self, a: &Allocator<'_>, range: &IpRange, address: IpAddr, mac: String) -> Result<(), AllocError> {
+        self.in_use.push((address, mac.clone()));
+        if self.in_use.len() >= a.policy.max_probe_conflicts {
+            return Err(AllocError::TooManyConflicts {
+                network: a.network.clone(),
+                range: range.to_string(),
+                conflicts: self.in_use.len(),
+                last: address,
+                mac,
+            });
+        }
+        Ok(())
+    }
+}
+
 #[derive(PartialEq, Eq)]
 enum Class {
     Free,
@@ -400,6 +455,9 @@ impl<'a> Allocator<'a> {
     /// ADD: one lease per range entry, in range order (`result[i].range_index == Some(i)` for
     /// new leases). Idempotent per (container_id, ifname). All or nothing: if any range fails,
     /// every record written by this call is restored and the error returned.
+    ///
+    /// With a store that keeps a node journal ([`LeaseStore::index`]) the ADD reads single
+    /// records instead of a snapshot: see [`Allocator::walk_points`].
     pub fn add(&self, req: &AddRequest) -> Result<Vec<Lease>, AllocError> {
         let mut wanted: Vec<Option<RequestedIp>> = vec![None; self.ranges.len()];
         for r in &req.requested {
@@ -416,22 +474,59 @@ impl<'a> Allocator<'a> {
                 None => wanted[i] = Some(*r),
             }
         }
-        let mut view: HashMap<IpAddr, Lease> = self
-            .store
-            .list(&self.network)?
-            .into_iter()
-            .map(|l| (l.address, l))
-            .collect();
-        let mut written: Vec<Written> = Vec::new();
-        let mut out = Vec::with_capacity(self.ranges.len());
-        for (i, w) in wanted.iter().enumerate() {
-            match self.add_one(i, req, *w, &mut view, &mut written) {
-                Ok(l) => out.push(l),
-                Err(e) => {
-                    self.rollback(written);
-                    return Err(e);
+        let mut call = match self.store.index() {
+            Some(ix) => {
+                let lookup = ix.lookup(&self.network, &req.container_id, &req.ifname, &req.pod)?;
+                let entry = JournalEntry {
+                    container_id: req.container_id.clone(),
+                    ifname: req.ifname.clone(),
+                    pod: req.pod.clone(),
+                    leases: lookup.mine.as_ref().map(|e| e.leases.clone()).unwrap_or_default(),
+                };
+                Call {
+                    view: HashMap::new(),
+                    seen: HashSet::new(),
+                    complete: false,
+                    written: Vec::new(),
+                    journal: Some(Journaling { index: ix, entry, lookup }),
                 }
             }
+            None => {
+                let mut call = Call::default();
+                self.snapshot(&mut call)?;
+                call
+            }
+        };
+        let mut out = Vec::with_capacity(self.ranges.len());
+        let mut failed = None;
+        for (i, w) in wanted.iter().enumerate() {
+            match self.add_one(i, req, *w, &mut call) {
+                Ok(l) => out.push(l),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let kept = match &failed {
+            Some(_) => self.rollback(std::mem::take(&mut call.written)),
+            None => out.clone(),
+        };
+        if let Some(j) = &mut call.journal {
+            // What this attachment holds now; anything it was about to claim and did not is
+            // dropped (or the whole entry, when the ADD failed and was rolled back).
+            j.entry.leases = kept;
+            if let Err(e) = j.index.record(&self.network, &j.entry) {
+                if failed.is_none() {
+                    self.rollback(std::mem::take(&mut call.written));
+                    return Err(e.into());
+                }
+                log::error!("network {}: {e}", self.network);
+            }
+            self.forget_taken_over(j);
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         for l in &out {
             log::info!(
@@ -446,21 +541,85 @@ impl<'a> Allocator<'a> {
         Ok(out)
     }
 
+    /// Every record of the network into `call.view` (one `list`); what this call read or wrote
+    /// itself is newer than a snapshot served from a cache and wins.
+    fn snapshot(&self, call: &mut Call<'_>) -> Result<(), AllocError> {
+        for l in self.store.list(&self.network)? {
+            if !call.seen.contains(&l.address) {
+                call.view.insert(l.address, l);
+            }
+        }
+        call.complete = true;
+        Ok(())
+    }
+
+    /// The record of `address`: from the snapshot, or read once (point mode).
+    fn load(&self, call: &mut Call<'_>, address: IpAddr) -> Result<Option<Lease>, AllocError> {
+        if !call.complete && call.seen.insert(address) {
+            match self.store.get(&self.network, address)? {
+                Some(l) => call.view.insert(address, l),
+                None => call.view.remove(&address),
+            };
+        }
+        Ok(call.view.get(&address).cloned())
+    }
+
+    /// The records of range `i` that the journal lists in `entries`, as the store has them now.
+    fn journaled(
+        &self,
+        call: &mut Call<'_>,
+        i: usize,
+        entries: &[JournalEntry],
+    ) -> Result<Vec<Lease>, AllocError> {
+        let mut out = Vec::new();
+        for l in entries.iter().flat_map(|e| &e.leases) {
+            if self.range_of(l) == Some(i)
+                && let Some(cur) = self.load(call, l.address)?
+            {
+                out.push(cur);
+            }
+        }
+        Ok(out)
+    }
+
+    /// A record of range `i` satisfying `pred`: from the snapshot, or (point mode) among the
+    /// journal's records of this attachment (`mine`) or of the pod's other sandboxes.
+    fn find_held(
+        &self,
+        call: &mut Call<'_>,
+        i: usize,
+        mine: bool,
+        pred: impl Fn(&Lease) -> bool,
+    ) -> Result<Option<Lease>, AllocError> {
+        let Some(j) = &call.journal else {
+            return Ok(self.find(&call.view, i, pred));
+        };
+        let entries: Vec<JournalEntry> = if mine {
+            j.lookup.mine.iter().cloned().collect()
+        } else {
+            j.lookup.same_pod.clone()
+        };
+        Ok(self
+            .journaled(call, i, &entries)?
+            .into_iter()
+            .filter(|l| pred(l))
+            .min_by_key(|l| l.address))
+    }
+
     fn add_one(
         &self,
         i: usize,
         req: &AddRequest,
         wanted: Option<RequestedIp>,
-        view: &mut HashMap<IpAddr, Lease>,
-        written: &mut Vec<Written>,
+        call: &mut Call<'_>,
     ) -> Result<Lease, AllocError> {
         let range = &self.ranges[i];
         let now = self.clock.now();
 
         // 1. Idempotent ADD: the attachment already holds a lease in this range.
-        if let Some(l) = self.find(view, i, |l| {
+        if let Some(l) = self.find_held(call, i, true, |l| {
             l.is_leased() && l.is_attachment(&req.container_id, &req.ifname)
-        }) {
+        })? {
             if let Some(w) = wanted
                 && w.address != l.address
             {
@@ -477,19 +636,19 @@ impl<'a> Allocator<'a> {
 
         // 2. Requested address.
         if let Some(w) = wanted {
-            return self.take_requested(i, req, w, view, written);
+            return self.take_requested(i, req, w, call);
         }
 
         // 3. Sandbox re-create: same pod object and ifname, new container ID, never released.
-        if let Some(old) = self.find(view, i, |l| {
+        if let Some(old) = self.find_held(call, i, false, |l| {
             l.is_leased()
                 && l.pod.same_pod(&req.pod)
                 && l.ifname == req.ifname
                 && l.container_id != req.container_id
-        }) {
+        })? {
             let new = self.new_lease(req, old.address, old.prefix_len, i, now);
             let from = old.container_id.clone();
-            if let Claimed::Got(l) = self.claim(i, new, Some(old), false, view, written)? {
+            if let Claimed::Got(l) = self.claim(i, new, Some(old), false, call)? {
                 log::info!(
                     "network {}: {} moves from container {} to {} (pod {} re-created its sandbox)",
                     self.network,
@@ -503,8 +662,25 @@ impl<'a> Allocator<'a> {
             // changed under us: allocate normally below
         }
 
+        if !call.complete {
+            // 4 + 5 by point reads; sticky is found on the walk (see walk_points).
+            if let Some(l) = self.walk_points(i, req, call)? {
+                return Ok(l);
+            }
+            // A long walk: one snapshot, then the same rules as a node-local store.
+            log::info!(
+                "network {}: no address found within {} reads in range {}; reading the whole network",
+                self.network,
+                self.policy.max_point_reads,
+                range
+            );
+            self.snapshot(call)?;
+            return self.take_from_pool(i, req, call);
+        }
+
         // 4. Sticky: the pod's previous address in this range, if still just released.
-        let sticky = view
+        let sticky = call
+            .view
             .values()
             .filter(|l| {
                 matches!(l.state, LeaseState::Released { .. })
@@ -516,14 +692,14 @@ impl<'a> Allocator<'a> {
             .cloned();
         if let Some(old) = sticky {
             let new = self.new_lease(req, old.address, range.prefix_len(), i, now);
-            match self.claim(i, new, Some(old), true, view, written)? {
+            match self.claim(i, new, Some(old), true, call)? {
                 Claimed::Got(l) => return Ok(l),
                 Claimed::Lost | Claimed::InUse(_) => {}
             }
         }
 
         // 5. The pool.
-        self.take_from_pool(i, req, view, written)
+        self.take_from_pool(i, req, call)
     }
 
     fn take_requested(
@@ -531,14 +707,13 @@ impl<'a> Allocator<'a> {
         i: usize,
         req: &AddRequest,
         w: RequestedIp,
-        view: &mut HashMap<IpAddr, Lease>,
-        written: &mut Vec<Written>,
+        call: &mut Call<'_>,
     ) -> Result<Lease, AllocError> {
         let range = &self.ranges[i];
         let prefix = w.prefix_len.unwrap_or(range.prefix_len());
         for _ in 0..self.policy.max_attempts {
             let now = self.clock.now();
-            let current = view.get(&w.address).cloned();
+            let current = self.load(call, w.address)?;
             let new = self.new_lease(req, w.address, prefix, i, now);
             let outcome = match &current {
                 Some(l) if l.is_leased() => {
@@ -554,11 +729,11 @@ impl<'a> Allocator<'a> {
                         });
                     }
                     // Same pod, new sandbox: take it over without probing.
-                    self.claim(i, new, current, false, view, written)?
+                    self.claim(i, new, current, false, call)?
                 }
                 // Free, released or quarantined: an explicit request overrides cooldown and
                 // quarantine, but is probed.
-                _ => self.claim(i, new, current, true, view, written)?,
+                _ => self.claim(i, new, current, true, call)?,
             };
             match outcome {
                 Claimed::Got(l) => return Ok(l),
@@ -579,24 +754,126 @@ impl<'a> Allocator<'a> {
         })
     }
 
+    /// The pool walk by point reads, for a store without cheap snapshots: O(1) requests in the
+    /// steady state, whatever the number of leases.
+    ///
+    /// Candidates come in an order derived from the pod's identity ([`walk_start`]), so a pod
+    /// that comes back (a StatefulSet pod on any node) meets its previous address early. Each
+    /// candidate is read once: no record → claim it at once; this pod's own `Released` record
+    /// (same namespace/name and ifname) → claim it (sticky); leased, quarantined → skip;
+    /// released by another pod within the cooldown → keep for last. A record released by
+    /// another pod longer ago is free, but the walk goes on for up to
+    /// [`Policy::sticky_horizon`] more reads looking for an address nobody had or this pod's
+    /// own, so that pod keeps its sticky address too. Then the free records in walk order,
+    /// then the cooling ones, longest released first.
+    ///
+    /// `Ok(None)` after [`Policy::max_point_reads`] reads without an address (a nearly full
+    /// range): the caller takes one snapshot and finishes like a node-local store. A range no
+    /// larger than that is read whole, so its exhaustion is reported with exact counts.
+    fn walk_points(
+        &self,
+        i: usize,
+        req: &AddRequest,
+        call: &mut Call<'_>,
+    ) -> Result<Option<Lease>, AllocError> {
+        let range = &self.ranges[i];
+        let prefix = range.prefix_len();
+        let now = self.clock.now();
+        let mut reads = 0usize;
+        let mut free: Vec<Lease> = Vec::new();
+        let mut cooling: Vec<Lease> = Vec::new();
+        let mut conflicts = Conflicts::default();
+        let mut whole = true;
+        for cand in range.candidates(walk_start(req, i)) {
+            if !free.is_empty() && reads >= self.policy.sticky_horizon {
+                whole = false;
+                break;
+            }
+            if reads >= self.policy.max_point_reads {
+                return Ok(None);
+            }
+            reads += 1;
+            let expected = match self.load(call, cand)? {
+                None => None,
+                Some(l)
+                    if matches!(l.state, LeaseState::Released { .. })
+                        && l.pod.same_name(&req.pod)
+                        && l.ifname == req.ifname =>
+                {
+                    Some(l)
+                }
+                Some(l) => {
+                    match self.classify(&l, &req.pod, now) {
+                        Class::Blocked => {}
+                        Class::Cooling => cooling.push(l),
+                        Class::Free => {
+                            if free.is_empty() {
+                                // From here on, the walk is bounded by the horizon.
+                                reads = 0;
+                            }
+                            free.push(l)
+                        }
+                    }
+                    continue;
+                }
+            };
+            let new = self.new_lease(req, cand, prefix, i, self.clock.now());
+            match self.claim(i, new, expected, true, call)? {
+                Claimed::Got(l) => return Ok(Some(l)),
+                Claimed::Lost => {}
+                Claimed::InUse(mac) => conflicts.add(self, range, cand, mac)?,
+            }
+        }
+        cooling.sort_by_key(|l| (l.since, l.address));
+        let reuse_cooling = !cooling.is_empty();
+        for old in free.into_iter().chain(cooling) {
+            let Some(cur) = call.view.get(&old.address).cloned() else {
+                continue;
+            };
+            if self.classify(&cur, &req.pod, now) == Class::Blocked {
+                continue;
+            }
+            let new = self.new_lease(req, old.address, prefix, i, self.clock.now());
+            match self.claim(i, new, Some(cur), true, call)? {
+                Claimed::Got(l) => {
+                    if reuse_cooling && matches!(old.state, LeaseState::Released { at } if now < at.saturating_add(self.policy.cooldown_s)) {
+                        log::warn!(
+                            "network {}: range {} has no address outside its cooldown; reusing {} released at {}",
+                            self.network,
+                            range,
+                            l.address,
+                            old.since
+                        );
+                    }
+                    return Ok(Some(l));
+                }
+                Claimed::Lost => {}
+                Claimed::InUse(mac) => conflicts.add(self, range, old.address, mac)?,
+            }
+        }
+        if !whole {
+            return Ok(None);
+        }
+        // Every candidate of the range was read: the view holds the whole range.
+        Err(self.no_address(i, conflicts, &call.view))
+    }
+
     fn take_from_pool(
         &self,
         i: usize,
         req: &AddRequest,
-        view: &mut HashMap<IpAddr, Lease>,
-        written: &mut Vec<Written>,
+        call: &mut Call<'_>,
     ) -> Result<Lease, AllocError> {
         let range = &self.ranges[i];
         let now = self.clock.now();
         let prefix = range.prefix_len();
-        let mut conflicts = 0usize;
-        let mut last_conflict: Option<(IpAddr, String)> = None;
-        let mut in_use: Vec<(IpAddr, String)> = Vec::new();
+        let mut conflicts = Conflicts::default();
         let mut cooling: Vec<Lease> = Vec::new();
 
         // Every record in the range blocks at most one candidate, so if the blocking records
         // cover the range the walk is pointless.
-        let blocking = view
+        let blocking = call
+            .view
             .values()
             .filter(|l| range.contains(l.address) && self.classify(l, &req.pod, now) != Class::Free)
             .count() as u128;
@@ -605,7 +882,7 @@ impl<'a> Allocator<'a> {
         if walk {
             let offset = start_offset(&req.container_id, &req.ifname, i);
             for cand in range.candidates(offset) {
-                let expected = match view.get(&cand) {
+                let expected = match call.view.get(&cand) {
                     None => None,
                     Some(l) => match self.classify(l, &req.pod, now) {
                         Class::Blocked => continue,
@@ -617,27 +894,15 @@ impl<'a> Allocator<'a> {
                     },
                 };
                 let new = self.new_lease(req, cand, prefix, i, self.clock.now());
-                match self.claim(i, new, expected, true, view, written)? {
+                match self.claim(i, new, expected, true, call)? {
                     Claimed::Got(l) => return Ok(l),
                     Claimed::Lost => continue,
-                    Claimed::InUse(mac) => {
-                        conflicts += 1;
-                        in_use.push((cand, mac.clone()));
-                        if conflicts >= self.policy.max_probe_conflicts {
-                            return Err(AllocError::TooManyConflicts {
-                                network: self.network.clone(),
-                                range: range.to_string(),
-                                conflicts,
-                                last: cand,
-                                mac,
-                            });
-                        }
-                        last_conflict = Some((cand, mac));
-                    }
+                    Claimed::InUse(mac) => conflicts.add(self, range, cand, mac)?,
                 }
             }
         } else {
-            cooling = view
+            cooling = call
+                .view
                 .values()
                 .filter(|l| {
                     range.contains(l.address) && self.classify(l, &req.pod, now) == Class::Cooling
@@ -650,14 +915,14 @@ impl<'a> Allocator<'a> {
         cooling.sort_by_key(|l| (l.since, l.address));
         for old in cooling {
             // The view may have changed since the record was seen.
-            let Some(cur) = view.get(&old.address).cloned() else {
+            let Some(cur) = call.view.get(&old.address).cloned() else {
                 continue;
             };
             if self.classify(&cur, &req.pod, now) == Class::Blocked {
                 continue;
             }
             let new = self.new_lease(req, old.address, prefix, i, self.clock.now());
-            match self.claim(i, new, Some(cur), true, view, written)? {
+            match self.claim(i, new, Some(cur), true, call)? {
                 Claimed::Got(l) => {
                     log::warn!(
                         "network {}: range {} has no address outside its cooldown; reusing {} released at {}",
@@ -669,74 +934,67 @@ impl<'a> Allocator<'a> {
                     return Ok(l);
                 }
                 Claimed::Lost => {}
-                Claimed::InUse(mac) => {
-                    conflicts += 1;
-                    in_use.push((old.address, mac.clone()));
-                    last_conflict = Some((old.address, mac));
-                    if conflicts >= self.policy.max_probe_conflicts {
-                        break;
-                    }
-                }
+                Claimed::InUse(mac) => conflicts.add(self, range, old.address, mac)?,
             }
         }
+        Err(self.no_address(i, conflicts, &call.view))
+    }
 
-        if conflicts >= self.policy.max_probe_conflicts
-            && let Some((last, mac)) = last_conflict
-        {
-            return Err(AllocError::TooManyConflicts {
-                network: self.network.clone(),
-                range: range.to_string(),
-                conflicts,
-                last,
-                mac,
-            });
-        }
+    /// The error of a range with nothing left, with counts from `view` (which holds the range).
+    fn no_address(&self, i: usize, conflicts: Conflicts, view: &HashMap<IpAddr, Lease>) -> AllocError {
         let st = self.range_status(i, view.values(), self.clock.now());
-        if !in_use.is_empty() {
+        if !conflicts.in_use.is_empty() {
             // Say why: the last free candidates are used by someone else on the segment.
-            return Err(AllocError::InUseOnSegment {
+            return AllocError::InUseOnSegment {
                 network: self.network.clone(),
                 range: st.range,
-                in_use: in_use.into_boxed_slice(),
+                in_use: conflicts.in_use.into_boxed_slice(),
                 usable: st.usable,
                 leased: st.leased,
                 quarantined: st.quarantined,
                 cooling: st.cooling,
-            });
+            };
         }
-        Err(AllocError::Exhausted {
+        AllocError::Exhausted {
             network: self.network.clone(),
             range: st.range,
             usable: st.usable,
             leased: st.leased,
             quarantined: st.quarantined,
             cooling: st.cooling,
-        })
+        }
     }
 
     /// Claim one record; probe it (when `probe`) with no lock held; quarantine it on conflict.
+    /// With a journal, the address is recorded for this attachment before it is claimed.
     fn claim(
         &self,
         i: usize,
         new: Lease,
         expected: Option<Lease>,
         probe: bool,
-        view: &mut HashMap<IpAddr, Lease>,
-        written: &mut Vec<Written>,
+        call: &mut Call<'_>,
     ) -> Result<Claimed, AllocError> {
         let address = new.address;
+        if let Some(j) = &mut call.journal
+            && !j.entry.leases.iter().any(|l| l.address == address)
+        {
+            j.entry.leases.push(new.clone());
+            j.index.record(&self.network, &j.entry)?;
+        }
+        call.seen.insert(address);
         let got = match self.store.claim(new, expected.as_ref())? {
             Ok(l) => l,
             Err(Taken { current }) => {
                 match current {
-                    Some(c) => view.insert(address, c),
-                    None => view.remove(&address),
+                    Some(c) => call.view.insert(address, c),
+                    None => call.view.remove(&address),
                 };
                 return Ok(Claimed::Lost);
             }
         };
-        view.insert(address, got.clone());
-        written.push(Written {
+        call.view.insert(address, got.clone());
+        call.written.push(Written {
             now: got.clone(),
             prev: expected,
         });
@@ -763,8 +1021,8 @@ impl<'a> Allocator<'a> {
                 q.version = None;
                 match self.store.update(q, &got)? {
                     Ok(stored) => {
-                        view.insert(address, stored);
-                        written.pop(); // a quarantine record is evidence, not an allocation
+                        call.view.insert(address, stored);
+                        call.written.pop(); // a quarantine record is evidence, not an allocation
                     }
                     Err(Taken { current }) => {
                         log::warn!(
@@ -772,10 +1030,10 @@ impl<'a> Allocator<'a> {
                             self.network
                         );
                         match current {
-                            Some(c) => view.insert(address, c),
-                            None => view.remove(&address),
+                            Some(c) => call.view.insert(address, c),
+                            None => call.view.remove(&address),
                         };
-                        written.pop();
+                        call.written.pop();
                     }
                 }
                 Ok(Claimed::InUse(mac))
@@ -784,7 +1042,10 @@ impl<'a> Allocator<'a> {
         }
     }
 
-    fn rollback(&self, written: Vec<Written>) {
+    /// Restore what an ADD wrote, newest first. Returns the records that could not be
+    /// restored (still held by the attachment: GC, DEL or the reconciler release them).
+    fn rollback(&self, written: Vec<Written>) -> Vec<Lease> {
+        let mut stuck = Vec::new();
         for w in written.into_iter().rev() {
             let addr = w.now.address;
             let res: Result<Option<Taken>, StoreError> = match w.prev {
@@ -799,10 +1060,34 @@ impl<'a> Allocator<'a> {
                 Ok(Some(t)) => {
                     log::warn!("network {}: rollback of {addr} skipped: {t}", self.network)
                 }
-                Err(e) => log::error!(
-                    "network {}: rollback of {addr} failed: {e}; GC or DEL will release it",
-                    self.network
-                ),
+                Err(e) => {
+                    log::error!(
+                        "network {}: rollback of {addr} failed: {e}; GC or DEL will release it",
+                        self.network
+                    );
+                    stuck.push(w.now);
+                }
+            }
+        }
+        stuck
+    }
+
+    /// After a sandbox re-create took a lease over, the old sandbox's journal entry no longer
+    /// holds it.
+    fn forget_taken_over(&self, j: &Journaling<'_>) {
+        for old in &j.lookup.same_pod {
+            let kept: Vec<Lease> = old
+                .leases
+                .iter()
+                .filter(|l| !j.entry.leases.iter().any(|m| m.address == l.address))
+                .cloned()
+                .collect();
+            if kept.len() != old.leases.len() {
+                let mut e = old.clone();
+                e.leases = kept;
+                if let Err(err) = j.index.record(&self.network, &e) {
+                    log::warn!("network {}: {err}", self.network);
+                }
             }
         }
     }
@@ -810,18 +1095,41 @@ impl<'a> Allocator<'a> {
     /// DEL: release exactly the leases of (`container_id`, `ifname`) — they become
     /// `Released { at: now }` records keeping the pod identity. Idempotent. Returns the
     /// released records. Tries every lease even if one fails, then reports the first error.
+    ///
+    /// With a node journal: one conditional write per lease the journal lists (no read), and
+    /// nothing at all for an attachment it does not know.
     pub fn del(&self, container_id: &str, ifname: &str) -> Result<Vec<Lease>, AllocError> {
         let now = self.clock.now();
-        let all = self.store.list(&self.network)?;
+        let ours = |c: &Lease| c.is_leased() && c.is_attachment(container_id, ifname);
+        let (candidates, all, entry) = match self.store.index() {
+            Some(ix) => {
+                let entry = ix
+                    .lookup(&self.network, container_id, ifname, &PodRef::default())?
+                    .mine;
+                let Some(entry) = entry else {
+                    return Ok(Vec::new());
+                };
+                let mut cands = Vec::new();
+                for l in &entry.leases {
+                    // A record written before its claim has no version: read what is there.
+                    let cur = match l.version {
+                        Some(_) => Some(l.clone()),
+                        None => self.store.get(&self.network, l.address)?,
+                    };
+                    cands.extend(cur.filter(|c| ours(c)));
+                }
+                (cands, Vec::new(), Some((ix, entry)))
+            }
+            None => {
+                let all = self.store.list(&self.network)?;
+                let cands = all.iter().filter(|l| ours(l)).cloned().collect();
+                (cands, all, None)
+            }
+        };
         let mut released = Vec::new();
         let mut first_err: Option<AllocError> = None;
-        for l in all
-            .iter()
-            .filter(|l| l.is_leased() && l.is_attachment(container_id, ifname))
-        {
-            match self.release_if_ours(l, now, |c| {
-                c.is_leased() && c.is_attachment(container_id, ifname)
-            }) {
+        for l in &candidates {
+            match self.release_if_ours(l, now, ours) {
                 Ok(Some(r)) => released.push(r),
                 Ok(None) => {}
                 Err(e) => {
@@ -836,6 +1144,10 @@ impl<'a> Allocator<'a> {
         }
         if let Some(e) = first_err {
             return Err(e);
+        }
+        if let Some((ix, mut entry)) = entry {
+            entry.leases.clear();
+            ix.record(&self.network, &entry)?;
         }
         for l in &released {
             log::info!(
@@ -876,7 +1188,9 @@ impl<'a> Allocator<'a> {
         })
     }
 
-    fn prune(&self, all: &[Lease], now: u64, max: usize, errors: &mut Vec<AllocError>) -> usize {
+    /// Delete released and expired quarantine records of `all` older than
+    /// [`Policy::retain_released_s`] (and past their cooldown or quarantine), at most `max`.
+    pub fn prune(&self, all: &[Lease], now: u64, max: usize, errors: &mut Vec<AllocError>) -> usize {
         let mut n = 0;
         for l in all {
             if n >= max {
@@ -900,9 +1214,19 @@ impl<'a> Allocator<'a> {
     }
 
     /// CHECK: `Ok(leases)` (one per range, in range order) iff the attachment holds a Leased
-    /// record in every range.
+    /// record in every range. With a node journal: one read per lease the journal lists.
     pub fn check(&self, container_id: &str, ifname: &str) -> Result<Vec<Lease>, AllocError> {
-        let all = self.store.list(&self.network)?;
+        let all = match self.store.index() {
+            Some(ix) => {
+                let mut cur = Vec::new();
+                let entry = ix.lookup(&self.network, container_id, ifname, &PodRef::default())?;
+                for l in entry.mine.iter().flat_map(|e| &e.leases) {
+                    cur.extend(self.store.get(&self.network, l.address)?);
+                }
+                cur
+            }
+            None => self.store.list(&self.network)?,
+        };
         let mine: Vec<&Lease> = all
             .iter()
             .filter(|l| l.is_attachment(container_id, ifname))
@@ -940,17 +1264,19 @@ impl<'a> Allocator<'a> {
         Ok(out)
     }
 
-    /// GC: release every Leased record of the network whose attachment is not in `valid`, and
-    /// delete released/quarantine records past their retention. Keeps going after errors; they
-    /// are in the report (`GcReport::into_result` turns them into one error). `Err` only when
-    /// the store cannot even be listed.
+    /// GC: release every Leased record this node may judge ([`LeaseStore::list_mine`]: all of a
+    /// node-local store, only this node's in a cluster-wide one) whose attachment is not in
+    /// `valid`, forget such attachments in the node journal, and delete this node's
+    /// released/quarantine records past their retention. Keeps going after errors; they are in
+    /// the report (`GcReport::into_result` turns them into one error). `Err` only when the store
+    /// cannot even be listed.
     pub fn gc(&self, valid: &[Attachment]) -> Result<GcReport, AllocError> {
         let now = self.clock.now();
         let keep: HashSet<(&str, &str)> = valid
             .iter()
             .map(|a| (a.container_id.as_str(), a.ifname.as_str()))
             .collect();
-        let all = self.store.list(&self.network)?;
+        let all = self.store.list_mine(&self.network)?;
         let mut report = GcReport::default();
         for l in all.iter().filter(|l| l.is_leased()) {
             if keep.contains(&(l.container_id.as_str(), l.ifname.as_str())) {
@@ -970,6 +1296,21 @@ impl<'a> Allocator<'a> {
                 }
                 Ok(None) => {}
                 Err(e) => report.errors.push(e),
+            }
+        }
+        if let Some(ix) = self.store.index() {
+            match ix.entries(&self.network) {
+                Ok(entries) => {
+                    for mut e in entries {
+                        if !keep.contains(&(e.container_id.as_str(), e.ifname.as_str())) {
+                            e.leases.clear();
+                            if let Err(err) = ix.record(&self.network, &e) {
+                                report.errors.push(err.into());
+                            }
+                        }
+                    }
+                }
+                Err(e) => report.errors.push(e.into()),
             }
         }
         report.pruned = self.prune(&all, now, usize::MAX, &mut report.errors);
@@ -1127,4 +1468,14 @@ pub fn start_offset(container_id: &str, ifname: &str, index: usize) -> u128 {
     let hi = mix64(fnv1a64(&key, 0));
     let lo = mix64(fnv1a64(&key, 0x9e37_79b9_7f4a_7c15));
     ((hi as u128) << 64) | lo as u128
+}
+
+/// Where the point-mode walk of range `index` starts for this ADD: a hash of the pod's
+/// namespace and name (or the container ID, when the runtime did not say) with the ifname, so
+/// the same pod meets the same candidates first on every node and after every restart.
+pub fn walk_start(req: &AddRequest, index: usize) -> u128 {
+    match (&req.pod.namespace, &req.pod.name) {
+        (Some(ns), Some(name)) => start_offset(&format!("{ns}/{name}"), &req.ifname, index),
+        _ => start_offset(&req.container_id, &req.ifname, index),
+    }
 }

@@ -53,13 +53,15 @@
 pub mod clock;
 pub mod engine;
 pub mod file;
+pub mod journal;
 pub mod model;
 pub mod probe;
 pub mod reclaim;
 pub mod store;
 
 pub use clock::{Clock, FakeClock, SystemClock};
-pub use engine::{AddRequest, AllocError, Allocator, GcReport, Policy, RangeStatus, start_offset};
+pub use engine::{AddRequest, AllocError, Allocator, GcReport, Policy, RangeStatus, start_offset, walk_start};
+pub use journal::{AttachmentIndex, FileJournal, JournalEntry, JournalError, Lookup};
 pub use file::{FORMAT_VERSION, FileStore, FileStoreError, Transaction, file_stem};
 pub use model::{Attachment, Lease, LeaseState, PodRef};
 pub use probe::{NoProbe, ProbeError, ProbeOutcome, Prober, ScriptedProber};

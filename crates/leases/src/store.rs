@@ -7,8 +7,10 @@
 //! store (a counter per network under an exclusive lock).
 
 use std::fmt;
+use std::net::IpAddr;
 
 use crate::file::FileStoreError;
+use crate::journal::AttachmentIndex;
 use crate::model::{Lease, LeaseState};
 
 /// Result of a conditional write: the outer error is the store failing, the inner `Err` is a
@@ -75,6 +77,29 @@ pub trait LeaseStore {
     /// Snapshot of every record of `network`, in any order.
     fn list(&self, network: &str) -> Result<Vec<Lease>, StoreError>;
 
+    /// The record of `address` in `network`, if any. The default reads a snapshot; a store
+    /// that serves point reads (one object per address) overrides it.
+    fn get(&self, network: &str, address: IpAddr) -> Result<Option<Lease>, StoreError> {
+        Ok(self
+            .list(network)?
+            .into_iter()
+            .find(|l| l.address == address))
+    }
+
+    /// Where this node's attachments and their leases are recorded, for a store whose
+    /// snapshots are too costly to take on every ADD and DEL. `Some` switches the engine to
+    /// point lookups (see [`crate::journal`]); `None` (the default) makes it work from one
+    /// snapshot per call.
+    fn index(&self) -> Option<&dyn AttachmentIndex> {
+        None
+    }
+
+    /// The records GC on this node may judge: for a node-local store all of `network`, for a
+    /// cluster-wide store only those this node holds.
+    fn list_mine(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
+        self.list(network)
+    }
+
     /// Create `new` if no record exists for (`new.network`, `new.address`) (`expected = None`),
     /// or replace `expected` with `new` only if the stored record still has `expected.version`.
     /// On success returns the stored record with its new `version`. `new.version` is ignored.
@@ -102,6 +127,15 @@ pub trait LeaseStore {
 impl<T: LeaseStore + ?Sized> LeaseStore for &T {
     fn list(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
         (**self).list(network)
+    }
+    fn get(&self, network: &str, address: IpAddr) -> Result<Option<Lease>, StoreError> {
+        (**self).get(network, address)
+    }
+    fn index(&self) -> Option<&dyn AttachmentIndex> {
+        (**self).index()
+    }
+    fn list_mine(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
+        (**self).list_mine(network)
     }
     fn claim(&self, new: Lease, expected: Option<&Lease>) -> CasResult<Lease> {
         (**self).claim(new, expected)

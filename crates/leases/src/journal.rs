@@ -1,0 +1,361 @@
+//! The node journal: which leases of a cluster-wide store this node's attachments hold.
+//!
+//! A store that can only be read by point lookups (the Kubernetes store: one object per address)
+//! cannot afford a LIST per ADD or DEL. The engine finds an attachment's leases here instead, and
+//! goes straight to their objects: DEL is one conditional write per address, a repeated ADD one
+//! GET. Only this node's attachments are recorded, so the journal stays as small as the node's
+//! pod count, whatever the size of the cluster.
+//!
+//! Layout: `<dir>/<network stem>/` holds one file per attachment, named
+//! `<hash(containerID, ifname)>.<hash(namespace, pod, ifname) or ->.json`, so an attachment and
+//! the other sandboxes of the same pod are both found with one `readdir`. Every lease the engine
+//! is about to claim is written here *before* the claim, so a process killed between the claim
+//! and its record cannot leave a lease nobody knows of. Files are replaced atomically (write to a
+//! temporary name, rename); one attachment is never worked on by two processes at once (CNI
+//! runs no parallel operations for one container), so no lock is needed for them.
+//!
+//! The journal is authoritative only once `.complete` exists in the network's directory: a
+//! missing entry then means "this node holds no lease for that attachment". When the directory is
+//! new (first use of a network on this node, an upgrade from a version without the journal, a
+//! wiped `/var/lib`), the store rebuilds it once from a LIST narrowed to this node and network
+//! ([`FileJournal::rebuild`]), under `.lock`.
+//!
+//! What the journal says is a hint, never the truth: every record read from it is verified
+//! against the store (by the compare-and-swap of a write, or a GET) before it is acted on.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::file::file_stem;
+use crate::model::{Lease, PodRef};
+use crate::store::StoreError;
+
+/// One attachment of this node and the leases it holds or was about to claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalEntry {
+    /// `CNI_CONTAINERID`.
+    pub container_id: String,
+    /// `CNI_IFNAME`.
+    pub ifname: String,
+    /// The pod, when the runtime said.
+    #[serde(default)]
+    pub pod: PodRef,
+    /// Last known records (with the store's version once claimed; without while a claim is in
+    /// flight).
+    pub leases: Vec<Lease>,
+}
+
+/// What the journal knows of one attachment.
+#[derive(Debug, Default)]
+pub struct Lookup {
+    /// The attachment's own entry.
+    pub mine: Option<JournalEntry>,
+    /// Entries of other sandboxes of the same pod (namespace, name) on the same interface.
+    pub same_pod: Vec<JournalEntry>,
+}
+
+/// The attachment index the engine uses with a point-lookup store. See the module docs.
+pub trait AttachmentIndex {
+    /// The entry of (`container_id`, `ifname`) and those of other sandboxes of `pod` on `ifname`.
+    fn lookup(
+        &self,
+        network: &str,
+        container_id: &str,
+        ifname: &str,
+        pod: &PodRef,
+    ) -> Result<Lookup, StoreError>;
+
+    /// Write `entry` (replacing the attachment's previous one). An entry without leases is
+    /// removed.
+    fn record(&self, network: &str, entry: &JournalEntry) -> Result<(), StoreError>;
+
+    /// Every entry of `network` (GC).
+    fn entries(&self, network: &str) -> Result<Vec<JournalEntry>, StoreError>;
+}
+
+/// Errors of the journal files.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// A journal file or directory could not be read.
+    #[error(
+        "cannot read the node's lease journal {path}: {source}; check that the CNI data directory is a writable host directory"
+    )]
+    Read {
+        /// The path.
+        path: PathBuf,
+        /// Cause.
+        source: io::Error,
+    },
+    /// A journal file could not be written.
+    #[error(
+        "cannot write the node's lease journal {path}: {source}; check that the CNI data directory is a writable host directory"
+    )]
+    Write {
+        /// The path.
+        path: PathBuf,
+        /// Cause.
+        source: io::Error,
+    },
+}
+
+impl From<JournalError> for StoreError {
+    fn from(e: JournalError) -> StoreError {
+        StoreError::Backend {
+            message: e.to_string(),
+            transient: false,
+            source: Some(Box::new(e)),
+        }
+    }
+}
+
+/// The journal in a directory of this node (`<dataDir>/journal`).
+#[derive(Debug, Clone)]
+pub struct FileJournal {
+    dir: PathBuf,
+}
+
+fn hash_hex(parts: &[&str]) -> String {
+    let mut key = Vec::new();
+    for p in parts {
+        key.extend_from_slice(p.as_bytes());
+        key.push(0);
+    }
+    format!("{:016x}", crate::engine::fnv1a64(&key, 0))
+}
+
+fn attachment_key(container_id: &str, ifname: &str) -> String {
+    hash_hex(&[container_id, ifname])
+}
+
+/// The pod part of a file name: `-` when the pod's namespace or name is unknown.
+fn pod_key(pod: &PodRef, ifname: &str) -> String {
+    match (&pod.namespace, &pod.name) {
+        (Some(ns), Some(n)) => hash_hex(&[ns, n, ifname]),
+        _ => "-".to_string(),
+    }
+}
+
+const COMPLETE: &str = ".complete";
+const LOCK: &str = ".lock";
+
+impl FileJournal {
+    /// A journal under `dir` (created on first write, 0700).
+    pub fn new(dir: impl Into<PathBuf>) -> FileJournal {
+        FileJournal { dir: dir.into() }
+    }
+
+    /// The journal's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn net_dir(&self, network: &str) -> PathBuf {
+        self.dir.join(file_stem(network))
+    }
+
+    fn read_err(path: &Path) -> impl FnOnce(io::Error) -> JournalError + '_ {
+        move |source| JournalError::Read { path: path.to_path_buf(), source }
+    }
+
+    fn write_err(path: &Path) -> impl FnOnce(io::Error) -> JournalError + '_ {
+        move |source| JournalError::Write { path: path.to_path_buf(), source }
+    }
+
+    fn ensure_dir(&self, network: &str) -> Result<PathBuf, JournalError> {
+        use std::os::unix::fs::DirBuilderExt;
+        let d = self.net_dir(network);
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&d)
+            .map_err(Self::write_err(&d))?;
+        Ok(d)
+    }
+
+    /// Is the journal of `network` authoritative (complete) on this node?
+    pub fn is_complete(&self, network: &str) -> bool {
+        self.net_dir(network).join(COMPLETE).exists()
+    }
+
+    /// Make the journal of `network` complete from `leases` (this node's records of the network,
+    /// from the store), once: under the network's lock, unless another process finished first.
+    /// Entries that exist are kept (they are at least as new as a LIST); Leased records of
+    /// attachments without an entry get one.
+    pub fn rebuild(
+        &self,
+        network: &str,
+        list: impl FnOnce() -> Result<Vec<Lease>, StoreError>,
+    ) -> Result<(), StoreError> {
+        let d = self.ensure_dir(network)?;
+        let lock_path = d.join(LOCK);
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(Self::write_err(&lock_path))?;
+        lock.lock().map_err(Self::write_err(&lock_path))?;
+        if self.is_complete(network) {
+            return Ok(());
+        }
+        let leases = list()?;
+        let existing = self.entries(network)?;
+        let mut fresh: Vec<JournalEntry> = Vec::new();
+        for l in leases.into_iter().filter(|l| l.is_leased()) {
+            if existing
+                .iter()
+                .any(|e| e.container_id == l.container_id && e.ifname == l.ifname)
+            {
+                continue;
+            }
+            match fresh
+                .iter_mut()
+                .find(|e| e.container_id == l.container_id && e.ifname == l.ifname)
+            {
+                Some(e) => e.leases.push(l),
+                None => fresh.push(JournalEntry {
+                    container_id: l.container_id.clone(),
+                    ifname: l.ifname.clone(),
+                    pod: l.pod.clone(),
+                    leases: vec![l],
+                }),
+            }
+        }
+        for e in &fresh {
+            self.record(network, e)?;
+        }
+        let c = d.join(COMPLETE);
+        fs::write(&c, b"").map_err(Self::write_err(&c))?;
+        log::info!(
+            "network {network}: rebuilt this node's lease journal in {} ({} attachment(s) found in the store)",
+            d.display(),
+            fresh.len()
+        );
+        Ok(())
+    }
+
+    fn file_name(e: &JournalEntry) -> String {
+        format!(
+            "{}.{}.json",
+            attachment_key(&e.container_id, &e.ifname),
+            pod_key(&e.pod, &e.ifname)
+        )
+    }
+
+    fn read_entry(path: &Path) -> Result<Option<JournalEntry>, JournalError> {
+        match fs::read(path) {
+            Ok(b) => match serde_json::from_slice(&b) {
+                Ok(e) => Ok(Some(e)),
+                // A damaged entry is only a lost hint: the store still holds the truth, and
+                // the reconciler reclaims a lease nobody finds.
+                Err(err) => {
+                    log::warn!("ignoring damaged lease journal entry {}: {err}", path.display());
+                    Ok(None)
+                }
+            },
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Self::read_err(path)(e)),
+        }
+    }
+
+    /// File names in the network's directory (none when it does not exist).
+    fn names(&self, network: &str) -> Result<Vec<String>, JournalError> {
+        let d = self.net_dir(network);
+        let rd = match fs::read_dir(&d) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Self::read_err(&d)(e)),
+        };
+        let mut out = Vec::new();
+        for ent in rd {
+            let ent = ent.map_err(Self::read_err(&d))?;
+            if let Some(n) = ent.file_name().to_str()
+                && n.ends_with(".json")
+                && !n.starts_with('.')
+            {
+                out.push(n.to_string());
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl AttachmentIndex for FileJournal {
+    fn lookup(
+        &self,
+        network: &str,
+        container_id: &str,
+        ifname: &str,
+        pod: &PodRef,
+    ) -> Result<Lookup, StoreError> {
+        let d = self.net_dir(network);
+        let a = attachment_key(container_id, ifname);
+        let p = pod_key(pod, ifname);
+        let mut out = Lookup::default();
+        for n in self.names(network)? {
+            let Some((fa, rest)) = n.split_once('.') else {
+                continue;
+            };
+            let fp = rest.trim_end_matches(".json");
+            let mine = fa == a;
+            let same_pod = p != "-" && fp == p;
+            if !mine && !same_pod {
+                continue;
+            }
+            let Some(e) = Self::read_entry(&d.join(&n))? else {
+                continue;
+            };
+            if e.container_id == container_id && e.ifname == ifname {
+                out.mine = Some(e);
+            } else if same_pod && e.ifname == ifname && e.pod.same_name(pod) {
+                out.same_pod.push(e);
+            }
+        }
+        Ok(out)
+    }
+
+    fn record(&self, network: &str, entry: &JournalEntry) -> Result<(), StoreError> {
+        let d = self.ensure_dir(network)?;
+        let path = d.join(Self::file_name(entry));
+        if entry.leases.is_empty() {
+            return match fs::remove_file(&path) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(Self::write_err(&path)(e).into()),
+            };
+        }
+        let body = serde_json::to_vec(entry).expect("a journal entry serialises");
+        let tmp = d.join(format!(".{}.tmp.{}", Self::file_name(entry), std::process::id()));
+        let write = || -> io::Result<()> {
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(&body)?;
+            // No fsync: the journal guards against a killed process (the page cache survives
+            // it); after a power loss the pods are re-created and the reconciler reclaims.
+            fs::rename(&tmp, &path)
+        };
+        write().map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            StoreError::from(Self::write_err(&path)(e))
+        })
+    }
+
+    fn entries(&self, network: &str) -> Result<Vec<JournalEntry>, StoreError> {
+        let d = self.net_dir(network);
+        let mut out = Vec::new();
+        for n in self.names(network)? {
+            if let Some(e) = Self::read_entry(&d.join(n))? {
+                out.push(e);
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,353 @@
+//! The engine over a store that keeps a node journal (point mode): the Kubernetes store's way
+//! of working, modelled here by one shared file store standing for the cluster and one journal
+//! directory per node. What is counted is what costs API requests there: snapshots (LIST),
+//! point reads (GET) and conditional writes.
+
+mod common;
+
+use std::cell::Cell;
+use std::net::IpAddr;
+
+use common::*;
+use tether_leases::{
+    AllocError, Allocator, AttachmentIndex, Attachment, CasResult, FakeClock, FileJournal,
+    FileStore, JournalEntry, Lease, LeaseState, LeaseStore, NoProbe, Policy, ScriptedProber,
+    StoreError, Taken, walk_start,
+};
+
+const NET: &str = "mgmt";
+
+/// One node's view of the shared store: its own journal and name, and counters.
+struct Node {
+    cluster: FileStore,
+    journal: FileJournal,
+    name: String,
+    lists: Cell<usize>,
+    gets: Cell<usize>,
+    writes: Cell<usize>,
+}
+
+impl Node {
+    fn new(cluster: &TempDir, dir: &TempDir, name: &str) -> Node {
+        let journal = FileJournal::new(dir.sub(&format!("journal-{name}")));
+        // A fresh journal is authoritative once rebuilt from this node's records.
+        let cluster = FileStore::new(cluster.sub("cluster"));
+        let node = name.to_string();
+        journal
+            .rebuild(NET, || {
+                Ok(cluster
+                    .list(NET)?
+                    .into_iter()
+                    .filter(|l| l.node.as_deref() == Some(node.as_str()))
+                    .collect())
+            })
+            .unwrap();
+        Node {
+            cluster,
+            journal,
+            name: name.to_string(),
+            lists: Cell::new(0),
+            gets: Cell::new(0),
+            writes: Cell::new(0),
+        }
+    }
+
+    fn counts(&self) -> (usize, usize, usize) {
+        (self.lists.get(), self.gets.get(), self.writes.get())
+    }
+
+    fn reset(&self) {
+        self.lists.set(0);
+        self.gets.set(0);
+        self.writes.set(0);
+    }
+
+    fn raw(&self) -> Vec<Lease> {
+        self.cluster.list(NET).unwrap()
+    }
+
+    fn rec(&self, a: IpAddr) -> Option<Lease> {
+        self.raw().into_iter().find(|l| l.address == a)
+    }
+}
+
+impl LeaseStore for Node {
+    fn list(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
+        self.lists.set(self.lists.get() + 1);
+        self.cluster.list(network)
+    }
+    fn get(&self, network: &str, address: IpAddr) -> Result<Option<Lease>, StoreError> {
+        self.gets.set(self.gets.get() + 1);
+        Ok(self.cluster.list(network)?.into_iter().find(|l| l.address == address))
+    }
+    fn claim(&self, new: Lease, expected: Option<&Lease>) -> CasResult<Lease> {
+        self.writes.set(self.writes.get() + 1);
+        self.cluster.claim(new, expected)
+    }
+    fn remove(&self, expected: &Lease) -> Result<Result<(), Taken>, StoreError> {
+        self.writes.set(self.writes.get() + 1);
+        self.cluster.remove(expected)
+    }
+    fn index(&self) -> Option<&dyn AttachmentIndex> {
+        Some(&self.journal)
+    }
+    fn list_mine(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
+        self.lists.set(self.lists.get() + 1);
+        Ok(self
+            .cluster
+            .list(network)?
+            .into_iter()
+            .filter(|l| l.node.as_deref() == Some(self.name.as_str()))
+            .collect())
+    }
+}
+
+fn alloc<'a>(node: &'a Node, r: &str, prober: &'a dyn tether_leases::Prober, clock: &'a FakeClock) -> Allocator<'a> {
+    Allocator::new(NET, vec![range(r)], Policy::default(), node, prober, clock)
+}
+
+fn req_on(node: &Node, cid: &str, p: tether_leases::PodRef) -> tether_leases::AddRequest {
+    let mut r = add_req(cid, "net1", p);
+    r.node = Some(node.name.clone());
+    r
+}
+
+#[test]
+fn add_del_check_cost_single_records_and_never_a_list() {
+    let (c, d) = (TempDir::new("pm-cost-c"), TempDir::new("pm-cost-d"));
+    let n = Node::new(&c, &d, "a");
+    let clock = FakeClock::new(1_000_000);
+    let a = alloc(&n, "10.0.0.0/16", &NoProbe, &clock);
+    let req = req_on(&n, "c1", pod("ns", "p1", "u1"));
+
+    let got = a.add(&req).unwrap();
+    assert_eq!(n.counts(), (0, 1, 1), "uncontended ADD: one read, one create");
+    let start = range("10.0.0.0/16").nth(walk_start(&req, 0) % range("10.0.0.0/16").usable_count()).unwrap();
+    assert_eq!(got[0].address, start, "the walk starts where the pod's identity says");
+
+    n.reset();
+    assert_eq!(a.add(&req).unwrap(), got, "repeated ADD");
+    assert_eq!(n.counts(), (0, 1, 0), "repeated ADD: one read of the journaled record");
+
+    n.reset();
+    assert_eq!(a.check("c1", "net1").unwrap()[0].address, got[0].address);
+    assert_eq!(n.counts(), (0, 1, 0));
+
+    n.reset();
+    assert_eq!(a.del("c1", "net1").unwrap().len(), 1);
+    assert_eq!(n.counts(), (0, 0, 1), "DEL: one conditional write, no read");
+    assert!(matches!(n.rec(got[0].address).unwrap().state, LeaseState::Released { .. }));
+
+    n.reset();
+    assert!(a.del("c1", "net1").unwrap().is_empty());
+    assert!(a.del("never-added", "net1").unwrap().is_empty());
+    assert_eq!(n.counts(), (0, 0, 0), "DEL of an attachment this node does not hold: no request");
+    assert!(a.check("c1", "net1").is_err());
+}
+
+#[test]
+fn cost_does_not_grow_with_the_leases_of_the_network() {
+    let (c, d) = (TempDir::new("pm-scale-c"), TempDir::new("pm-scale-d"));
+    let n = Node::new(&c, &d, "a");
+    let clock = FakeClock::new(1_000_000);
+    let a = alloc(&n, "10.0.0.0/16", &NoProbe, &clock);
+    // (The file store standing for the cluster rewrites one file per write: keep it small.)
+    for i in 0..300 {
+        a.add(&req_on(&n, &format!("fill-{i}"), pod("ns", &format!("fill-{i}"), "u"))).unwrap();
+    }
+    let mut reads = 0;
+    for i in 0..50 {
+        n.reset();
+        a.add(&req_on(&n, &format!("m-{i}"), pod("ns", &format!("m-{i}"), "u"))).unwrap();
+        let (lists, gets, writes) = n.counts();
+        assert_eq!((lists, writes), (0, 1), "ADD {i}");
+        reads += gets;
+        n.reset();
+        a.del(&format!("m-{i}"), "net1").unwrap();
+        assert_eq!(n.counts(), (0, 0, 1));
+    }
+    // 300 of 65,534 addresses leased: a walk rarely meets a leased one.
+    assert!(reads <= 50 + 5, "{reads} reads for 50 ADDs");
+}
+
+#[test]
+fn a_claim_cut_short_is_found_by_the_journal() {
+    // A process killed after its CREATE but before it recorded the result: the journal holds
+    // the address it was about to claim, so a repeated ADD returns it and DEL releases it.
+    let (c, d) = (TempDir::new("pm-crash-c"), TempDir::new("pm-crash-d"));
+    let n = Node::new(&c, &d, "a");
+    let clock = FakeClock::new(1_000_000);
+    let a = alloc(&n, "10.0.0.0/24", &NoProbe, &clock);
+    let req = req_on(&n, "c1", pod("ns", "p1", "u1"));
+    let addr = ip("10.0.0.77");
+    let lease = Lease {
+        network: NET.into(),
+        address: addr,
+        prefix_len: 24,
+        range_index: Some(0),
+        container_id: "c1".into(),
+        ifname: "net1".into(),
+        pod: req.pod.clone(),
+        node: Some("a".into()),
+        state: LeaseState::Leased,
+        since: 1_000_000,
+        version: None,
+    };
+    let entry = JournalEntry {
+        container_id: "c1".into(),
+        ifname: "net1".into(),
+        pod: req.pod.clone(),
+        leases: vec![lease.clone()],
+    };
+    n.journal.record(NET, &entry).unwrap();
+    n.cluster.claim(lease, None).unwrap().unwrap();
+
+    assert_eq!(a.add(&req).unwrap()[0].address, addr);
+    n.journal.record(NET, &entry).unwrap(); // back to the version-less record
+    n.reset();
+    assert_eq!(a.del("c1", "net1").unwrap()[0].address, addr);
+    assert_eq!(n.counts(), (0, 1, 1), "a version-less record is read, then released");
+}
+
+#[test]
+fn sandbox_recreate_and_sticky_without_a_list() {
+    let (c, d) = (TempDir::new("pm-sticky-c"), TempDir::new("pm-sticky-d"));
+    let (na, nb) = (Node::new(&c, &d, "a"), Node::new(&c, &d, "b"));
+    let clock = FakeClock::new(1_000_000);
+    let a = alloc(&na, "10.0.0.0/24", &NoProbe, &clock);
+    let b = alloc(&nb, "10.0.0.0/24", &NoProbe, &clock);
+
+    let first = a.add(&req_on(&na, "c1", pod("ns", "train-0", "u1"))).unwrap()[0].address;
+    // The kubelet re-creates the sandbox without a DEL: the same pod object, a new container.
+    na.reset();
+    let again = a.add(&req_on(&na, "c2", pod("ns", "train-0", "u1"))).unwrap();
+    assert_eq!(again[0].address, first);
+    assert_eq!(again[0].container_id, "c2");
+    assert_eq!(na.counts().0, 0);
+    assert!(na.journal.lookup(NET, "c1", "net1", &Default::default()).unwrap().mine.is_none(), "the old sandbox's entry lets go");
+    // Other pods fill the addresses right after train-0's, then train-0 goes away.
+    for i in 0..5 {
+        a.add(&req_on(&na, &format!("o{i}"), pod("ns", &format!("other-{i}"), "u"))).unwrap();
+    }
+    a.del("c2", "net1").unwrap();
+    clock.advance(3600); // past the cooldown
+    // The StatefulSet brings train-0 back on another node, with a new UID: same address.
+    nb.reset();
+    let back = b.add(&req_on(&nb, "c3", pod("ns", "train-0", "u2"))).unwrap();
+    assert_eq!(back[0].address, first, "sticky across nodes");
+    assert_eq!(nb.counts(), (0, 1, 1));
+}
+
+#[test]
+fn sticky_beyond_a_free_address() {
+    // train-1's walk first meets a record another pod released long ago (free), then its own:
+    // the horizon finds its own.
+    let (c, d) = (TempDir::new("pm-horizon-c"), TempDir::new("pm-horizon-d"));
+    let n = Node::new(&c, &d, "a");
+    let clock = FakeClock::new(1_000_000);
+    let a = alloc(&n, "10.0.0.0/24", &NoProbe, &clock);
+    let r = range("10.0.0.0/24");
+    let probe = req_on(&n, "c1", pod("ns", "train-1", "u1"));
+    let start = walk_start(&probe, 0) % r.usable_count();
+    let second = r.nth((start + 1) % r.usable_count()).unwrap();
+    // Someone holds train-1's first candidate, so train-1 gets the second.
+    let squat = with_requested(req_on(&n, "s", pod("ns", "squatter", "u")), &[&r.nth(start).unwrap().to_string()]);
+    a.add(&squat).unwrap();
+    assert_eq!(a.add(&probe).unwrap()[0].address, second);
+    a.del("c1", "net1").unwrap();
+    a.del("s", "net1").unwrap();
+    clock.advance(3600);
+    let back = a.add(&req_on(&n, "c2", pod("ns", "train-1", "u2"))).unwrap();
+    assert_eq!(back[0].address, second, "its own released record wins over an older free one");
+}
+
+#[test]
+fn small_range_exhausted_with_exact_counts_without_a_list() {
+    let (c, d) = (TempDir::new("pm-full-c"), TempDir::new("pm-full-d"));
+    let n = Node::new(&c, &d, "a");
+    let clock = FakeClock::new(1_000_000);
+    let prober = ScriptedProber::new();
+    let a = alloc(&n, "10.20.30.241-10.20.30.250/24", &prober, &clock);
+    prober.in_use(ip("10.20.30.250"), "02:00:00:00:00:99");
+    for i in 0..9 {
+        a.add(&req_on(&n, &format!("c{i}"), pod("ns", &format!("p{i}"), "u"))).unwrap();
+    }
+    n.reset();
+    let e = a.add(&req_on(&n, "late", pod("ns", "late", "u"))).unwrap_err();
+    assert!(matches!(e, AllocError::Exhausted { leased: 9, quarantined: 1, usable: 10, .. }), "{e}");
+    assert!(e.to_string().contains("10 usable, 9 leased, 1 quarantined"), "{e}");
+    assert_eq!(n.counts().0, 0, "a range of 10 is read address by address");
+    assert!(n.journal.lookup(NET, "late", "net1", &Default::default()).unwrap().mine.is_none());
+}
+
+#[test]
+fn a_nearly_full_large_range_falls_back_to_one_list() {
+    let (c, d) = (TempDir::new("pm-fallback-c"), TempDir::new("pm-fallback-d"));
+    let n = Node::new(&c, &d, "a");
+    let clock = FakeClock::new(1_000_000);
+    let r = range("10.0.0.0/25"); // 126 usable, more than max_point_reads
+    let a = alloc(&n, "10.0.0.0/25", &NoProbe, &clock);
+    let last_req = req_on(&n, "last", pod("ns", "last", "u"));
+    // Every address but the one 100 places into the last pod's walk is taken.
+    let start = walk_start(&last_req, 0) % r.usable_count();
+    let spare = r.nth((start + 100) % r.usable_count()).unwrap();
+    for (i, addr) in r.candidates(0).filter(|x| *x != spare).enumerate() {
+        let q = with_requested(req_on(&n, &format!("c{i}"), pod("ns", &format!("p{i}"), "u")), &[&addr.to_string()]);
+        a.add(&q).unwrap();
+    }
+    n.reset();
+    let last = a.add(&last_req).unwrap();
+    assert_eq!(last[0].address, spare);
+    let (lists, gets, _) = n.counts();
+    assert_eq!(lists, 1, "one snapshot after the bounded walk");
+    assert_eq!(gets, Policy::default().max_point_reads);
+    let e = a.add(&req_on(&n, "more", pod("ns", "more", "u"))).unwrap_err();
+    assert!(matches!(e, AllocError::Exhausted { leased: 126, .. }), "{e}");
+}
+
+#[test]
+fn gc_releases_only_this_nodes_leases() {
+    let (c, d) = (TempDir::new("pm-gc-c"), TempDir::new("pm-gc-d"));
+    let (na, nb) = (Node::new(&c, &d, "a"), Node::new(&c, &d, "b"));
+    let clock = FakeClock::new(1_000_000);
+    let a = alloc(&na, "10.0.0.0/24", &NoProbe, &clock);
+    let b = alloc(&nb, "10.0.0.0/24", &NoProbe, &clock);
+    let a1 = a.add(&req_on(&na, "a1", pod("ns", "a1", "u"))).unwrap()[0].address;
+    let a2 = a.add(&req_on(&na, "a2", pod("ns", "a2", "u"))).unwrap()[0].address;
+    let b1 = b.add(&req_on(&nb, "b1", pod("ns", "b1", "u"))).unwrap()[0].address;
+    // A CNI 1.1 runtime on node a knows only a1.
+    let report = a.gc(&[Attachment::new("a1", "net1")]).unwrap();
+    assert_eq!(report.released.iter().map(|l| l.address).collect::<Vec<_>>(), vec![a2]);
+    assert!(na.rec(a1).unwrap().is_leased());
+    assert!(na.rec(b1).unwrap().is_leased(), "node b's lease is not node a's to judge");
+    assert!(na.journal.lookup(NET, "a2", "net1", &Default::default()).unwrap().mine.is_none());
+    assert!(b.check("b1", "net1").is_ok());
+}
+
+#[test]
+fn journal_rebuild_finds_this_nodes_leases_once() {
+    let (c, d) = (TempDir::new("pm-rebuild-c"), TempDir::new("pm-rebuild-d"));
+    let n = Node::new(&c, &d, "a");
+    let clock = FakeClock::new(1_000_000);
+    let a = alloc(&n, "10.0.0.0/24", &NoProbe, &clock);
+    let held = a.add(&req_on(&n, "c1", pod("ns", "p1", "u"))).unwrap()[0].address;
+    // The node's /var/lib is wiped: a new journal is rebuilt from the store, once.
+    std::fs::remove_dir_all(n.journal.dir()).unwrap();
+    assert!(!n.journal.is_complete(NET));
+    let calls = Cell::new(0);
+    let rebuild = || {
+        n.journal
+            .rebuild(NET, || {
+                calls.set(calls.get() + 1);
+                n.list_mine(NET)
+            })
+            .unwrap()
+    };
+    rebuild();
+    rebuild();
+    assert_eq!(calls.get(), 1);
+    assert!(n.journal.is_complete(NET));
+    n.reset();
+    assert_eq!(a.del("c1", "net1").unwrap()[0].address, held);
+    assert_eq!(n.counts(), (0, 0, 1));
+}
