@@ -191,6 +191,9 @@ pub struct PassReport {
     pub confirmed_alive: usize,
     /// Leases looked at.
     pub examined: usize,
+    /// Old `Released` and `Quarantined` records of this node deleted (past
+    /// [`Policy::retain_released_s`](tether_leases::Policy::retain_released_s)).
+    pub pruned: usize,
     /// Whether the dead-node sweep ran (this agent was the sweeper among the agent nodes).
     pub swept: bool,
     /// Failures (the pass went on past each).
@@ -309,7 +312,10 @@ impl Reconciler {
         // This node's cluster-wide leases.
         store.restart_budget();
         match store.list_node(&self.opts.node) {
-            Ok(leases) => self.judge(StoreName::Kubernetes, &leases, &pods, now, store, &mut r),
+            Ok(leases) => {
+                self.judge(StoreName::Kubernetes, &leases, &pods, now, store, &mut r);
+                self.prune(&leases, now, store, &mut r);
+            }
             Err(KubeStoreError::CrdMissing { .. }) => {
                 log::debug!("the IPLease CRD is not installed: no cluster-wide leases to reconcile")
             }
@@ -371,6 +377,22 @@ impl Reconciler {
                 }
             };
             self.release(which, lease, reason, now, store, r);
+        }
+    }
+
+    /// Delete this node's records released (or quarantined) longer ago than the retention
+    /// (a day): DEL keeps a `Released` record for the cooldown and for sticky re-use and, in
+    /// the cluster store, never lists the network to tidy up, so the node's agent does. Each
+    /// delete carries the record's uid and resourceVersion: one re-leased since stays.
+    fn prune(&self, leases: &[Lease], now: u64, store: &KubeStore, r: &mut PassReport) {
+        let retain = tether_leases::Policy::default().retain_released_s;
+        for l in leases.iter().filter(|l| !l.is_leased() && now.saturating_sub(l.since) >= retain) {
+            store.restart_budget();
+            match store.remove(l) {
+                Ok(Ok(())) => r.pruned += 1,
+                Ok(Err(_)) => r.lost_races += 1,
+                Err(e) => r.errors.push(format!("deleting the old record of {} in network {}: {e}", l.address, l.network)),
+            }
         }
     }
 
@@ -561,12 +583,13 @@ fn log_report(r: &PassReport, full: bool) {
     for e in &r.errors {
         log::error!("reconcile: {e}");
     }
-    if !r.released.is_empty() || r.lost_races > 0 {
+    if !r.released.is_empty() || r.lost_races > 0 || r.pruned > 0 {
         log::warn!(
-            "reconcile ({}): {} record(s) examined, {} released, {} changed meanwhile, {} alive after all",
+            "reconcile ({}): {} record(s) examined, {} released, {} old record(s) deleted, {} changed meanwhile, {} alive after all",
             if full { "full pass" } else { "pod event" },
             r.examined,
             r.released.len(),
+            r.pruned,
             r.lost_races,
             r.confirmed_alive
         );

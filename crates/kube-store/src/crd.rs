@@ -78,6 +78,8 @@ pub struct Quarantine {
     derive = "PartialEq",
     doc = "One address of a tether network: who leases it, or since when it is released or quarantined. \
            Named <network>.<address>; written by the tether-ipam CNI plugin, one create per allocation.",
+    selectable = ".spec.network",
+    selectable = ".spec.node",
     printcolumn(name = "Network", type_ = "string", json_path = ".spec.network"),
     printcolumn(name = "Address", type_ = "string", json_path = ".spec.address"),
     printcolumn(name = "Pod", type_ = "string", json_path = ".spec.pod.name"),

@@ -9,15 +9,19 @@
 //!
 //! | store call | API request |
 //! |---|---|
-//! | `list(network)` | LIST `ipleases?labelSelector=ipam.tether.dev/network=<net>` (paginated, `limit=500`/`continue`; or one `resourceVersion=0` request with `list_from_cache`), objects of other networks dropped |
+//! | `get(network, address)` | GET `ipleases/<network>.<address>` |
+//! | `list(network)` | LIST `ipleases?labelSelector=ipam.tether.dev/network=<net>&resourceVersion=0` (the watch cache; paginated and consistent without `list_from_cache`), objects of other networks dropped |
+//! | `list_mine(network)` | the same, narrowed to this node's label, then `spec.node` |
 //! | `claim(new, None)` | CREATE; `409 AlreadyExists` → `Taken` (plus one GET for the current record) |
 //! | `claim(new, Some(expected))` | UPDATE carrying the expected `uid` and `resourceVersion`; `409 Conflict` / `404` → `Taken` |
 //! | `remove(expected)` | DELETE with preconditions `{uid, resourceVersion}`; `409` / `404` → `Taken` |
 //!
 //! A lease's opaque `version` is `<uid>/<resourceVersion>`, so a release or delete can never hit
-//! an object re-created for another attachment since it was read. An uncontended allocation costs
-//! two requests (LIST + CREATE).
-//!
+//! an object re-created for another attachment since it was read. With a node name and a journal
+//! directory in its settings the store also serves the engine's node journal
+//! ([`tether_leases::journal`]), and the engine never lists on ADD, DEL or CHECK: an uncontended
+//! ADD costs a GET and a CREATE, a DEL one UPDATE, whatever the number of leases in the cluster.
+
 //! Errors ([`KubeStoreError`]) say what to do — the CRD is missing (names
 //! [`crd::CRD_MANIFEST`] and the `kubectl apply` command), RBAC forbids a verb (names verb and
 //! resource), the API server is unreachable or too slow, TLS failed, the kubeconfig is missing

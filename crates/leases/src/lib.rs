@@ -47,6 +47,10 @@
 //!   continuing past errors ([`GcReport`]).
 //! - [`Allocator::status`] fails when the store is unusable or a range has no free address.
 //!
+//! With a store that keeps a node journal ([`LeaseStore::index`], [`journal`]) the same rules run
+//! on point reads instead of one snapshot per call: ADD, DEL and CHECK go to single records and
+//! never list (see [`Allocator::add`]).
+//!
 //! Released records and expired quarantine records older than
 //! [`Policy::retain_released_s`] (default a day) are pruned by GC and, a few at a time, by DEL.
 
