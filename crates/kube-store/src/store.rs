@@ -763,7 +763,7 @@ impl LeaseStore for KubeStore {
 }
 
 /// The node journal of this store: every call first makes the network's journal authoritative
-/// (see [`KubeStore::journal_for`]).
+/// (see `KubeStore::journal_for`).
 impl AttachmentIndex for KubeStore {
     fn lookup(&self, network: &str, container_id: &str, ifname: &str, pod: &PodRef) -> Result<Lookup, StoreError> {
         self.journal_for(network)?.lookup(network, container_id, ifname, pod)

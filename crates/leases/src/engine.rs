@@ -457,7 +457,7 @@ impl<'a> Allocator<'a> {
     /// every record written by this call is restored and the error returned.
     ///
     /// With a store that keeps a node journal ([`LeaseStore::index`]) the ADD reads single
-    /// records instead of a snapshot: see [`Allocator::walk_points`].
+    /// records instead of a snapshot: see `walk_points`.
     pub fn add(&self, req: &AddRequest) -> Result<Vec<Lease>, AllocError> {
         let mut wanted: Vec<Option<RequestedIp>> = vec![None; self.ranges.len()];
         for r in &req.requested {
