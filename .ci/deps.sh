@@ -9,6 +9,8 @@ apt_pkgs=(
   qemu-system-x86                 # the lab VM (ipvlan is not in this machine's kernel)
   golang-go golang-github-appc-cni-dev  # the libcni driver, built against Debian's real libcni
   containernetworking-plugins     # reference ipvlan/macvlan/host-local, the baseline we test against
+  curl openssl                    # the real API server of the tests (conformance/kube/up.sh; etcd-server
+                                  # and xz-utils are installed by ../shared/peers/unpack.sh)
 )
 missing=()
 for p in "${apt_pkgs[@]}"; do
@@ -28,4 +30,7 @@ if ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
   echo "deps: installing kubernetes-validate (pip; manifest schemas, offline)"
   pip install --quiet kubernetes-validate==1.37.0
 fi
+# kubectl is not a Debian package; the machine image has it. Without it conformance/kube/up.sh
+# installs the CRD with curl instead.
+command -v kubectl >/dev/null || echo "deps: no kubectl (optional: conformance/kube/up.sh falls back to curl)"
 command -v cargo >/dev/null || { echo "deps: cargo is required (rustup toolchain)"; exit 1; }

@@ -41,7 +41,7 @@ use tether_leases::Lease;
 use crate::crd::{IPLease, NODE_LABEL, PLURAL, label_value};
 use crate::error::{CredentialSource, KubeStoreError};
 use crate::settings::KubeSettings;
-use crate::store::{KubeStore, LeaseList, Verb, collect_leases, error_chain};
+use crate::store::{null_as_empty, KubeStore, LeaseList, Verb, collect_leases, error_chain};
 
 /// The few metadata fields tether reads from pods and leases.
 #[derive(Deserialize, Clone, Debug, Default)]
@@ -83,7 +83,7 @@ struct NodeOfPod {
 struct NodeOfPodList {
     #[serde(default)]
     metadata: ListMeta,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     items: Vec<NodeOfPod>,
 }
 
@@ -91,7 +91,7 @@ struct NodeOfPodList {
 struct LiteList {
     #[serde(default)]
     metadata: ListMeta,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     items: Vec<LiteObject>,
 }
 
@@ -226,7 +226,7 @@ impl KubeStore {
         let mut cache = self.settings.list_from_cache;
         loop {
             let mut lp = if cache {
-                ListParams::default().match_any()
+                self.cache_list_params()
             } else {
                 ListParams::default().limit(self.settings.page_size)
             };

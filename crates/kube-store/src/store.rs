@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::Request;
-use kube::core::params::{DeleteParams, ListParams, PostParams, Preconditions};
+use kube::core::params::{DeleteParams, ListParams, PostParams, Preconditions, VersionMatch};
 use kube::{Client, Config};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -94,8 +94,13 @@ impl Verb {
 pub(crate) struct LeaseList {
     #[serde(default)]
     pub(crate) metadata: ListMeta,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub(crate) items: Vec<Lenient>,
+}
+
+/// A real API server answers an empty metadata-only list with `"items": null`.
+pub(crate) fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
 }
 
 #[derive(Deserialize)]
@@ -141,6 +146,9 @@ pub struct KubeStore {
     counters: Counters,
     /// This node's journal ([`KubeSettings::journal_dir`]), when set with a node name.
     journal: Option<FileJournal>,
+    /// The newest resourceVersion this store wrote or read: lists from the watch cache ask for
+    /// at least this version, so a store reads its own writes.
+    seen_rv: AtomicU64,
 }
 
 impl std::fmt::Debug for KubeStore {
@@ -229,6 +237,7 @@ impl KubeStore {
             source,
             path,
             counters: Counters::default(),
+            seen_rv: AtomicU64::new(0),
             journal: match (&settings_journal, &settings_node) {
                 (Some(d), Some(_)) => Some(FileJournal::new(d.clone())),
                 _ => None,
@@ -265,6 +274,23 @@ impl KubeStore {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .saturating_duration_since(Instant::now())
+    }
+
+    /// Remember the resourceVersion of a record read or written (see `seen_rv`).
+    fn saw(&self, l: &Lease) -> Lease {
+        if let Some(rv) = l.version.as_deref().and_then(split_version).and_then(|(_, rv)| rv.parse::<u64>().ok()) {
+            self.seen_rv.fetch_max(rv, Ordering::Relaxed);
+        }
+        l.clone()
+    }
+
+    /// Parameters of a list served from the watch cache: any version (`resourceVersion=0`), or
+    /// not older than what this store has seen, so its own writes are in it.
+    pub(crate) fn cache_list_params(&self) -> ListParams {
+        match self.seen_rv.load(Ordering::Relaxed) {
+            0 => ListParams::default().match_any(),
+            rv => ListParams::default().at(&rv.to_string()).matching(VersionMatch::NotOlderThan),
+        }
     }
 
     /// Requests sent so far.
@@ -467,7 +493,7 @@ impl KubeStore {
                 .map_err(|e| e.to_string())
                 .and_then(|o| from_object(&o))
             {
-                Ok(l) => Ok(Some(l)),
+                Ok(l) => Ok(Some(self.saw(&l))),
                 Err(e) => {
                     log::warn!("{e}");
                     Ok(None)
@@ -527,7 +553,7 @@ impl KubeStore {
             .create(&PostParams::default(), body)
             .map_err(|e| self.protocol(&what, e.to_string()))?;
         match self.send::<IPLease>(Verb::Create, &what, req) {
-            Ok(o) => from_object(&o).map(Ok).map_err(|e| self.protocol(&what, e)),
+            Ok(o) => from_object(&o).map(|l| Ok(self.saw(&l))).map_err(|e| self.protocol(&what, e)),
             // AlreadyExists: someone holds (or held) the address.
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Err(self.lost(&name)?)),
             Err(e) => Err(self.map_error(Verb::Create, &what, e)),
@@ -548,7 +574,7 @@ impl KubeStore {
             .replace(&name, &PostParams::default(), body)
             .map_err(|e| self.protocol(&what, e.to_string()))?;
         match self.send::<IPLease>(Verb::Update, &what, req) {
-            Ok(o) => from_object(&o).map(Ok).map_err(|e| self.protocol(&what, e)),
+            Ok(o) => from_object(&o).map(|l| Ok(self.saw(&l))).map_err(|e| self.protocol(&what, e)),
             // Conflict: stale resourceVersion or another uid (deleted and re-created).
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Err(self.lost(&name)?)),
             Err(kube::Error::Api(s)) if Self::object_missing(&s) => {
@@ -580,7 +606,12 @@ impl KubeStore {
             .delete(&name, &dp)
             .map_err(|e| self.protocol(&what, e.to_string()))?;
         match self.send::<Value>(Verb::Delete, &what, req) {
-            Ok(_) => Ok(Ok(())),
+            Ok(v) => {
+                if let Some(rv) = v.pointer("/metadata/resourceVersion").and_then(Value::as_str).and_then(|r| r.parse::<u64>().ok()) {
+                    self.seen_rv.fetch_max(rv, Ordering::Relaxed);
+                }
+                Ok(Ok(()))
+            }
             // Conflict: the precondition failed, the object is someone else's now.
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Err(self.lost(&name)?)),
             Err(kube::Error::Api(s)) if Self::object_missing(&s) => {

@@ -802,20 +802,23 @@ impl<'a> Allocator<'a> {
                 {
                     Some(l)
                 }
-                Some(l) => {
-                    match self.classify(&l, &req.pod, now) {
-                        Class::Blocked => {}
-                        Class::Cooling => cooling.push(l),
-                        Class::Free => {
-                            if free.is_empty() {
-                                // From here on, the walk is bounded by the horizon.
-                                reads = 0;
-                            }
-                            free.push(l)
+                Some(l) => match self.classify(&l, &req.pod, now) {
+                    // An expired quarantine is nobody's sticky address: as good as none.
+                    Class::Free if matches!(l.state, LeaseState::Quarantined { .. }) => Some(l),
+                    Class::Free => {
+                        if free.is_empty() {
+                            // From here on, the walk is bounded by the horizon.
+                            reads = 0;
                         }
+                        free.push(l);
+                        continue;
                     }
-                    continue;
-                }
+                    Class::Cooling => {
+                        cooling.push(l);
+                        continue;
+                    }
+                    Class::Blocked => continue,
+                },
             };
             let new = self.new_lease(req, cand, prefix, i, self.clock.now());
             match self.claim(i, new, expected, true, call)? {

@@ -1,12 +1,32 @@
-//! Helpers shared by the reconcile and CLI tests: the API double, leases, pods, the binary.
+//! Helpers shared by the reconcile, CLI and CNI tests over the Kubernetes store: a real API
+//! server (or, for faults it cannot produce on demand, the API double), leases, pods, the binary.
+//!
+//! [`Env::real`] uses the API server named by `TETHER_TEST_KUBECONFIG` (`make test` and `make
+//! unit` start one from `../shared/peers` with `conformance/kube/up.sh`). The tests using it are
+//! `#[ignore = "needs a real API server: ..."]`, so a plain `cargo test` lists them as ignored,
+//! never as passed; run by hand without the variable they panic with "NOT RUN".
+//!
+//! One server serves every test of the run, in parallel: each [`Env`] has its own id, and names
+//! its namespaces, nodes and networks after it ([`Env::name`]), so tests see only their own pods
+//! and leases, and deletes its leases when dropped. The server has no controllers and no kubelet:
+//! pods stay Pending and are deleted at once (grace period 0); the server assigns pod uids, so
+//! [`Env::pod`] returns the uid to record in leases.
+//!
+//! [`Env::double`] starts the in-repo API double instead, for the few tests that need a fault
+//! (see [`Env::double_api`]). It is a fault injector, not an API server.
 #![allow(dead_code)]
 
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 use tether_apiserver_double::ApiServerDouble;
 use tether_kube_store::{KubeSettings, KubeStore};
@@ -37,20 +57,114 @@ impl Drop for TempDir {
     }
 }
 
-/// The double, its kubeconfig and a scratch directory.
+/// The real API server of this run, if any.
+pub fn real_cluster() -> Option<PathBuf> {
+    std::env::var_os("TETHER_TEST_KUBECONFIG").filter(|v| !v.is_empty()).map(PathBuf::from)
+}
+
+/// Tests that look at every lease of the cluster (the dead-node sweep) take this for writing;
+/// every other test on the real server takes it for reading, so no sweep judges the leases of a
+/// test running at the same time.
+static CLUSTER_WIDE: RwLock<()> = RwLock::new(());
+
+enum Guard {
+    Shared(RwLockReadGuard<'static, ()>),
+    Exclusive(RwLockWriteGuard<'static, ()>),
+}
+
+/// A real server's client and what this test created there.
+struct Cluster {
+    rt: tokio::runtime::Runtime,
+    client: kube::Client,
+    namespaces: Mutex<HashSet<String>>,
+    rbac: Mutex<Vec<String>>,
+    _guard: Guard,
+}
+
+enum Backend {
+    Real(Box<Cluster>),
+    Double(ApiServerDouble),
+}
+
+/// An API server, its kubeconfig, a scratch directory, and this test's id.
 pub struct Env {
-    pub double: ApiServerDouble,
+    backend: Backend,
     pub dir: TempDir,
     pub kubeconfig: PathBuf,
+    /// Unique to this test (and process); see [`Env::name`].
+    pub id: String,
+}
+
+fn unique_id(tag: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!("{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst))
 }
 
 impl Env {
-    pub fn new(tag: &str) -> Env {
+    /// The real API server of this run; panics ("NOT RUN") without one.
+    pub fn real(tag: &str) -> Env {
+        Env::real_with(tag, false)
+    }
+
+    /// The real API server, with no other test of this binary running on it meanwhile: for
+    /// tests whose reconciler sweeps the leases of the whole cluster.
+    pub fn real_exclusive(tag: &str) -> Env {
+        Env::real_with(tag, true)
+    }
+
+    fn real_with(tag: &str, exclusive: bool) -> Env {
+        let kubeconfig = real_cluster().unwrap_or_else(|| {
+            panic!(
+                "NOT RUN: this test needs a real API server. Set TETHER_TEST_KUBECONFIG to the kubeconfig that \
+                 `conformance/kube/up.sh` prints (or run `make unit`, which starts one from ../shared/peers)."
+            )
+        });
+        let guard = if exclusive {
+            Guard::Exclusive(CLUSTER_WIDE.write().unwrap_or_else(|e| e.into_inner()))
+        } else {
+            Guard::Shared(CLUSTER_WIDE.read().unwrap_or_else(|e| e.into_inner()))
+        };
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let client = client_for(&rt, &kubeconfig);
+        Env {
+            backend: Backend::Real(Box::new(Cluster { rt, client, namespaces: Mutex::new(HashSet::new()), rbac: Mutex::new(Vec::new()), _guard: guard })),
+            dir: TempDir::new(tag),
+            kubeconfig,
+            id: unique_id(tag),
+        }
+    }
+
+    /// The in-repo API double: only for a fault a real server cannot produce on demand (say which
+    /// in the test).
+    pub fn double(tag: &str) -> Env {
         let double = ApiServerDouble::start().unwrap();
         let dir = TempDir::new(tag);
         let kubeconfig = dir.join("kubeconfig");
         double.write_kubeconfig(&kubeconfig).unwrap();
-        Env { double, dir, kubeconfig }
+        Env { backend: Backend::Double(double), dir, kubeconfig, id: unique_id(tag) }
+    }
+
+    /// The API double of a test that uses one for a fault; panics on the real server.
+    pub fn double_api(&self) -> &ApiServerDouble {
+        match &self.backend {
+            Backend::Double(d) => d,
+            Backend::Real(_) => panic!("this step needs the API double (a fault injector); the test runs on a real server"),
+        }
+    }
+
+    pub fn is_real(&self) -> bool {
+        matches!(self.backend, Backend::Real(_))
+    }
+
+    /// `what`, made unique to this test: a namespace, node, network or user name. (Leaked, so
+    /// that tests can pass it around as `&str` like a literal: a few bytes per test.)
+    pub fn name(&self, what: &str) -> &'static str {
+        Box::leak(format!("{}-{what}", self.id).into_boxed_str())
+    }
+
+    /// This test's namespace of node-agent pods (see [`Env::agent`]).
+    pub fn agent_ns(&self) -> &'static str {
+        self.name("agents")
     }
 
     pub fn settings(&self) -> KubeSettings {
@@ -61,28 +175,86 @@ impl Env {
         KubeStore::connect(self.settings()).unwrap()
     }
 
-    /// A pod on `node`; returns its uid.
+    /// A pod on `node`; returns its uid (a real server assigns its own; the double takes `uid`).
     pub fn pod(&self, ns: &str, name: &str, uid: &str, node: &str) -> String {
-        self.double
-            .upsert_pod(json!({"metadata": {"namespace": ns, "name": name, "uid": uid}, "spec": {"nodeName": node}, "status": {"phase": "Running"}}))
-            .unwrap();
-        uid.to_string()
+        self.pod_object(json!({"metadata": {"namespace": ns, "name": name, "uid": uid}, "spec": {"nodeName": node}}))
     }
 
-    /// A node running the node-agent: its DaemonSet pod (namespace [`AGENT_NS`], label
+    /// Create (real) or put (double) a pod from a partial object: `metadata.namespace`,
+    /// `metadata.name`, optional `uid` (double only), `labels`, and `spec.nodeName`. Returns its uid.
+    pub fn pod_object(&self, mut obj: Value) -> String {
+        match &self.backend {
+            Backend::Double(d) => {
+                obj["status"] = json!({"phase": "Running"});
+                let uid = obj["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+                d.upsert_pod(obj).unwrap();
+                uid
+            }
+            Backend::Real(c) => {
+                let ns = obj["metadata"]["namespace"].as_str().unwrap().to_string();
+                c.ensure_namespace(&ns);
+                obj["metadata"].as_object_mut().unwrap().remove("uid");
+                obj["apiVersion"] = json!("v1");
+                obj["kind"] = json!("Pod");
+                obj["spec"]["containers"] = json!([{"name": "c", "image": "registry.invalid/none"}]);
+                let pod: Pod = serde_json::from_value(obj).unwrap();
+                let api: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
+                let name = pod.metadata.name.clone().unwrap();
+                let created = c.rt.block_on(api.create(&PostParams::default(), &pod)).unwrap_or_else(|e| panic!("create pod {ns}/{name}: {e}"));
+                created.metadata.uid.unwrap()
+            }
+        }
+    }
+
+    /// Delete a pod at once (grace period 0: no kubelet confirms a graceful deletion). False when
+    /// there was none.
+    pub fn delete_pod(&self, ns: &str, name: &str) -> bool {
+        match &self.backend {
+            Backend::Double(d) => d.delete_pod(ns, name),
+            Backend::Real(c) => {
+                let api: Api<Pod> = Api::namespaced(c.client.clone(), ns);
+                let dp = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
+                match c.rt.block_on(api.delete(name, &dp)) {
+                    Ok(_) => true,
+                    Err(kube::Error::Api(s)) if s.code == 404 => false,
+                    Err(e) => panic!("delete pod {ns}/{name}: {e}"),
+                }
+            }
+        }
+    }
+
+    /// A node running the node-agent: its DaemonSet pod (namespace [`Env::agent_ns`], label
     /// [`AGENT_LABEL`], `spec.nodeName` = `node`), which is how the reconciler knows live nodes.
     pub fn agent(&self, node: &str) {
+        self.agent_pod(node, &agent_pod(node));
+    }
+
+    /// An agent pod named `name` on `node` (two of them on one node during a rolling update).
+    pub fn agent_pod(&self, node: &str, name: &str) {
         let (k, v) = AGENT_LABEL.split_once('=').unwrap();
-        self.double
-            .upsert_pod(json!({"metadata": {"namespace": AGENT_NS, "name": agent_pod(node), "uid": format!("u-agent-{node}"),
-                                            "labels": {k: v}},
-                               "spec": {"nodeName": node}, "status": {"phase": "Running"}}))
-            .unwrap();
+        self.pod_object(json!({"metadata": {"namespace": self.agent_ns(), "name": name, "uid": format!("u-{name}"), "labels": {k: v}},
+                               "spec": {"nodeName": node}}));
     }
 
     /// The node's agent pod is gone (the node was deleted, its pods with it).
     pub fn agent_gone(&self, node: &str) {
-        assert!(self.double.delete_pod(AGENT_NS, &agent_pod(node)), "no agent pod on {node}");
+        assert!(self.delete_pod(self.agent_ns(), &agent_pod(node)), "no agent pod on {node}");
+    }
+
+    /// A kubeconfig for an identity that may do what tether needs (ipleases: get, list, watch,
+    /// create, update, delete; pods: get, list, watch; customresourcedefinitions: get) except the
+    /// `(verb, resource)` pairs given. Real server: a ClusterRole bound to an impersonated user.
+    /// Double: its 403 knob (for every client of this double).
+    pub fn forbidding(&self, forbidden: &[(&str, &str)]) -> PathBuf {
+        match &self.backend {
+            Backend::Double(d) => {
+                for (verb, resource) in forbidden {
+                    d.forbid(verb, resource);
+                }
+                self.kubeconfig.clone()
+            }
+            Backend::Real(c) => c.restricted(self, forbidden),
+        }
     }
 
     /// Put `l` in the Kubernetes store.
@@ -97,19 +269,147 @@ impl Env {
         self.store().list(network).unwrap().into_iter().find(|l| l.address == a).map(|l| l.state)
     }
 
-    /// A NAD using the Kubernetes store through the double (master lo, no probing).
+    /// The IPLease objects of `network` as the API server returns them (real server only).
+    pub fn lease_objects(&self, network: &str) -> Vec<Value> {
+        let Backend::Real(c) = &self.backend else { panic!("lease_objects: real server only") };
+        let api: Api<tether_kube_store::IPLease> = Api::all(c.client.clone());
+        let lp = kube::api::ListParams::default().labels(&tether_kube_store::crd::network_selector(network));
+        let list = c.rt.block_on(api.list(&lp)).expect("LIST ipleases");
+        list.items.into_iter().map(|o| serde_json::to_value(o).unwrap()).filter(|o| o["spec"]["network"] == network).collect()
+    }
+
+    /// A NAD using the Kubernetes store (master lo, no probing).
     pub fn nad(&self, network: &str) -> PathBuf {
-        let p = self.dir.join(&format!("{network}.json"));
-        let v = json!({"cniVersion": "1.0.0", "name": network, "type": "tether-ipvlan", "master": "lo",
-            "ipam": {"type": "tether-ipam", "range": "10.77.0.0/24", "probe": false, "store": "kubernetes",
-                     "kubernetes": {"kubeconfig": self.kubeconfig}}});
-        std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
-        p
+        self.nad_with(network, &self.kubeconfig)
+    }
+
+    /// The same with another kubeconfig (e.g. one from [`Env::forbidding`]).
+    pub fn nad_with(&self, network: &str, kubeconfig: &Path) -> PathBuf {
+        nad_file(self.dir.path(), network, kubeconfig)
     }
 }
 
-/// Where the node-agent's pods are, and their label (the reconciler's defaults).
-pub const AGENT_NS: &str = "kube-system";
+impl Drop for Env {
+    fn drop(&mut self) {
+        let Backend::Real(c) = &self.backend else { return };
+        // This test's leases (every network named after it): a later sweep must not judge them.
+        if let Ok(store) = KubeStore::connect(self.settings()) {
+            let prefix = format!("{}-", self.id);
+            for l in store.list_all().unwrap_or_default().into_iter().filter(|l| l.network.starts_with(&prefix)) {
+                store.restart_budget();
+                let _ = store.remove(&l);
+            }
+        }
+        // Its RBAC objects. Pods and namespaces stay: no test looks at another's namespace or
+        // nodes, and the server lives for one run.
+        let roles: Api<ClusterRole> = Api::all(c.client.clone());
+        let bindings: Api<ClusterRoleBinding> = Api::all(c.client.clone());
+        for name in c.rbac.lock().unwrap().iter() {
+            let _ = c.rt.block_on(bindings.delete(name, &DeleteParams::default()));
+            let _ = c.rt.block_on(roles.delete(name, &DeleteParams::default()));
+        }
+    }
+}
+
+fn client_for(rt: &tokio::runtime::Runtime, kubeconfig: &Path) -> kube::Client {
+    rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+        Ok::<_, Box<dyn std::error::Error>>(kube::Client::try_from(cfg)?)
+    })
+    .unwrap_or_else(|e| panic!("a client for {}: {e}", kubeconfig.display()))
+}
+
+impl Cluster {
+    fn ensure_namespace(&self, ns: &str) {
+        if self.namespaces.lock().unwrap().contains(ns) {
+            return;
+        }
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let obj: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+        match self.rt.block_on(api.create(&PostParams::default(), &obj)) {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("create namespace {ns}: {e}"),
+        }
+        self.namespaces.lock().unwrap().insert(ns.to_string());
+    }
+
+    fn restricted(&self, env: &Env, forbidden: &[(&str, &str)]) -> PathBuf {
+        let n = self.rbac.lock().unwrap().len();
+        let user = env.name(&format!("user{n}")).to_string();
+        let granted: [(&str, &str, &[&str]); 3] = [
+            ("ipam.tether.dev", "ipleases", &["get", "list", "watch", "create", "update", "delete"]),
+            ("", "pods", &["get", "list", "watch"]),
+            ("apiextensions.k8s.io", "customresourcedefinitions", &["get"]),
+        ];
+        for (verb, resource) in forbidden {
+            assert!(
+                granted.iter().any(|(_, r, vs)| r == resource && vs.contains(verb)),
+                "a real server can only forbid what tether is granted here, not {verb} {resource}: use the double"
+            );
+        }
+        let mut rules = Vec::new();
+        for (group, resource, verbs) in granted {
+            let verbs: Vec<&str> = verbs.iter().copied().filter(|v| !forbidden.contains(&(*v, resource))).collect();
+            if !verbs.is_empty() {
+                rules.push(json!({"apiGroups": [group], "resources": [resource], "verbs": verbs}));
+            }
+        }
+        let role: ClusterRole = serde_json::from_value(json!({"metadata": {"name": user}, "rules": rules})).unwrap();
+        let binding: ClusterRoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": user},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user},
+            "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]
+        }))
+        .unwrap();
+        let pp = PostParams::default();
+        self.rt.block_on(Api::<ClusterRole>::all(self.client.clone()).create(&pp, &role)).expect("create ClusterRole");
+        self.rbac.lock().unwrap().push(user.clone());
+        self.rt.block_on(Api::<ClusterRoleBinding>::all(self.client.clone()).create(&pp, &binding)).expect("create ClusterRoleBinding");
+
+        // The admin's kubeconfig, impersonating the user.
+        let mut kc = kube::config::Kubeconfig::read_from(&env.kubeconfig).unwrap();
+        let ctx = kc.current_context.clone().expect("current-context");
+        let auth = kc.contexts.iter().find(|c| c.name == ctx).and_then(|c| c.context.as_ref()).and_then(|c| c.user.clone()).expect("context user");
+        for a in kc.auth_infos.iter_mut().filter(|a| a.name == auth) {
+            if let Some(ai) = a.auth_info.as_mut() {
+                ai.impersonate = Some(user.clone());
+            }
+        }
+        let path = env.dir.join(&format!("kubeconfig-{user}"));
+        std::fs::write(&path, serde_saphyr::to_string(&kc).unwrap()).unwrap();
+
+        // The authorizer's caches take a moment: wait until the role's first rule is in force.
+        let store = KubeStore::connect(KubeSettings::with_kubeconfig(&path)).unwrap();
+        let probe = granted.iter().find_map(|(g, r, vs)| vs.iter().find(|v| !forbidden.contains(&(**v, *r))).map(|v| (*v, *g, *r)));
+        if let Some((verb, group, resource)) = probe {
+            let ok = wait_until(Duration::from_secs(10), || {
+                store.restart_budget();
+                store.can_i(verb, group, resource).is_ok_and(|a| a.allowed)
+            });
+            assert!(ok.is_some(), "RBAC for {user} not in force after 10 s");
+        }
+        path
+    }
+}
+/// A NAD in `dir` using the Kubernetes store through `kubeconfig` (master lo, no probing).
+pub fn nad_file(dir: &Path, network: &str, kubeconfig: &Path) -> PathBuf {
+    let p = dir.join(format!("{network}.json"));
+    let v = json!({"cniVersion": "1.0.0", "name": network, "type": "tether-ipvlan", "master": "lo",
+        "ipam": {"type": "tether-ipam", "range": "10.77.0.0/24", "probe": false, "store": "kubernetes",
+                 "kubernetes": {"kubeconfig": kubeconfig}}});
+    std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
+    p
+}
+
+/// A URL where nothing listens (connections are refused).
+pub fn closed_url() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("http://{}", l.local_addr().unwrap())
+}
+
+/// The node-agent's pod label (the reconciler's default).
 pub const AGENT_LABEL: &str = "app.kubernetes.io/name=tether";
 
 /// The name of the agent pod on `node`.

@@ -1,12 +1,15 @@
-//! Test environment. **The backend is chosen here and only here** ([`Env::new`]):
+//! Test environment: a **real Kubernetes API server** with the IPLease CRD installed, named by
+//! `TETHER_TEST_KUBECONFIG` (`make test` and `make unit` start one with `conformance/kube/up.sh`,
+//! from `../shared/peers`). Every test that uses [`Env`] is `#[ignore]`d, so a plain `cargo test`
+//! shows it as ignored, never as passed; without the variable [`Env::new`] panics with "NOT RUN".
 //!
-//! - default: an in-process [`ApiServerDouble`] (a test double of the Kubernetes API);
-//! - `TETHER_TEST_KUBECONFIG=/path/to/kubeconfig`: a real cluster with the IPLease CRD installed
-//!   (`kubectl apply -f deploy/crds/ipleases.yaml`) and an identity that may create ClusterRoles,
-//!   ClusterRoleBindings and impersonate users (cluster-admin). Every test then runs against it
-//!   unchanged: each test uses its own network name and deletes its leases at the end; "CRD
-//!   missing" points the store at an API group that does not exist, "forbidden" impersonates a
-//!   user bound to a ClusterRole without that verb.
+//! The identity must be cluster-admin (create ClusterRoles and ClusterRoleBindings, impersonate
+//! users). Each test uses its own network name and deletes its leases at the end, so tests run
+//! in parallel against one server; "CRD missing" points the store at an API group that does not
+//! exist, "forbidden" impersonates a user bound to a ClusterRole without that verb.
+//!
+//! The API double (`crates/apiserver-double`) is used only by tests that need a fault a real
+//! server cannot produce on demand (see `errors.rs`).
 #![allow(dead_code)]
 
 use std::net::IpAddr;
@@ -14,7 +17,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tether_apiserver_double::ApiServerDouble;
 use tether_kube_store::{KubeSettings, KubeStore};
 use tether_leases::{AddRequest, Lease, LeaseState, LeaseStore, PodRef};
 use tether_pool::{IpRange, RequestedIp};
@@ -44,20 +46,17 @@ impl Drop for TempDir {
     }
 }
 
-pub enum Backend {
-    Double(ApiServerDouble),
-    Cluster,
-}
+/// Why the tests that need [`Env`] are ignored by default (keep in sync with their attribute).
+pub const NEEDS_API: &str = "needs a real API server: make test starts one (../shared/peers)";
 
 pub struct Env {
-    pub backend: Backend,
     pub dir: TempDir,
     pub kubeconfig: PathBuf,
     /// A network name unique to this test (and process).
     pub network: String,
 }
 
-/// Is a real cluster selected?
+/// The real API server of this run, if any.
 pub fn real_cluster() -> Option<PathBuf> {
     std::env::var_os("TETHER_TEST_KUBECONFIG")
         .filter(|v| !v.is_empty())
@@ -65,40 +64,25 @@ pub fn real_cluster() -> Option<PathBuf> {
 }
 
 impl Env {
-    /// The backend for this run: the only place that decides.
+    /// A fresh network name on the real API server; panics ("NOT RUN") without one.
     pub fn new(tag: &str) -> Env {
         static N: AtomicUsize = AtomicUsize::new(0);
+        let kubeconfig = real_cluster().unwrap_or_else(|| {
+            panic!(
+                "NOT RUN: this test {NEEDS_API}. Set TETHER_TEST_KUBECONFIG to the kubeconfig that \
+                 `conformance/kube/up.sh` prints (or run `make unit`)."
+            )
+        });
         let dir = TempDir::new(tag);
         let network = format!(
             "t-{tag}-{}-{}",
             std::process::id(),
             N.fetch_add(1, Ordering::SeqCst)
         );
-        match real_cluster() {
-            Some(kubeconfig) => Env {
-                backend: Backend::Cluster,
-                dir,
-                kubeconfig,
-                network,
-            },
-            None => {
-                let double = ApiServerDouble::start().expect("start the API double");
-                let kubeconfig = dir.path().join("kubeconfig");
-                double.write_kubeconfig(&kubeconfig).unwrap();
-                Env {
-                    backend: Backend::Double(double),
-                    dir,
-                    kubeconfig,
-                    network,
-                }
-            }
-        }
-    }
-
-    pub fn double(&self) -> Option<&ApiServerDouble> {
-        match &self.backend {
-            Backend::Double(d) => Some(d),
-            Backend::Cluster => None,
+        Env {
+            dir,
+            kubeconfig,
+            network,
         }
     }
 
@@ -113,87 +97,79 @@ impl Env {
         KubeStore::connect(self.settings()).expect("connect")
     }
 
+    /// The store as the plugin on `node` opens it: with the node's name and its journal, so the
+    /// engine reads single objects instead of listing (the production path).
+    pub fn node_store(&self, node: &str) -> KubeStore {
+        self.store_with(|s| {
+            s.node = Some(node.to_string());
+            s.journal_dir = Some(self.dir.path().join(format!("journal-{node}")));
+        })
+    }
+
     pub fn store_with(&self, f: impl FnOnce(&mut KubeSettings)) -> KubeStore {
         let mut s = self.settings();
         f(&mut s);
         KubeStore::connect(s).expect("connect")
     }
 
-    /// Settings under which the IPLease resource is not served.
-    pub fn without_crd(&self) -> CrdGone<'_> {
-        match &self.backend {
-            Backend::Double(d) => {
-                d.set_crd_installed(false);
-                CrdGone {
-                    env: self,
-                    settings: self.settings(),
-                }
-            }
-            Backend::Cluster => CrdGone {
-                env: self,
-                settings: KubeSettings {
-                    group: "not-installed.tether.dev".into(),
-                    ..self.settings()
-                },
+    /// The leases of `network`, sorted by address, from a consistent (etcd) list: what the
+    /// server holds now. (A store lists from the watch cache by default, which may lag behind a
+    /// write just made; tests check their outcome with this, never with the store under test.)
+    pub fn leases(&self, network: &str) -> Vec<Lease> {
+        sorted(&self.store_with(|s| s.list_from_cache = false), network)
+    }
+
+    /// Settings under which the IPLease resource is not served: an API group that does not
+    /// exist (the CRD of a server shared by parallel tests cannot be removed).
+    pub fn without_crd(&self) -> CrdGone {
+        CrdGone {
+            settings: KubeSettings {
+                group: "not-installed.tether.dev".into(),
+                ..self.settings()
             },
         }
     }
 
     /// Settings under which `verb` on ipleases is forbidden (everything else allowed).
-    pub fn forbidding(&self, verb: &str) -> Forbidden<'_> {
-        match &self.backend {
-            Backend::Double(d) => {
-                d.forbid(verb, "ipleases");
-                Forbidden {
-                    env: self,
-                    verb: verb.to_string(),
-                    settings: self.settings(),
-                    cleanup: None,
-                }
+    pub fn forbidding(&self, verb: &str) -> Forbidden {
+        cluster::forbidding(self, verb)
+    }
+
+    /// The IPLease object `name` as the API server returns it (None: not found).
+    pub fn object(&self, name: &str) -> Option<serde_json::Value> {
+        cluster::object(&self.kubeconfig, name)
+    }
+}
+
+impl Env {
+    /// Delete every lease of `network` (a consistent list: the cache may lag behind).
+    pub fn delete_network(&self, network: &str) {
+        if let Ok(store) = KubeStore::connect(KubeSettings { list_from_cache: false, ..self.settings() }) {
+            for l in store.list(network).unwrap_or_default() {
+                let _ = store.remove(&l);
             }
-            Backend::Cluster => cluster::forbidding(self, verb),
         }
     }
 }
 
 impl Drop for Env {
     fn drop(&mut self) {
-        if let Backend::Cluster = self.backend {
-            // Leave nothing behind in the cluster.
-            if let Ok(store) = KubeStore::connect(self.settings()) {
-                for l in store.list(&self.network).unwrap_or_default() {
-                    let _ = store.remove(&l);
-                }
-            }
-        }
+        // Leave nothing behind on the server.
+        self.delete_network(&self.network);
     }
 }
 
-pub struct CrdGone<'a> {
-    env: &'a Env,
+pub struct CrdGone {
     pub settings: KubeSettings,
 }
 
-impl Drop for CrdGone<'_> {
-    fn drop(&mut self) {
-        if let Some(d) = self.env.double() {
-            d.set_crd_installed(true);
-        }
-    }
-}
-
-pub struct Forbidden<'a> {
-    env: &'a Env,
-    verb: String,
+pub struct Forbidden {
     pub settings: KubeSettings,
     cleanup: Option<Box<dyn FnOnce()>>,
 }
 
-impl Drop for Forbidden<'_> {
+impl Drop for Forbidden {
     fn drop(&mut self) {
-        if let Some(d) = self.env.double() {
-            d.allow(&self.verb, "ipleases");
-        }
         if let Some(f) = self.cleanup.take() {
             f();
         }
@@ -216,8 +192,32 @@ mod cluster {
             .unwrap()
     }
 
-    pub fn forbidding<'a>(env: &'a Env, verb: &str) -> Forbidden<'a> {
-        let user = format!("tether-test-no-{verb}-{}", std::process::id());
+    fn client(runtime: &tokio::runtime::Runtime, kubeconfig: &Path) -> kube::Client {
+        runtime
+            .block_on(async {
+                let kc = Kubeconfig::read_from(kubeconfig)?;
+                let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+                Ok::<_, Box<dyn std::error::Error>>(kube::Client::try_from(cfg)?)
+            })
+            .expect("cluster client")
+    }
+
+    pub fn object(kubeconfig: &Path, name: &str) -> Option<serde_json::Value> {
+        let runtime = rt();
+        let api: Api<tether_kube_store::IPLease> = Api::all(client(&runtime, kubeconfig));
+        runtime
+            .block_on(api.get_opt(name))
+            .expect("GET IPLease")
+            .map(|o| serde_json::to_value(o).unwrap())
+    }
+
+    pub fn forbidding(env: &Env, verb: &str) -> Forbidden {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let user = format!(
+            "tether-test-no-{verb}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        );
         let name = user.clone();
         let verbs: Vec<String> = ["get", "list", "watch", "create", "update", "delete"]
             .iter()
@@ -225,13 +225,7 @@ mod cluster {
             .map(|v| v.to_string())
             .collect();
         let runtime = rt();
-        let client = runtime
-            .block_on(async {
-                let kc = Kubeconfig::read_from(&env.kubeconfig)?;
-                let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-                Ok::<_, Box<dyn std::error::Error>>(kube::Client::try_from(cfg)?)
-            })
-            .expect("cluster client");
+        let client = client(&runtime, &env.kubeconfig);
         let roles: Api<ClusterRole> = Api::all(client.clone());
         let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
         let role = ClusterRole {
@@ -320,8 +314,6 @@ mod cluster {
             std::thread::sleep(Duration::from_millis(200));
         }
         Forbidden {
-            env,
-            verb: verb.to_string(),
             settings,
             cleanup: Some(Box::new(move || {
                 rt().block_on(async {
