@@ -91,6 +91,33 @@ fn a_node_without_pods_is_reconciled_without_errors() {
     assert_eq!(released_in(net, &r), vec!["10.0.7.1".to_string()]);
 }
 
+/// DEL keeps a Released record (cooldown, sticky) and, with the cluster store, never lists to
+/// tidy up: the node's agent deletes its node's records released more than a day ago, and
+/// nothing younger, nothing leased, nothing of another node.
+#[test]
+#[ignore = "needs a real API server: make test starts one (../shared/peers)"]
+fn old_released_records_of_this_node_are_deleted() {
+    let env = Env::real("prune");
+    let (net, n1, n2) = (env.name("fabric"), env.name("n1"), env.name("n2"));
+    let day = tether_leases::Policy::default().retain_released_s;
+    let released = |addr: &str, node: &str, at: u64| {
+        let mut l = lease(net, addr, None, node, at);
+        l.state = tether_leases::LeaseState::Released { at };
+        env.put(l);
+    };
+    released("10.0.8.1", n1, now() - day - 60);
+    released("10.0.8.2", n1, now() - 60);
+    released("10.0.8.3", n2, now() - day - 60);
+    env.put(lease(net, "10.0.8.4", None, n1, now() - day - 60));
+    let r = Reconciler::new(options(&env, n1)).unwrap().pass(true);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(r.pruned, 1);
+    assert_eq!(env.state(net, "10.0.8.1"), None, "a day-old released record of this node is gone");
+    assert!(is_released(&env.state(net, "10.0.8.2")));
+    assert!(is_released(&env.state(net, "10.0.8.3")), "another node's record is its agent's");
+    assert!(is_leased(&env.state(net, "10.0.8.4")));
+}
+
 #[test]
 #[ignore = "needs a real API server: make test starts one (../shared/peers)"]
 fn pod_created_while_reconcile_runs_is_safe_within_grace() {

@@ -263,10 +263,12 @@ impl Env {
         s.claim(l, None).unwrap().unwrap()
     }
 
-    /// The stored state of `addr` in `network` (None: no record).
+    /// The stored state of `addr` in `network` (None: no record), from a consistent list: the
+    /// watch cache may lag behind what another store just wrote.
     pub fn state(&self, network: &str, addr: &str) -> Option<LeaseState> {
         let a: IpAddr = addr.parse().unwrap();
-        self.store().list(network).unwrap().into_iter().find(|l| l.address == a).map(|l| l.state)
+        let store = KubeStore::connect(KubeSettings { list_from_cache: false, ..self.settings() }).unwrap();
+        store.list(network).unwrap().into_iter().find(|l| l.address == a).map(|l| l.state)
     }
 
     /// The IPLease objects of `network` as the API server returns them (real server only).
