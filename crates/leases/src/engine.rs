@@ -509,7 +509,19 @@ impl<'a> Allocator<'a> {
             }
         }
         let kept = match &failed {
-            Some(_) => self.rollback(std::mem::take(&mut call.written)),
+            Some(_) => {
+                // What the attachment held before this call stays journaled, with whatever
+                // could not be rolled back.
+                let mut kept = self.rollback(std::mem::take(&mut call.written));
+                if let Some(j) = &call.journal {
+                    for l in j.lookup.mine.iter().flat_map(|e| &e.leases) {
+                        if !kept.iter().any(|k| k.address == l.address) {
+                            kept.push(l.clone());
+                        }
+                    }
+                }
+                kept
+            }
             None => out.clone(),
         };
         if let Some(j) = &mut call.journal {

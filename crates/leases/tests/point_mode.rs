@@ -351,3 +351,23 @@ fn journal_rebuild_finds_this_nodes_leases_once() {
     assert_eq!(a.del("c1", "net1").unwrap()[0].address, held);
     assert_eq!(n.counts(), (0, 0, 1));
 }
+
+#[test]
+fn a_failed_repeat_add_keeps_what_the_attachment_held() {
+    // A second range is added to the config; the repeated ADD fails there (exhausted): the
+    // lease of the first range stays held and journaled, so DEL still finds it.
+    let (c, d) = (TempDir::new("pm-keep-c"), TempDir::new("pm-keep-d"));
+    let n = Node::new(&c, &d, "a");
+    let clock = FakeClock::new(1_000_000);
+    let one = Allocator::new(NET, vec![range("10.0.0.0/24")], Policy::default(), &n, &NoProbe, &clock);
+    let req = req_on(&n, "c1", pod("ns", "p1", "u1"));
+    let held = one.add(&req).unwrap()[0].address;
+    let full = with_requested(req_on(&n, "other", pod("ns", "other", "u")), &["10.9.0.1"]);
+    let two = Allocator::new(NET, vec![range("10.0.0.0/24"), range("10.9.0.1-10.9.0.1/24")], Policy::default(), &n, &NoProbe, &clock);
+    let mut f = full.clone();
+    f.requested.insert(0, tether_pool::RequestedIp::parse("10.0.0.200").unwrap());
+    two.add(&f).unwrap();
+    assert!(matches!(two.add(&req).unwrap_err(), AllocError::Exhausted { .. }));
+    assert!(n.rec(held).unwrap().is_leased());
+    assert_eq!(one.del("c1", "net1").unwrap()[0].address, held);
+}
