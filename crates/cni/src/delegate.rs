@@ -44,17 +44,16 @@ impl Delegation<'_> {
     /// Run `plugin` for `command`; Ok holds its stdout.
     pub fn exec(&self, plugin: &str, command: Command) -> Result<Vec<u8>, CniError> {
         let bin = self.find(plugin)?;
-        let mut child = Process::new(&bin)
+        let mut process = Process::new(&bin);
+        process
             .env_clear()
             .envs(self.vars.iter())
             .env("CNI_COMMAND", command.as_str())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| {
-                CniError::new(code::DELEGATE_FAILED, format!("cannot execute {}: {e}", bin.display()))
-            })?;
+            .stderr(Stdio::piped());
+        let mut child = spawn(&mut process)
+            .map_err(|e| CniError::new(code::DELEGATE_FAILED, format!("cannot execute {}: {e}", bin.display())))?;
         // A plugin that exits without reading stdin gives EPIPE here; its exit status tells the story.
         let _ = child.stdin.take().expect("piped").write_all(self.stdin);
         let out = child
@@ -91,6 +90,22 @@ impl Delegation<'_> {
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Start a delegate. A binary some process still holds open for writing (ETXTBSY: an installer
+/// mid-copy, or a concurrent fork that inherited the writer's descriptor) is retried briefly, as
+/// libcni retries it.
+fn spawn(process: &mut Process) -> std::io::Result<std::process::Child> {
+    let mut tries = 0;
+    loop {
+        match process.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 10 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => return r,
+        }
+    }
 }
 
 #[cfg(test)]
