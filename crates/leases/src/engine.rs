@@ -840,31 +840,8 @@ impl<'a> Allocator<'a> {
             }
         }
         cooling.sort_by_key(|l| (l.since, l.address));
-        let reuse_cooling = !cooling.is_empty();
-        for old in free.into_iter().chain(cooling) {
-            let Some(cur) = call.view.get(&old.address).cloned() else {
-                continue;
-            };
-            if self.classify(&cur, &req.pod, now) == Class::Blocked {
-                continue;
-            }
-            let new = self.new_lease(req, old.address, prefix, i, self.clock.now());
-            match self.claim(i, new, Some(cur), true, call)? {
-                Claimed::Got(l) => {
-                    if reuse_cooling && matches!(old.state, LeaseState::Released { at } if now < at.saturating_add(self.policy.cooldown_s)) {
-                        log::warn!(
-                            "network {}: range {} has no address outside its cooldown; reusing {} released at {}",
-                            self.network,
-                            range,
-                            l.address,
-                            old.since
-                        );
-                    }
-                    return Ok(Some(l));
-                }
-                Claimed::Lost => {}
-                Claimed::InUse(mac) => conflicts.add(self, range, old.address, mac)?,
-            }
+        if let Some(l) = self.claim_seen(i, req, free.into_iter().chain(cooling), now, call, &mut conflicts)? {
+            return Ok(Some(l));
         }
         if !whole {
             return Ok(None);
@@ -928,7 +905,25 @@ impl<'a> Allocator<'a> {
 
         // Nothing else is free: reuse cooling-down addresses, longest released first.
         cooling.sort_by_key(|l| (l.since, l.address));
-        for old in cooling {
+        if let Some(l) = self.claim_seen(i, req, cooling, now, call, &mut conflicts)? {
+            return Ok(l);
+        }
+        Err(self.no_address(i, conflicts, &call.view))
+    }
+
+    /// Claim the first of `seen` (records read earlier in this ADD, in order of preference) that
+    /// is still claimable; say so when it is a cooling-down one, reused because nothing else is.
+    fn claim_seen(
+        &self,
+        i: usize,
+        req: &AddRequest,
+        seen: impl IntoIterator<Item = Lease>,
+        now: u64,
+        call: &mut Call<'_>,
+        conflicts: &mut Conflicts,
+    ) -> Result<Option<Lease>, AllocError> {
+        let range = &self.ranges[i];
+        for old in seen {
             // The view may have changed since the record was seen.
             let Some(cur) = call.view.get(&old.address).cloned() else {
                 continue;
@@ -936,23 +931,25 @@ impl<'a> Allocator<'a> {
             if self.classify(&cur, &req.pod, now) == Class::Blocked {
                 continue;
             }
-            let new = self.new_lease(req, old.address, prefix, i, self.clock.now());
+            let new = self.new_lease(req, old.address, range.prefix_len(), i, self.clock.now());
             match self.claim(i, new, Some(cur), true, call)? {
                 Claimed::Got(l) => {
-                    log::warn!(
-                        "network {}: range {} has no address outside its cooldown; reusing {} released at {}",
-                        self.network,
-                        range,
-                        l.address,
-                        old.since
-                    );
-                    return Ok(l);
+                    if matches!(old.state, LeaseState::Released { at } if now < at.saturating_add(self.policy.cooldown_s)) {
+                        log::warn!(
+                            "network {}: range {} has no address outside its cooldown; reusing {} released at {}",
+                            self.network,
+                            range,
+                            l.address,
+                            old.since
+                        );
+                    }
+                    return Ok(Some(l));
                 }
                 Claimed::Lost => {}
                 Claimed::InUse(mac) => conflicts.add(self, range, old.address, mac)?,
             }
         }
-        Err(self.no_address(i, conflicts, &call.view))
+        Ok(None)
     }
 
     /// The error of a range with nothing left, with counts from `view` (which holds the range).
