@@ -1,5 +1,5 @@
-//! Small helpers for the benchmark binaries (`bench-ipam`, `bench-probe`): run many plugin calls at a
-//! given concurrency, time each one, and summarise.
+//! Small helpers for the benchmark binaries (`bench-ipam`, `bench-probe`, `bench-kube`): run many
+//! plugin calls at a given concurrency, time each one, and summarise.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -55,24 +55,38 @@ pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// One plugin call of [`run_calls`]: its index, how long the process took, and what it printed.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub index: usize,
+    pub latency: Duration,
+    pub ok: bool,
+    pub stdout: String,
+}
+
 /// Run `n` calls of `argv` (program and arguments, e.g. `ip netns exec <ns> <plugin>`) with
-/// `concurrency` workers. Call `i` gets the environment from `env(i)` (nothing else but PATH) and
-/// `stdin` on standard input; it succeeds when it exits 0.
-pub fn run_batch(
+/// `concurrency` workers, one process per call. Call `i` gets the environment from `env(i)`
+/// (nothing else but PATH) and `stdin` on standard input; it succeeds when it exits 0. No call
+/// starts after `deadline` (calls under way finish), so fewer than `n` may run. Returns the calls
+/// in completion order and the wall time.
+pub fn run_calls(
     argv: &[String],
     n: usize,
     concurrency: usize,
     env: &(dyn Fn(usize) -> Vec<(String, String)> + Sync),
     stdin: &[u8],
-) -> Batch {
+    deadline: Option<Instant>,
+) -> (Vec<Call>, Duration) {
     let next = AtomicUsize::new(0);
-    let lat = Mutex::new(Vec::with_capacity(n));
-    let failures = Mutex::new(Vec::new());
+    let calls = Mutex::new(Vec::with_capacity(n));
     let start = Instant::now();
     std::thread::scope(|s| {
         for _ in 0..concurrency.max(1) {
             s.spawn(|| {
                 loop {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        break;
+                    }
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     if i >= n {
                         break;
@@ -90,22 +104,34 @@ pub fn run_batch(
                     let mut child = c.spawn().expect("spawn plugin");
                     child.stdin.take().unwrap().write_all(stdin).unwrap();
                     let out = child.wait_with_output().unwrap();
-                    let d = t.elapsed();
-                    if out.status.success() {
-                        lat.lock().unwrap().push(d);
-                    } else {
-                        failures
-                            .lock()
-                            .unwrap()
-                            .push(String::from_utf8_lossy(&out.stdout).into_owned());
-                    }
+                    let latency = t.elapsed();
+                    calls.lock().unwrap().push(Call {
+                        index: i,
+                        latency,
+                        ok: out.status.success(),
+                        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                    });
                 }
             });
         }
     });
+    (calls.into_inner().unwrap(), start.elapsed())
+}
+
+/// [`run_calls`] without a deadline, summarised: latencies of the successful calls, stdout of
+/// the failed ones.
+pub fn run_batch(
+    argv: &[String],
+    n: usize,
+    concurrency: usize,
+    env: &(dyn Fn(usize) -> Vec<(String, String)> + Sync),
+    stdin: &[u8],
+) -> Batch {
+    let (calls, wall) = run_calls(argv, n, concurrency, env, stdin, None);
+    let (ok, failed): (Vec<Call>, Vec<Call>) = calls.into_iter().partition(|c| c.ok);
     Batch {
-        latencies: lat.into_inner().unwrap(),
-        wall: start.elapsed(),
-        failures: failures.into_inner().unwrap(),
+        latencies: ok.into_iter().map(|c| c.latency).collect(),
+        wall,
+        failures: failed.into_iter().map(|c| c.stdout).collect(),
     }
 }

@@ -259,3 +259,49 @@ fn i91_ipvlan_ipv6_pool_skip_and_requested_error() {
         lab.state().records()
     );
 }
+
+/// The IPv6 address of `pod`'s net1, as `ip -j addr` describes it right now.
+fn addr_info(pod: &NetNs, addr: IpAddr) -> Value {
+    pod.ip_json(&["-6", "addr", "show", "dev", "net1"])
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default())
+        .find(|a| a["local"] == addr.to_string())
+        .unwrap_or_else(|| panic!("{addr} not on net1: {}", pod.ip(&["-6", "addr"])))
+}
+
+/// DAD is not paid twice, and never skipped unprobed: an IPv6 address tether-ipam probed on the wire
+/// is added `nodad` and usable the moment ADD returns; with probing off (nobody probed it) the kernel
+/// runs DAD and ADD returns only once it is over. tether-ipam's note never reaches the runtime.
+#[test]
+#[ignore = "lab: run via conformance/lab/run-tests.sh lab_probe"]
+fn ipv6_skips_dad_only_when_tether_ipam_probed_it() {
+    let mut lab = Lab::new("lpnd", "10.1.2.10-10.1.2.50/24");
+    lab.ipam["ipRanges"] = json!([{"range": "fd00:1:2::10-fd00:1:2::50/64"}]);
+    let out = lab.libcni("nodad-probed", None).add(&lab.pod.path());
+    out.assert_success();
+    assert!(out.json().get("tetherProbed").is_none(), "{out}");
+    let v6 = result_ips(&out)[1];
+    let a = addr_info(&lab.pod, v6);
+    assert_eq!(a["nodad"], true, "probed, so added nodad: {a}");
+    assert!(
+        a.get("tentative").is_none() && a.get("dadfailed").is_none(),
+        "{a}"
+    );
+
+    lab.ipam["probe"] = json!(false);
+    let pod2 = NetNs::new("lpnd-p2");
+    let out = lab.libcni("nodad-unprobed", None).add(&pod2.path());
+    out.assert_success();
+    let v6 = result_ips(&out)[1];
+    let a = addr_info(&pod2, v6);
+    assert!(
+        a.get("nodad").is_none(),
+        "nobody probed it, yet DAD was skipped: {a}"
+    );
+    assert!(
+        a.get("tentative").is_none(),
+        "ADD returned a tentative address: {a}"
+    );
+}

@@ -245,8 +245,7 @@ fn check_master(raw: &Value, r: &mut Report) -> Option<(u32, [u8; 6], String)> {
         return None;
     }
     let link = (|| -> Result<tether_link::Link, String> {
-        let rt = Netlink::runtime().map_err(|e| e.to_string())?;
-        let nl = Netlink::current(&rt).map_err(|e| e.to_string())?;
+        let nl = Netlink::current().map_err(|e| e.to_string())?;
         match raw.get("master").and_then(Value::as_str).filter(|m| !m.is_empty()) {
             Some(m) => nl.link_by_name(m).map_err(|e| e.to_string())?.ok_or_else(|| {
                 format!("master {m:?} does not exist on this node: fix \"master\" (see `ip -br link`) or leave it out to use the default route's interface")

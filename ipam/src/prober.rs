@@ -6,19 +6,31 @@
 //! 1. the config's `master` (the attacher's key, which the IPAM receives too) — in the host netns, or in
 //!    the pod netns under `linkInContainer`;
 //! 2. else, if CNI_IFNAME in the pod netns is an ipvlan slave, its parent;
-//! 3. else CNI_IFNAME itself (macvlan slave, veth), raised for the probe if it is down and put back.
+//! 3. else CNI_IFNAME itself (macvlan slave, veth: the pod's own interface, which the calling plugin
+//!    created for this pod and raises after IPAM), raised for the probe if it is down and put back.
+//!
+//! A master (1, 2) is never raised: it is a host interface that other pods' ADDs probe through at the
+//! same time, so a down master is an error naming it.
+//!
+//! One budget for all families. The engine probes the ranges of an ADD one after the other. With
+//! [`add_probing`], the probe of every range but the last is only started (its socket queues every
+//! reply from then on) and provisionally answered Free; the last range's probe then waits for all of
+//! them together, so IPv4 + IPv6 cost one budget. If an earlier address turns out to be in use after
+//! all, the ADD fails inside the engine (which rolls it back) and is redone probing one address at a
+//! time, so the address is quarantined and another one handed out exactly as before.
 
-use std::cell::OnceCell;
+use std::cell::{OnceCell, RefCell};
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::Value;
-use tether_cni::Request;
+use tether_cni::{CniError, CniResult, Request};
 use tether_leases::{ProbeError, ProbeOutcome, Prober};
-use tether_link::{NetNs, Netlink};
-use tether_pool::IpRange;
-use tether_wire::ProbeBudget;
+use tether_link::{Link, NetNs, Netlink, NsThread};
+use tether_pool::{IpRange, PoolConfig};
+use tether_wire::{Probe, ProbeBudget};
 
 /// Where to look for the interface.
 #[derive(Debug, Clone)]
@@ -34,16 +46,49 @@ struct Iface {
     index: u32,
     mac: [u8; 6],
     name: String,
-    /// Set when the probe needs to run inside the pod netns.
-    netns: Option<PathBuf>,
-    /// We raised it and must lower it again.
-    raised: bool,
+    /// A thread in the pod netns when the link is there: packet sockets are opened from it.
+    pod: Option<NsThread>,
+    /// The pod's own interface, raised for probing: lowered again on drop through this handle.
+    raised: Option<Netlink>,
+}
+
+impl Iface {
+    fn start(&self, address: IpAddr, budget: ProbeBudget) -> Result<Probe, ProbeError> {
+        let (index, mac) = (self.index, self.mac);
+        let start = move || Probe::start(index, mac, address, budget);
+        match &self.pod {
+            None => start(),
+            Some(t) => t.run(start).map_err(|e| ProbeError::Other(Box::new(e)))?,
+        }
+        .map_err(|e| ProbeError::Other(Box::new(e)))
+    }
+}
+
+/// What the probes of this process found, for [`add_probing`] (one CNI call per process).
+struct Session {
+    /// Probe earlier ranges without waiting (set only by [`add_probing`]).
+    concurrent: bool,
+    /// Addresses probed and found unused.
+    proved: Vec<IpAddr>,
+    /// Set when a provisionally accepted address was answered after all: the ADD must be redone.
+    redo: Option<String>,
+}
+
+static SESSION: Mutex<Session> = Mutex::new(Session { concurrent: false, proved: Vec::new(), redo: None });
+
+fn session<T>(f: impl FnOnce(&mut Session) -> T) -> T {
+    f(&mut SESSION.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
 pub struct WireProber {
     target: Target,
     budget: ProbeBudget,
+    /// The config's ranges: the engine probes them in this order, and the last one waits for all.
+    ranges: Vec<IpRange>,
+    concurrent: bool,
     iface: OnceCell<Result<Iface, String>>,
+    /// Probes of earlier ranges of this ADD, started and not yet waited for.
+    pending: RefCell<Vec<Probe>>,
 }
 
 impl WireProber {
@@ -58,67 +103,130 @@ impl WireProber {
             Some(m) => Target::Named { name: m.to_string(), netns: None },
             None => Target::PodInterface { ifname: req.env.ifname().to_string(), netns: netns? },
         };
-        Some(WireProber { target, budget, iface: OnceCell::new() })
+        let ranges = PoolConfig::from_slice(&req.conf.raw).map(|c| c.ranges).unwrap_or_default();
+        let concurrent = session(|s| s.concurrent) && ranges.len() > 1;
+        Some(WireProber { target, budget, ranges, concurrent, iface: OnceCell::new(), pending: RefCell::new(Vec::new()) })
     }
 
     fn resolve(&self) -> Result<Iface, String> {
-        let rt = Netlink::runtime().map_err(|e| e.to_string())?;
-        let open = |p: &PathBuf| NetNs::open(p).map_err(|e| e.to_string());
-        let (link, netns, nl) = match &self.target {
-            Target::Named { name, netns } => {
-                let nl = match netns {
-                    Some(p) => Netlink::in_netns(&rt, &open(p)?),
-                    None => Netlink::current(&rt),
-                }
-                .map_err(|e| e.to_string())?;
-                let link = nl.link_by_name(name).map_err(|e| e.to_string())?.ok_or_else(|| format!("master {name:?} not found for probing"))?;
-                (link, netns.clone(), nl)
+        let s = |e: &dyn std::fmt::Display| e.to_string();
+        let in_pod = |p: &PathBuf| -> Result<(NsThread, Netlink), String> {
+            let t = NetNs::open(p).map_err(|e| s(&e))?.thread().map_err(|e| s(&e))?;
+            let nl = t.run(Netlink::current).map_err(|e| s(&e))?.map_err(|e| s(&e))?;
+            Ok((t, nl))
+        };
+        match &self.target {
+            Target::Named { name, netns: None } => {
+                let host = Netlink::current().map_err(|e| s(&e))?;
+                let link = host.link_by_name(name).map_err(|e| s(&e))?.ok_or_else(|| format!("master {name:?} not found for probing"))?;
+                master(link, None)
+            }
+            Target::Named { name, netns: Some(p) } => {
+                let (t, pod) = in_pod(p)?;
+                let link = pod.link_by_name(name).map_err(|e| s(&e))?.ok_or_else(|| format!("master {name:?} not found in {} for probing", p.display()))?;
+                master(link, Some(t))
             }
             Target::PodInterface { ifname, netns } => {
-                let pod = Netlink::in_netns(&rt, &open(netns)?).map_err(|e| e.to_string())?;
-                let link = pod.link_by_name(ifname).map_err(|e| e.to_string())?.ok_or_else(|| format!("{ifname} not found in {}", netns.display()))?;
+                let (t, pod) = in_pod(netns)?;
+                let link = pod.link_by_name(ifname).map_err(|e| s(&e))?.ok_or_else(|| format!("{ifname} not found in {}", netns.display()))?;
                 match (link.kind.as_deref(), link.parent_index) {
                     // An ipvlan slave created from the host: probe on its parent, in the host netns.
                     (Some("ipvlan"), Some(parent)) => {
-                        let host = Netlink::current(&rt).map_err(|e| e.to_string())?;
-                        match host.link_by_index(parent).map_err(|e| e.to_string())? {
-                            Some(master) => (master, None, host),
+                        let host = Netlink::current().map_err(|e| s(&e))?;
+                        match host.link_by_index(parent).map_err(|e| s(&e))? {
+                            Some(m) => master(m, None),
                             // The parent is not in the host netns (linkInContainer): it is next to the slave.
                             None => {
-                                let m = pod.link_by_index(parent).map_err(|e| e.to_string())?.ok_or_else(|| format!("the master of {ifname} was not found"))?;
-                                (m, Some(netns.clone()), pod)
+                                let m = pod.link_by_index(parent).map_err(|e| s(&e))?.ok_or_else(|| format!("the master of {ifname} was not found"))?;
+                                master(m, Some(t))
                             }
                         }
                     }
-                    _ => (link, Some(netns.clone()), pod),
+                    _ => {
+                        let mac = ethernet(&link)?;
+                        // The pod's own interface, down until its plugin configures it after IPAM.
+                        let raised = if link.up {
+                            None
+                        } else {
+                            pod.set_up(link.index).map_err(|e| s(&e))?;
+                            Some(pod)
+                        };
+                        Ok(Iface { index: link.index, mac, name: link.name, pod: Some(t), raised })
+                    }
                 }
             }
-        };
-        let mac: [u8; 6] = link
-            .mac
-            .as_deref()
-            .and_then(|m| m.try_into().ok())
-            .ok_or_else(|| format!("{} has no Ethernet address to probe with", link.name))?;
-        let raised = !link.up;
-        if raised {
-            nl.set_up(link.index).map_err(|e| e.to_string())?;
         }
-        Ok(Iface { index: link.index, mac, name: link.name, netns, raised })
+    }
+
+    fn is_last(&self, range: &IpRange) -> bool {
+        self.ranges.iter().rposition(|r| r == range).is_none_or(|i| i + 1 == self.ranges.len())
     }
 }
 
-impl Prober for WireProber {
-    fn probe(&self, address: IpAddr, _range: &IpRange) -> Result<ProbeOutcome, ProbeError> {
-        let iface = self.iface.get_or_init(|| self.resolve()).as_ref().map_err(|e| ProbeError::Failed(e.clone()))?;
-        let (index, mac, budget) = (iface.index, iface.mac, self.budget);
-        let run = move || tether_wire::probe(index, mac, address, budget);
-        let outcome = match &iface.netns {
-            None => run(),
-            Some(p) => NetNs::open(p).map_err(|e| ProbeError::Other(Box::new(e)))?.run(run).map_err(|e| ProbeError::Other(Box::new(e)))?,
+fn ethernet(link: &Link) -> Result<[u8; 6], String> {
+    link.mac.as_deref().and_then(|m| m.try_into().ok()).ok_or_else(|| format!("{} has no Ethernet address to probe with", link.name))
+}
+
+/// A master to probe through: used as it is, never raised (see the module doc).
+fn master(link: Link, pod: Option<NsThread>) -> Result<Iface, String> {
+    if !link.up {
+        return Err(format!(
+            "cannot probe through {:?}: the link is down, and a probe through a down link proves nothing; \
+             bring {} up (tether never changes the state of a master) or set \"probe\": false",
+            link.name, link.name
+        ));
+    }
+    Ok(Iface { index: link.index, mac: ethernet(&link)?, name: link.name, pod, raised: None })
+}
+
+/// Wait for `probes` together and record what each found: unused (proved), or, for one that was
+/// provisionally accepted (all but `last_is_ours`' last), in use after all: the ADD must be redone.
+/// The outcomes come back in order.
+fn wait_and_record(probes: Vec<Probe>, last_is_ours: bool) -> Vec<Result<tether_wire::ProbeOutcome, tether_wire::WireError>> {
+    let addrs: Vec<IpAddr> = probes.iter().map(Probe::candidate).collect();
+    let outcomes = tether_wire::wait_all(probes);
+    let provisional = outcomes.len() - usize::from(last_is_ours);
+    session(|s| {
+        for (i, (a, o)) in addrs.iter().zip(&outcomes).enumerate() {
+            match o {
+                Ok(tether_wire::ProbeOutcome::Free) => s.proved.push(*a),
+                Ok(tether_wire::ProbeOutcome::InUse { mac }) if i < provisional => {
+                    s.redo.get_or_insert_with(|| format!("{a} answered the conflict probe from MAC {mac} after it was provisionally accepted"));
+                }
+                _ => {}
+            }
         }
-        .map_err(|e| ProbeError::Other(Box::new(e)))?;
-        log::debug!("probe {address} on {}: {outcome:?}", iface.name);
-        Ok(match outcome {
+    });
+    outcomes
+}
+
+fn wire_error(e: tether_wire::WireError) -> ProbeError {
+    ProbeError::Other(Box::new(e))
+}
+
+impl Prober for WireProber {
+    fn probe(&self, address: IpAddr, range: &IpRange) -> Result<ProbeOutcome, ProbeError> {
+        let iface = self.iface.get_or_init(|| self.resolve()).as_ref().map_err(|e| ProbeError::Failed(e.clone()))?;
+        let started = iface.start(address, self.budget)?;
+        if self.concurrent && !self.is_last(range) {
+            log::debug!("probe {address} on {}: started; answered with the last range's", iface.name);
+            self.pending.borrow_mut().push(started);
+            return Ok(ProbeOutcome::Free);
+        }
+        let mut probes = std::mem::take(&mut *self.pending.borrow_mut());
+        probes.push(started);
+        let mut outcomes = wait_and_record(probes, true);
+        let mine = outcomes.pop().expect("our own probe");
+        for o in outcomes {
+            o.map_err(wire_error)?;
+        }
+        if let Some(why) = session(|s| s.redo.clone()) {
+            // The engine rolls this ADD back; add_probing redoes it one probe at a time.
+            return Err(ProbeError::Failed(format!("{why}; allocating again, probing one address at a time")));
+        }
+        let mine = mine.map_err(wire_error)?;
+        log::debug!("probe {address} on {}: {mine:?}", iface.name);
+        Ok(match mine {
             tether_wire::ProbeOutcome::Free => ProbeOutcome::Free,
             tether_wire::ProbeOutcome::InUse { mac } => ProbeOutcome::InUse { mac },
         })
@@ -126,25 +234,53 @@ impl Prober for WireProber {
 }
 
 impl Drop for WireProber {
-    /// Put a link we raised for probing back down: the attacher raises it when it is configured.
     fn drop(&mut self) {
-        if let Some(Ok(iface)) = self.iface.get()
-            && iface.raised
-        {
-            let lower = || -> Result<(), String> {
-                let rt = Netlink::runtime().map_err(|e| e.to_string())?;
-                let nl = match &iface.netns {
-                    Some(p) => Netlink::in_netns(&rt, &NetNs::open(p).map_err(|e| e.to_string())?),
-                    None => Netlink::current(&rt),
+        // Probes the engine never waited for (it probed no later range): settle them now, while the
+        // interface is still as it was during the probe.
+        let pending = std::mem::take(self.pending.get_mut());
+        if !pending.is_empty() {
+            for o in wait_and_record(pending, false) {
+                if let Err(e) = o {
+                    session(|s| s.redo.get_or_insert_with(|| format!("a conflict probe failed: {e}")).clone());
                 }
-                .map_err(|e| e.to_string())?;
-                nl.set_down(iface.index).map_err(|e| e.to_string())
-            };
-            if let Err(e) = lower() {
-                log::warn!("could not set {} down again after probing: {e}", iface.name);
             }
         }
+        if let Some(Ok(iface)) = self.iface.get()
+            && let Some(nl) = &iface.raised
+            && let Err(e) = nl.set_down(iface.index)
+        {
+            log::warn!("could not set {} down again after probing: {e}", iface.name);
+        }
     }
+}
+
+/// ADD with the probes of all ranges running at the same time (see the module doc): `add` runs the
+/// engine, `del` releases what a wrongly accepted ADD got. Returns the Result and the addresses of it
+/// that were probed and found unused.
+pub fn add_probing(add: impl Fn() -> Result<CniResult, CniError>, del: impl Fn() -> Result<(), CniError>) -> Result<(CniResult, Vec<IpAddr>), CniError> {
+    let begin = |concurrent: bool| session(|s| *s = Session { concurrent, proved: Vec::new(), redo: None });
+    let end = |r: &CniResult| {
+        let proved = session(|s| std::mem::take(&mut s.proved));
+        r.ips.iter().map(|ip| ip.address.addr()).filter(|a| proved.contains(a)).collect::<Vec<_>>()
+    };
+    begin(true);
+    let first = add();
+    match (first, session(|s| s.redo.take())) {
+        (Ok(r), None) => {
+            let p = end(&r);
+            return Ok((r, p));
+        }
+        (Err(e), None) => return Err(e),
+        (Ok(_), Some(why)) => {
+            log::warn!("{why}; releasing and allocating again, probing one address at a time");
+            del()?;
+        }
+        (Err(_), Some(why)) => log::info!("{why}; allocating again, probing one address at a time"),
+    }
+    begin(false);
+    let r = add()?;
+    let p = end(&r);
+    Ok((r, p))
 }
 
 /// The probe budget from the config's `probe` section.

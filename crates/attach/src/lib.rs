@@ -16,10 +16,12 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use ipnet::IpNet;
 use tether_cni::result::{Interface, Route as CniRoute};
+use tether_cni::delegate::Running;
 use tether_cni::{CniError, CniResult, Command, Request, code};
 use tether_link::netlink::EEXIST;
-use tether_link::{IpvlanMode, Link, NetNs, Netlink, NetnsError, Route, sysctl};
+use tether_link::{IpvlanMode, Link, NetNs, Netlink, NetnsError, NsThread, Route, sysctl};
 
 pub use config::IpvlanConfig;
 pub use error::AttachError;
@@ -80,11 +82,16 @@ struct Undo<'a> {
     pod: &'a Netlink,
     link: Option<u32>,
     ipam: Option<String>,
+    /// The IPAM ADD, when it runs while the link is made: waited for before its DEL.
+    running: Option<Running>,
     armed: bool,
 }
 
 impl Drop for Undo<'_> {
     fn drop(&mut self) {
+        if let Some(r) = self.running.take() {
+            let _ = r.wait();
+        }
         if !self.armed {
             return;
         }
@@ -101,7 +108,22 @@ impl Drop for Undo<'_> {
     }
 }
 
+/// IPAM plugins that only allocate, so they can run while the link is made: most of an ADD is the
+/// IPAM's exec and probe, and the link's creation then costs nothing. Others (dhcp talks through the
+/// pod's interface) run once it exists, as under the reference plugin.
+fn ipam_needs_no_link(cfg: &IpvlanConfig, plugin: &str) -> bool {
+    match plugin {
+        // Without `master`, tether-ipam finds its probe link through CNI_IFNAME.
+        "tether-ipam" => cfg.master.is_some(),
+        "host-local" | "static" | "whereabouts" => true,
+        _ => false,
+    }
+}
+
 /// ADD: create, rename, address, raise, announce. Nothing is left behind on failure.
+///
+/// One thread enters the pod netns for the whole ADD ([`NsThread`]): it opens the pod's netlink socket
+/// (used from this thread afterwards), writes the sysctls and sends the announcements.
 pub fn add(req: &Request) -> Result<CniResult, AttachError> {
     let cfg = IpvlanConfig::from_conf(&req.conf)?;
     reject_requested_mac(req)?;
@@ -112,9 +134,9 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
     let netns_path = req.env.netns.as_deref().expect("ADD validated CNI_NETNS");
     let ifname = req.env.ifname();
     let ns = open_pod_netns(netns_path)?;
-    let rt = Netlink::runtime()?;
-    let host = Netlink::current(&rt)?;
-    let pod = Netlink::in_netns(&rt, &ns)?;
+    let in_pod = ns.thread()?;
+    let pod = in_pod.run(Netlink::current)??;
+    let host = Netlink::current()?;
 
     let master = resolve_master(&cfg, prev, &host, &pod)?;
     if let (Some(mtu), Some(master_mtu)) = (cfg.mtu, master.mtu)
@@ -122,8 +144,14 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
     {
         return Err(AttachError::MtuTooLarge { mtu, master: master.name.clone(), master_mtu });
     }
-    if pod.link_by_name(ifname)?.is_some() {
-        return Err(AttachError::IfnameExists { ifname: ifname.to_string(), netns: netns_path.to_owned() });
+
+    let mut undo = Undo { req, pod: &pod, link: None, ipam: None, running: None, armed: true };
+    if let Some(plugin) = &cfg.ipam_type
+        && ipam_needs_no_link(&cfg, plugin)
+    {
+        // Armed before the call: a failed delegate ADD is followed by its DEL, as the spec asks.
+        undo.ipam = Some(plugin.clone());
+        undo.running = Some(req.delegation().spawn(plugin, Command::Add).map_err(AttachError::Cni)?);
     }
 
     // Under linkInContainer the master is in the pod netns already: create there, no move.
@@ -140,27 +168,33 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
             Err(e) => return Err(e.into()),
         }
     }
-    let mut undo = Undo { req, pod: &pod, link: None, ipam: None, armed: true };
     let link = pod.link_by_name(&tmp)?.ok_or_else(|| AttachError::Check(format!("the new link {tmp} vanished from the pod netns")))?;
     undo.link = Some(link.index);
+    // A CNI_IFNAME already in the pod shows here (EEXIST). The rename comes before an IPAM that needs
+    // the link: without `master`, tether-ipam finds its probe link by CNI_IFNAME.
     pod.rename(link.index, ifname).map_err(|e| match e.errno() {
         Some(EEXIST) => AttachError::IfnameExists { ifname: ifname.to_string(), netns: netns_path.to_owned() },
         _ => e.into(),
     })?;
+    set_sysctls(&in_pod, ifname)?;
 
-    let mut result = match &cfg.ipam_type {
-        Some(plugin) => {
-            // Armed before the call: a failed delegate ADD is followed by its DEL, as the spec asks.
-            undo.ipam = Some(plugin.clone());
-            req.delegation().add(plugin).map_err(AttachError::Cni)?
+    let (mut result, probed) = match (&cfg.ipam_type, undo.running.take()) {
+        (_, Some(running)) => {
+            let (r, raw) = running.result().map_err(AttachError::Cni)?;
+            (r, tether_cni::result::probed_addresses(&raw))
         }
-        None => prev.cloned().unwrap_or_default(),
+        (Some(plugin), None) => {
+            undo.ipam = Some(plugin.clone());
+            let (r, raw) = req.delegation().add_raw(plugin).map_err(AttachError::Cni)?;
+            (r, tether_cni::result::probed_addresses(&raw))
+        }
+        (None, None) => (prev.cloned().unwrap_or_default(), Vec::new()),
     };
     if result.ips.is_empty() {
         return Err(AttachError::NoAddresses { plugin: cfg.ipam_type.clone().unwrap_or_else(|| "prevResult".into()) });
     }
 
-    configure(&ns, &pod, &link, ifname, &result)?;
+    configure(&in_pod, &pod, &link, ifname, &result, &probed)?;
 
     result.interfaces = vec![Interface {
         name: ifname.to_string(),
@@ -181,11 +215,11 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
     Ok(result)
 }
 
-/// Sysctls, addresses, link up, IPv6 DAD, routes — in the pod netns.
-fn configure(ns: &NetNs, pod: &Netlink, link: &Link, ifname: &str, result: &CniResult) -> Result<(), AttachError> {
+/// Announce on link-up and on address changes, so peers drop stale entries when an address moves.
+/// Set before the link is up.
+fn set_sysctls(in_pod: &NsThread, ifname: &str) -> Result<(), AttachError> {
     let name = ifname.to_string();
-    ns.run(move || {
-        // Announce on link-up and on address changes, so peers drop stale entries when an address moves.
+    in_pod.run(move || {
         if let Err(e) = sysctl::set_interface("ipv4", &name, "arp_notify", "1") {
             log::warn!("{e}");
         }
@@ -196,11 +230,24 @@ fn configure(ns: &NetNs, pod: &Netlink, link: &Link, ifname: &str, result: &CniR
             log::warn!("{e}");
         }
     })?;
+    Ok(())
+}
+
+/// Addresses, link up, IPv6 DAD, routes — in the pod netns. `probed`: addresses the IPAM proved
+/// unused on the wire. IPv6 ones among them skip the kernel's DAD (`nodad`): it would only repeat that
+/// probe, for a second or two. Every other IPv6 address is waited for until it is no longer tentative.
+fn configure(in_pod: &NsThread, pod: &Netlink, link: &Link, ifname: &str, result: &CniResult, probed: &[IpAddr]) -> Result<(), AttachError> {
+    let mut dad = Vec::new();
     for ip in &result.ips {
-        pod.add_address(link.index, ip.address)?;
+        let v6 = ip.address.addr().is_ipv6();
+        let nodad = v6 && probed.contains(&ip.address.addr());
+        pod.add_address(link.index, ip.address, nodad)?;
+        if v6 && !nodad {
+            dad.push(ip.address);
+        }
     }
     pod.set_up(link.index)?;
-    wait_for_dad(pod, link.index, ifname, result)?;
+    wait_for_dad(pod, link.index, ifname, &dad)?;
     for r in &result.routes {
         let gateway = r.gw.or_else(|| same_family_gateway(result, r));
         let route = Route { dst: r.dst, gateway, oif: Some(link.index), priority: r.priority, table: r.table };
@@ -209,18 +256,18 @@ fn configure(ns: &NetNs, pod: &Netlink, link: &Link, ifname: &str, result: &CniR
             other => other?,
         }
     }
-    announce_addresses(ns, link, result);
+    announce_addresses(in_pod, link, result);
     Ok(())
 }
 
 /// Gratuitous ARP / unsolicited NA for every address, now that it is configured and out of DAD, so
 /// neighbours and switches drop entries left by the address's previous holder. The kernel sends one
 /// more on link-up (arp_notify). A failure here is logged: the attachment itself works.
-fn announce_addresses(ns: &NetNs, link: &Link, result: &CniResult) {
+fn announce_addresses(in_pod: &NsThread, link: &Link, result: &CniResult) {
     let Some(mac) = link.mac.as_deref().and_then(|m| <[u8; 6]>::try_from(m).ok()) else { return };
     let addrs: Vec<IpAddr> = result.ips.iter().map(|i| i.address.addr()).collect();
     let index = link.index;
-    match ns.run(move || tether_wire::announce(index, mac, &addrs, 1, Duration::ZERO)) {
+    match in_pod.run(move || tether_wire::announce(index, mac, &addrs, 1, Duration::ZERO)) {
         Ok(Ok(())) => {}
         Ok(Err(e)) => log::warn!("announcing addresses: {e}"),
         Err(e) => log::warn!("announcing addresses: {e}"),
@@ -232,9 +279,9 @@ fn same_family_gateway(result: &CniResult, r: &CniRoute) -> Option<IpAddr> {
     result.ips.iter().filter_map(|ip| ip.gateway).find(|g| g.is_ipv4() == r.dst.addr().is_ipv4())
 }
 
-/// Return only once every IPv6 address has left the tentative state, so the pod can use it at once.
-fn wait_for_dad(pod: &Netlink, index: u32, ifname: &str, result: &CniResult) -> Result<(), AttachError> {
-    let wanted: Vec<_> = result.ips.iter().map(|i| i.address).filter(|a| a.addr().is_ipv6()).collect();
+/// Return only once every address of `wanted` (IPv6, added without `nodad`) has left the tentative
+/// state, so the pod can use it at once.
+fn wait_for_dad(pod: &Netlink, index: u32, ifname: &str, wanted: &[IpNet]) -> Result<(), AttachError> {
     if wanted.is_empty() {
         return Ok(());
     }
@@ -242,7 +289,7 @@ fn wait_for_dad(pod: &Netlink, index: u32, ifname: &str, result: &CniResult) -> 
     loop {
         let addrs = pod.addresses(index)?;
         let mut pending = None;
-        for w in &wanted {
+        for w in wanted {
             match addrs.iter().find(|a| a.address.addr() == w.addr()) {
                 Some(a) if a.dad_failed => return Err(AttachError::DadFailed { address: w.to_string(), ifname: ifname.to_string() }),
                 Some(a) if a.tentative => pending = Some(*w),
@@ -257,10 +304,15 @@ fn wait_for_dad(pod: &Netlink, index: u32, ifname: &str, result: &CniResult) -> 
     }
 }
 
-/// DEL: remove the link if it is there, release the lease through IPAM, succeed when both are already
-/// gone. Never resolves the master, so a missing master or default route cannot make DEL fail.
+/// DEL: remove the link if it is there and release the lease through IPAM, at the same time; succeed
+/// when both are already gone. Never resolves the master, so a missing master or default route cannot
+/// make DEL fail.
 pub fn del(req: &Request) -> Result<(), AttachError> {
     let ifname = req.env.ifname();
+    // The IPAM runs while the link is removed (its exec is most of a DEL); the lease is released even
+    // if the link could not be removed, and even when the config is one ADD would have refused (DEL
+    // after a failed ADD). Its error is reported first, once the link is gone.
+    let ipam = req.conf.ipam_type().map(|plugin| req.delegation().spawn(plugin, Command::Del));
     let mut link_error = None;
     if let Some(path) = req.env.netns.as_deref() {
         match NetNs::open(path) {
@@ -275,17 +327,14 @@ pub fn del(req: &Request) -> Result<(), AttachError> {
             Err(e) => link_error = Some(e.into()),
         }
     }
-    // The lease is released even if the link could not be removed, and even when the config is one ADD
-    // would have refused (DEL after a failed ADD).
-    if let Some(plugin) = req.conf.ipam_type() {
-        req.delegation().exec(plugin, Command::Del).map_err(AttachError::Cni)?;
+    if let Some(running) = ipam {
+        running.and_then(|r| r.wait()).map_err(AttachError::Cni)?;
     }
     link_error.map_or(Ok(()), Err)
 }
 
 fn delete_pod_link(ns: &NetNs, ifname: &str) -> Result<(), AttachError> {
-    let rt = Netlink::runtime()?;
-    let pod = Netlink::in_netns(&rt, ns)?;
+    let pod = Netlink::in_netns(ns)?;
     match pod.link_by_name(ifname)? {
         Some(l) if l.kind.as_deref() == Some("ipvlan") => {
             pod.delete_link(l.index)?;
@@ -317,9 +366,8 @@ pub fn check(req: &Request) -> Result<(), AttachError> {
         .ok_or_else(|| AttachError::Check(format!("prevResult lists no interface {ifname:?} with sandbox {sandbox}")))?;
     let expected = &prev.interfaces[idx];
     let ns = open_pod_netns(netns_path)?;
-    let rt = Netlink::runtime()?;
-    let host = Netlink::current(&rt)?;
-    let pod = Netlink::in_netns(&rt, &ns)?;
+    let host = Netlink::current()?;
+    let pod = Netlink::in_netns(&ns)?;
 
     let link = pod.link_by_name(ifname)?.ok_or_else(|| AttachError::Check(format!("{ifname} does not exist in {sandbox}")))?;
     if link.kind.as_deref() != Some("ipvlan") {
@@ -386,8 +434,7 @@ pub fn status(req: &Request) -> Result<(), CniError> {
     let cfg = IpvlanConfig::from_conf(&req.conf).map_err(CniError::from)?;
     // Under linkInContainer the master appears only with the pod; there is nothing to check up front.
     if !cfg.link_in_container {
-        let rt = Netlink::runtime().map_err(|e| not_ready(e.to_string()))?;
-        let host = Netlink::current(&rt).map_err(|e| not_ready(e.to_string()))?;
+        let host = Netlink::current().map_err(|e| not_ready(e.to_string()))?;
         resolve_master(&cfg, None, &host, &host).map_err(|e| not_ready(e.to_string()))?;
     }
     if let Some(plugin) = &cfg.ipam_type {

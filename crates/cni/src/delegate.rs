@@ -10,6 +10,8 @@ use crate::env::Command;
 use crate::error::{CniError, code};
 use crate::result::CniResult;
 
+mod relog;
+
 /// Where to look and what to hand over.
 #[derive(Debug, Clone)]
 pub struct Delegation<'a> {
@@ -43,6 +45,12 @@ impl Delegation<'_> {
 
     /// Run `plugin` for `command`; Ok holds its stdout.
     pub fn exec(&self, plugin: &str, command: Command) -> Result<Vec<u8>, CniError> {
+        self.spawn(plugin, command)?.wait()
+    }
+
+    /// Start `plugin` for `command` and hand it its stdin; [`Running::wait`] collects the outcome, so
+    /// the caller can do other work meanwhile.
+    pub fn spawn(&self, plugin: &str, command: Command) -> Result<Running, CniError> {
         let bin = self.find(plugin)?;
         let mut process = Process::new(&bin);
         process
@@ -55,14 +63,40 @@ impl Delegation<'_> {
         let mut child = spawn(&mut process)
             .map_err(|e| CniError::new(code::DELEGATE_FAILED, format!("cannot execute {}: {e}", bin.display())))?;
         // A plugin that exits without reading stdin gives EPIPE here; its exit status tells the story.
+        // (A config fits the pipe's buffer, so this does not wait for the plugin.)
         let _ = child.stdin.take().expect("piped").write_all(self.stdin);
+        Ok(Running { child, bin, plugin: plugin.to_string(), command })
+    }
+
+    /// ADD through the delegate, reading its Result in whatever layout it printed.
+    pub fn add(&self, plugin: &str) -> Result<CniResult, CniError> {
+        self.add_raw(plugin).map(|(r, _)| r)
+    }
+
+    /// ADD, with the delegate's Result also as printed (for keys the model does not carry).
+    pub fn add_raw(&self, plugin: &str) -> Result<(CniResult, serde_json::Value), CniError> {
+        self.spawn(plugin, Command::Add)?.result()
+    }
+}
+
+/// A delegated plugin under way ([`Delegation::spawn`]).
+#[derive(Debug)]
+pub struct Running {
+    child: std::process::Child,
+    bin: PathBuf,
+    plugin: String,
+    command: Command,
+}
+
+impl Running {
+    /// Wait for the plugin; Ok holds its stdout, Err its error object (or why it could not run).
+    pub fn wait(self) -> Result<Vec<u8>, CniError> {
+        let Running { child, bin, plugin, command } = self;
         let out = child
             .wait_with_output()
             .map_err(|e| CniError::new(code::DELEGATE_FAILED, format!("waiting for {}: {e}", bin.display())))?;
-        if !out.stderr.is_empty() {
-            // The delegate's log lines stay logs: ours go to stderr too.
-            log::debug!("{plugin} {}: {}", command.as_str(), String::from_utf8_lossy(&out.stderr).trim_end());
-        }
+        // The delegate's log lines stay logs: ours go to stderr too.
+        relog::relog(&plugin, command.as_str(), &out.stderr);
         if out.status.success() {
             return Ok(out.stdout);
         }
@@ -78,12 +112,13 @@ impl Delegation<'_> {
         .with_details(String::from_utf8_lossy(text).trim().to_string()))
     }
 
-    /// ADD through the delegate, reading its Result in whatever layout it printed.
-    pub fn add(&self, plugin: &str) -> Result<CniResult, CniError> {
-        let stdout = self.exec(plugin, Command::Add)?;
-        CniResult::from_slice(&stdout).map_err(|e| {
-            CniError::new(code::DELEGATE_FAILED, format!("{plugin} ADD printed an unreadable result: {e}"))
-        })
+    /// Wait for an ADD and read its Result, also as printed (for keys the model does not carry).
+    pub fn result(self) -> Result<(CniResult, serde_json::Value), CniError> {
+        let plugin = self.plugin.clone();
+        let stdout = self.wait()?;
+        let unreadable = |e: serde_json::Error| CniError::new(code::DELEGATE_FAILED, format!("{plugin} ADD printed an unreadable result: {e}"));
+        let raw: serde_json::Value = serde_json::from_slice(&stdout).map_err(unreadable)?;
+        Ok((CniResult::from_value(&raw).map_err(unreadable)?, raw))
     }
 }
 

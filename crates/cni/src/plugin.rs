@@ -36,6 +36,11 @@ pub trait Plugin {
     fn check(&self, req: &Request) -> Result<(), CniError>;
     fn status(&self, req: &Request) -> Result<(), CniError>;
     fn gc(&self, req: &Request) -> Result<(), CniError>;
+    /// Top-level keys to add to the Result of a successful ADD, beyond the spec's: a private note from
+    /// one tether plugin to the other (see [`crate::result::PROBED_KEY`]); runtimes ignore unknown keys.
+    fn result_extras(&self) -> serde_json::Map<String, serde_json::Value> {
+        serde_json::Map::new()
+    }
 }
 
 /// Run as a CNI plugin with the process's environment and standard streams, then exit.
@@ -84,7 +89,13 @@ pub fn dispatch<P: Plugin>(
     let outcome = run_verb(plugin, command, vars, &raw);
     match outcome {
         Ok(Some((result, v))) => {
-            let _ = writeln!(stdout, "{}", result.to_json(v));
+            let mut out = result.to_value(v);
+            if let Some(o) = out.as_object_mut() {
+                for (k, x) in plugin.result_extras() {
+                    o.entry(k).or_insert(x);
+                }
+            }
+            let _ = writeln!(stdout, "{out}");
             0
         }
         Ok(None) => 0,
@@ -184,6 +195,10 @@ mod tests {
         fn gc(&self, _: &Request) -> Result<(), CniError> {
             Ok(())
         }
+        fn result_extras(&self) -> serde_json::Map<String, Value> {
+            // A key of the spec is never overwritten by an extra.
+            [("tetherNote".to_string(), Value::from(1)), ("ips".to_string(), Value::Null)].into_iter().collect()
+        }
     }
 
     struct Out {
@@ -263,6 +278,7 @@ mod tests {
             let r = o.json();
             assert_eq!(r["cniVersion"], *v);
             assert_eq!(r["ips"][0].get("version").is_some(), v.starts_with('0'), "{v}");
+            assert_eq!(r["tetherNote"], 1, "the plugin's extra key");
         }
     }
 

@@ -8,6 +8,19 @@ use serde_json::{Value, json};
 
 use crate::version::Version;
 
+/// Top-level key of tether-ipam's ADD Result listing the addresses it probed on the wire and found
+/// unused (`["10.1.2.9", "fd00::9"]`). tether-ipvlan then adds those IPv6 addresses with `nodad`
+/// instead of sitting out the kernel's DAD too, and leaves the key out of its own Result.
+pub const PROBED_KEY: &str = "tetherProbed";
+
+/// The addresses a delegate's raw Result lists under [`PROBED_KEY`] (none when absent or malformed).
+pub fn probed_addresses(raw: &Value) -> Vec<IpAddr> {
+    raw.get(PROBED_KEY)
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(|v| v.as_str()?.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Interface {
     pub name: String,
@@ -233,6 +246,16 @@ mod tests {
         assert!(out.get("routes").is_none());
         let parsed = CniResult::from_value(&json!({"cniVersion":"1.0.0","ips":null,"dns":null})).unwrap();
         assert_eq!(parsed, CniResult::default());
+    }
+
+    #[test]
+    fn probed_addresses_are_read_and_ignored_by_the_model() {
+        let raw = json!({"cniVersion":"1.1.0","ips":[{"address":"10.1.2.9/24"}],"tetherProbed":["10.1.2.9","fd00::9","junk",7]});
+        assert_eq!(probed_addresses(&raw), vec!["10.1.2.9".parse::<IpAddr>().unwrap(), "fd00::9".parse().unwrap()]);
+        assert!(probed_addresses(&json!({"tetherProbed":"10.1.2.9"})).is_empty());
+        // The Result model drops the key, so a plugin never passes it on.
+        let r = CniResult::from_value(&raw).unwrap();
+        assert!(r.to_value(Version::V1_1_0).get(PROBED_KEY).is_none());
     }
 
     #[test]

@@ -2,7 +2,8 @@
 
 pub mod netlink;
 pub mod netns;
+mod socket;
 pub mod sysctl;
 
 pub use netlink::{Address, IpvlanFlag, IpvlanMode, Link, Netlink, NetlinkError, Route};
-pub use netns::{NetNs, NetnsError};
+pub use netns::{NetNs, NetnsError, NsThread};

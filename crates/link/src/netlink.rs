@@ -1,31 +1,28 @@
 //! rtnetlink operations, each bound to one network namespace.
 //!
 //! A netlink socket belongs to the netns of the thread that opened it, so a handle for the pod netns is
-//! opened on a thread that entered it (see [`NetNs::run`]) and then used from anywhere. All calls are
-//! synchronous on a shared current-thread tokio runtime: a CNI plugin does a handful of round trips and
-//! exits, so there is nothing to overlap.
+//! opened on a thread that entered it (see [`NetNs::run`], [`NetNs::thread`]) and then used from
+//! anywhere. Every call is one synchronous round trip on that socket (see `socket.rs`).
 
 use std::net::IpAddr;
-use std::rc::Rc;
 
-use futures_util::TryStreamExt;
 use ipnet::IpNet;
-use netlink_packet_route::AddressFamily;
-use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
-use netlink_packet_route::link::{InfoData, InfoIpVlan, InfoKind, IpVlanFlags, IpVlanMode, LinkAttribute, LinkFlags, LinkInfo as NlLinkInfo, LinkMessage};
-use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope};
-use rtnetlink::{Handle, LinkIpVlan, LinkUnspec, RouteMessageBuilder};
-use tokio::runtime::Runtime;
+use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage};
+use netlink_packet_route::link::{
+    InfoData, InfoIpVlan, InfoKind, IpVlanFlags, IpVlanMode, LinkAttribute, LinkExtentMask, LinkFlags, LinkInfo as NlLinkInfo, LinkMessage,
+};
+use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use crate::netns::{NetNs, NetnsError};
+use crate::socket::{Failure, Socket};
 
 pub const ENODEV: i32 = libc::ENODEV;
 pub const EEXIST: i32 = libc::EEXIST;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetlinkError {
-    #[error("cannot start the netlink runtime: {0}")]
-    Runtime(std::io::Error),
     #[error("cannot open a netlink socket: {0}")]
     Socket(std::io::Error),
     #[error(transparent)]
@@ -46,10 +43,11 @@ impl NetlinkError {
         }
     }
 
-    fn from_rt(op: impl Into<String>, e: rtnetlink::Error) -> Self {
-        match e {
-            rtnetlink::Error::NetlinkError(m) => NetlinkError::Kernel { op: op.into(), errno: m.raw_code().abs() },
-            other => NetlinkError::Protocol { op: op.into(), msg: other.to_string() },
+    fn new(op: impl Into<String>, f: Failure) -> Self {
+        match f {
+            Failure::Errno(errno) => NetlinkError::Kernel { op: op.into(), errno },
+            Failure::Io(e) => NetlinkError::Protocol { op: op.into(), msg: e.to_string() },
+            Failure::Protocol(msg) => NetlinkError::Protocol { op: op.into(), msg },
         }
     }
 }
@@ -119,67 +117,63 @@ pub struct Route {
 
 /// A netlink handle bound to one netns.
 pub struct Netlink {
-    rt: Rc<Runtime>,
-    handle: Handle,
+    sock: Socket,
 }
 
 impl Netlink {
-    /// A runtime to share between the handles of one invocation.
-    pub fn runtime() -> Result<Rc<Runtime>, NetlinkError> {
-        tokio::runtime::Builder::new_current_thread().enable_io().build().map(Rc::new).map_err(NetlinkError::Runtime)
+    /// A handle in the calling thread's netns.
+    pub fn current() -> Result<Netlink, NetlinkError> {
+        Socket::open().map(|sock| Netlink { sock }).map_err(NetlinkError::Socket)
     }
 
-    /// A handle in the caller's netns.
-    pub fn current(rt: &Rc<Runtime>) -> Result<Netlink, NetlinkError> {
-        let _guard = rt.enter();
-        let (conn, handle, _) = rtnetlink::new_connection().map_err(NetlinkError::Socket)?;
-        rt.spawn(conn);
-        Ok(Netlink { rt: rt.clone(), handle })
+    /// A handle whose socket lives in `ns`, opened from a short-lived thread inside it.
+    pub fn in_netns(ns: &NetNs) -> Result<Netlink, NetlinkError> {
+        ns.run(Netlink::current)?
     }
 
-    /// A handle whose socket lives in `ns`.
-    pub fn in_netns(rt: &Rc<Runtime>, ns: &NetNs) -> Result<Netlink, NetlinkError> {
-        let rt_handle = rt.handle().clone();
-        let (conn, handle) = ns.run(move || {
-            let _guard = rt_handle.enter();
-            rtnetlink::new_connection().map(|(c, h, _)| (c, h))
-        })?
-        .map_err(NetlinkError::Socket)?;
-        rt.spawn(conn);
-        Ok(Netlink { rt: rt.clone(), handle })
-    }
-
-    fn block<T>(&self, f: impl Future<Output = T>) -> T {
-        self.rt.block_on(f)
+    fn link_get(&self, msg: LinkMessage, what: impl FnOnce() -> String) -> Result<Option<Link>, NetlinkError> {
+        match self.sock.request(RouteNetlinkMessage::GetLink(msg), 0) {
+            Ok(v) => Ok(v.iter().find_map(|m| match m {
+                RouteNetlinkMessage::NewLink(l) => Some(parse_link(l)),
+                _ => None,
+            })),
+            Err(Failure::Errno(ENODEV)) => Ok(None),
+            Err(f) => Err(NetlinkError::new(what(), f)),
+        }
     }
 
     /// The link called `name`, or None.
     pub fn link_by_name(&self, name: &str) -> Result<Option<Link>, NetlinkError> {
-        let mut req = std::pin::pin!(self.handle.link().get().match_name(name.to_string()).execute());
-        match self.block(req.try_next()) {
-            Ok(Some(m)) => Ok(Some(parse_link(&m))),
-            Ok(None) => Ok(None),
-            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code().abs() == ENODEV => Ok(None),
-            Err(e) => Err(NetlinkError::from_rt(format!("looking up link {name:?}"), e)),
-        }
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+        // Counters are most of a link message and nobody here reads them.
+        msg.attributes.push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
+        self.link_get(msg, || format!("looking up link {name:?}"))
     }
 
     pub fn link_by_index(&self, index: u32) -> Result<Option<Link>, NetlinkError> {
-        let mut req = std::pin::pin!(self.handle.link().get().match_index(index).execute());
-        match self.block(req.try_next()) {
-            Ok(Some(m)) => Ok(Some(parse_link(&m))),
-            Ok(None) => Ok(None),
-            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code().abs() == ENODEV => Ok(None),
-            Err(e) => Err(NetlinkError::from_rt(format!("looking up link #{index}"), e)),
-        }
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        msg.attributes.push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
+        self.link_get(msg, || format!("looking up link #{index}"))
     }
 
     /// Every link in this netns.
     pub fn links(&self) -> Result<Vec<Link>, NetlinkError> {
-        let msgs: Vec<LinkMessage> = self
-            .block(self.handle.link().get().execute().try_collect())
-            .map_err(|e| NetlinkError::from_rt("listing links", e))?;
-        Ok(msgs.iter().map(parse_link).collect())
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
+        let msgs = self.sock.dump(RouteNetlinkMessage::GetLink(msg)).map_err(|f| NetlinkError::new("listing links", f))?;
+        Ok(msgs
+            .iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewLink(l) => Some(parse_link(l)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    fn change(&self, msg: RouteNetlinkMessage, flags: u16, op: impl FnOnce() -> String) -> Result<(), NetlinkError> {
+        self.sock.request(msg, flags).map(|_| ()).map_err(|f| NetlinkError::new(op(), f))
     }
 
     /// Create an ipvlan on `parent` (an index in this handle's netns), straight into `target` when given.
@@ -192,72 +186,123 @@ impl Netlink {
         mtu: Option<u32>,
         target: Option<&NetNs>,
     ) -> Result<(), NetlinkError> {
-        let mode = match mode {
+        let mut data = vec![InfoIpVlan::Mode(match mode {
             IpvlanMode::L2 => IpVlanMode::L2,
             IpvlanMode::L3 => IpVlanMode::L3,
             IpvlanMode::L3s => IpVlanMode::L3S,
-        };
-        let mut b = LinkIpVlan::new(name, parent, mode);
-        b = match flag {
-            IpvlanFlag::Bridge => b,
-            IpvlanFlag::Private => b.flag(IpVlanFlags::Private),
-            IpvlanFlag::Vepa => b.flag(IpVlanFlags::Vepa),
-        };
+        })];
+        match flag {
+            IpvlanFlag::Bridge => {}
+            IpvlanFlag::Private => data.push(InfoIpVlan::Flags(IpVlanFlags::Private)),
+            IpvlanFlag::Vepa => data.push(InfoIpVlan::Flags(IpVlanFlags::Vepa)),
+        }
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+        msg.attributes.push(LinkAttribute::Link(parent));
         if let Some(m) = mtu {
-            b = b.mtu(m);
+            msg.attributes.push(LinkAttribute::Mtu(m));
         }
         if let Some(ns) = target {
-            b = b.setns_by_fd(ns.raw_fd());
+            msg.attributes.push(LinkAttribute::NetNsFd(ns.raw_fd()));
         }
-        self.block(self.handle.link().add(b.build()).execute())
-            .map_err(|e| NetlinkError::from_rt(format!("creating ipvlan {name:?} on link #{parent}"), e))
+        msg.attributes.push(LinkAttribute::LinkInfo(vec![NlLinkInfo::Kind(InfoKind::IpVlan), NlLinkInfo::Data(InfoData::IpVlan(data))]));
+        self.change(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL, || format!("creating ipvlan {name:?} on link #{parent}"))
     }
 
     pub fn rename(&self, index: u32, name: &str) -> Result<(), NetlinkError> {
-        let msg = LinkUnspec::new_with_index(index).name(name.to_string()).build();
-        self.block(self.handle.link().set(msg).execute())
-            .map_err(|e| NetlinkError::from_rt(format!("renaming link #{index} to {name:?}"), e))
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+        self.change(RouteNetlinkMessage::SetLink(msg), 0, || format!("renaming link #{index} to {name:?}"))
+    }
+
+    fn set_flag_up(&self, index: u32, up: bool) -> Result<(), NetlinkError> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        msg.header.change_mask = LinkFlags::Up;
+        if up {
+            msg.header.flags = LinkFlags::Up;
+        }
+        self.change(RouteNetlinkMessage::SetLink(msg), 0, || format!("setting link #{index} {}", if up { "up" } else { "down" }))
     }
 
     pub fn set_up(&self, index: u32) -> Result<(), NetlinkError> {
-        let msg = LinkUnspec::new_with_index(index).up().build();
-        self.block(self.handle.link().set(msg).execute())
-            .map_err(|e| NetlinkError::from_rt(format!("setting link #{index} up"), e))
+        self.set_flag_up(index, true)
     }
 
     pub fn set_down(&self, index: u32) -> Result<(), NetlinkError> {
-        let msg = LinkUnspec::new_with_index(index).down().build();
-        self.block(self.handle.link().set(msg).execute())
-            .map_err(|e| NetlinkError::from_rt(format!("setting link #{index} down"), e))
+        self.set_flag_up(index, false)
     }
 
     /// Delete a link; Ok(false) when it was already gone.
     pub fn delete_link(&self, index: u32) -> Result<bool, NetlinkError> {
-        match self.block(self.handle.link().del(index).execute()) {
-            Ok(()) => Ok(true),
-            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code().abs() == ENODEV => Ok(false),
-            Err(e) => Err(NetlinkError::from_rt(format!("deleting link #{index}"), e)),
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        match self.sock.request(RouteNetlinkMessage::DelLink(msg), 0) {
+            Ok(_) => Ok(true),
+            Err(Failure::Errno(ENODEV)) => Ok(false),
+            Err(f) => Err(NetlinkError::new(format!("deleting link #{index}"), f)),
         }
     }
 
-    pub fn add_address(&self, index: u32, addr: IpNet) -> Result<(), NetlinkError> {
-        self.block(self.handle.address().add(index, addr.addr(), addr.prefix_len()).execute())
-            .map_err(|e| NetlinkError::from_rt(format!("adding address {addr} to link #{index}"), e))
+    /// Add `addr` to link `index`. `nodad`: the address is known to be unique on the segment (tether-ipam
+    /// probed it), so the kernel's duplicate address detection is skipped and it is usable at once.
+    pub fn add_address(&self, index: u32, addr: IpNet, nodad: bool) -> Result<(), NetlinkError> {
+        let mut msg = AddressMessage::default();
+        msg.header.index = index;
+        msg.header.prefix_len = addr.prefix_len();
+        match addr.addr() {
+            IpAddr::V4(v4) => {
+                msg.header.family = AddressFamily::Inet;
+                msg.attributes.push(AddressAttribute::Address(v4.into()));
+                msg.attributes.push(AddressAttribute::Local(v4.into()));
+                if let IpNet::V4(n) = addr
+                    && n.prefix_len() < 31
+                {
+                    msg.attributes.push(AddressAttribute::Broadcast(n.broadcast()));
+                }
+            }
+            IpAddr::V6(v6) => {
+                msg.header.family = AddressFamily::Inet6;
+                msg.attributes.push(AddressAttribute::Address(v6.into()));
+                msg.attributes.push(AddressAttribute::Local(v6.into()));
+            }
+        }
+        if nodad {
+            msg.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
+        }
+        self.change(RouteNetlinkMessage::NewAddress(msg), NLM_F_CREATE | NLM_F_EXCL, || format!("adding address {addr} to link #{index}"))
     }
 
     /// Addresses on link `index` (both families).
     pub fn addresses(&self, index: u32) -> Result<Vec<Address>, NetlinkError> {
-        let msgs: Vec<_> = self
-            .block(self.handle.address().get().set_link_index_filter(index).execute().try_collect())
-            .map_err(|e| NetlinkError::from_rt(format!("listing addresses of link #{index}"), e))?;
+        let mut req = AddressMessage::default();
+        req.header.index = index;
+        let msgs = self
+            .sock
+            .dump(RouteNetlinkMessage::GetAddress(req))
+            .map_err(|f| NetlinkError::new(format!("listing addresses of link #{index}"), f))?;
         Ok(msgs
             .iter()
-            .filter(|m| m.header.index == index)
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewAddress(a) if a.header.index == index => Some(a),
+                _ => None,
+            })
             .filter_map(|m| {
-                let ip = m.attributes.iter().find_map(|a| match a {
-                    AddressAttribute::Address(ip) => Some(*ip),
-                    _ => None,
-                })?;
+                // IFA_LOCAL is the address itself; IFA_ADDRESS is the peer on point-to-point links.
+                let ip = m
+                    .attributes
+                    .iter()
+                    .find_map(|a| match a {
+                        AddressAttribute::Local(ip) => Some(*ip),
+                        _ => None,
+                    })
+                    .or_else(|| {
+                        m.attributes.iter().find_map(|a| match a {
+                            AddressAttribute::Address(ip) => Some(*ip),
+                            _ => None,
+                        })
+                    })?;
                 // The 32-bit IFA_FLAGS attribute supersedes the 8-bit header field when present.
                 let (tentative, dad_failed) = match m.attributes.iter().find_map(|a| match a {
                     AddressAttribute::Flags(f) => Some(*f),
@@ -276,36 +321,63 @@ impl Netlink {
 
     pub fn add_route(&self, route: &Route) -> Result<(), NetlinkError> {
         let op = || format!("adding route to {}{}", route.dst, route.gateway.map(|g| format!(" via {g}")).unwrap_or_default());
-        // The builder's error type is not exported; only its text matters here.
-        fn bad<E: std::fmt::Display>(op: String) -> impl FnOnce(E) -> NetlinkError {
-            move |e| NetlinkError::Protocol { op, msg: e.to_string() }
+        let family = match route.dst {
+            IpNet::V4(_) => AddressFamily::Inet,
+            IpNet::V6(_) => AddressFamily::Inet6,
+        };
+        if route.gateway.is_some_and(|g| g.is_ipv4() != route.dst.addr().is_ipv4()) {
+            return Err(NetlinkError::Protocol { op: op(), msg: "the gateway is not of the destination's family".into() });
         }
-        let mut b = RouteMessageBuilder::<IpAddr>::new().destination_prefix(route.dst.addr(), route.dst.prefix_len()).map_err(bad(op()))?;
-        match route.gateway {
-            Some(gw) => b = b.gateway(gw).map_err(bad(op()))?,
-            // A route without a gateway is on-link.
-            None => b = b.scope(RouteScope::Link),
+        let mut msg = RouteMessage::default();
+        msg.header.address_family = family;
+        msg.header.destination_prefix_length = route.dst.prefix_len();
+        msg.header.table = RouteHeader::RT_TABLE_MAIN;
+        msg.header.protocol = RouteProtocol::Static;
+        msg.header.kind = RouteType::Unicast;
+        // A route without a gateway is on-link.
+        msg.header.scope = if route.gateway.is_some() { RouteScope::Universe } else { RouteScope::Link };
+        msg.attributes.push(RouteAttribute::Destination(route_addr(route.dst.addr())));
+        if let Some(gw) = route.gateway {
+            msg.attributes.push(RouteAttribute::Gateway(route_addr(gw)));
         }
         if let Some(oif) = route.oif {
-            b = b.output_interface(oif);
+            msg.attributes.push(RouteAttribute::Oif(oif));
         }
         if let Some(p) = route.priority {
-            b = b.priority(p);
+            msg.attributes.push(RouteAttribute::Priority(p));
         }
         if let Some(t) = route.table {
-            b = b.table_id(t);
+            match u8::try_from(t) {
+                Ok(small) => msg.header.table = small,
+                Err(_) => {
+                    msg.header.table = RouteHeader::RT_TABLE_UNSPEC;
+                    msg.attributes.push(RouteAttribute::Table(t));
+                }
+            }
         }
-        self.block(self.handle.route().add(b.build()).execute()).map_err(|e| NetlinkError::from_rt(op(), e))
+        self.change(RouteNetlinkMessage::NewRoute(msg), NLM_F_CREATE | NLM_F_EXCL, op)
+    }
+
+    /// Routes of one family: in every table, or only in `table` (filtered by the kernel).
+    fn routes_in(&self, family: AddressFamily, table: Option<u8>) -> Result<Vec<Route>, NetlinkError> {
+        let mut msg = RouteMessage::default();
+        msg.header.address_family = family;
+        if let Some(t) = table {
+            msg.header.table = t;
+        }
+        let msgs = self.sock.dump(RouteNetlinkMessage::GetRoute(msg)).map_err(|f| NetlinkError::new("listing routes", f))?;
+        Ok(msgs
+            .iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewRoute(r) => parse_route(r),
+                _ => None,
+            })
+            .collect())
     }
 
     /// Routes of one family in every table.
     pub fn routes(&self, family: AddressFamily) -> Result<Vec<Route>, NetlinkError> {
-        let mut msg = RouteMessage::default();
-        msg.header.address_family = family;
-        let msgs: Vec<RouteMessage> = self
-            .block(self.handle.route().get(msg).execute().try_collect())
-            .map_err(|e| NetlinkError::from_rt("listing routes", e))?;
-        Ok(msgs.iter().filter_map(parse_route).collect())
+        self.routes_in(family, None)
     }
 
     /// Routes of both families.
@@ -317,12 +389,19 @@ impl Netlink {
 
     /// The interface of the first main-table IPv4 default route, as the reference plugin picks it.
     pub fn default_route_link(&self) -> Result<Option<Link>, NetlinkError> {
-        let routes = self.routes(AddressFamily::Inet)?;
-        let main = libc::RT_TABLE_MAIN as u32;
-        let Some(oif) = routes.iter().filter(|r| r.dst.prefix_len() == 0 && r.table.unwrap_or(main) == main).find_map(|r| r.oif) else {
+        let main = RouteHeader::RT_TABLE_MAIN;
+        let routes = self.routes_in(AddressFamily::Inet, Some(main))?;
+        let Some(oif) = routes.iter().filter(|r| r.dst.prefix_len() == 0 && r.table.unwrap_or(u32::from(main)) == u32::from(main)).find_map(|r| r.oif) else {
             return Ok(None);
         };
         self.link_by_index(oif)
+    }
+}
+
+fn route_addr(ip: IpAddr) -> RouteAddress {
+    match ip {
+        IpAddr::V4(v4) => RouteAddress::Inet(v4),
+        IpAddr::V6(v6) => RouteAddress::Inet6(v6),
     }
 }
 

@@ -35,13 +35,12 @@ impl Drop for TempNs {
 fn handle_in_netns_sees_only_that_netns() {
     let ns = TempNs::new("see");
     ns.ip("link add va type veth peer name vb");
-    let rt = Netlink::runtime().unwrap();
-    let pod = Netlink::in_netns(&rt, &NetNs::open(&ns.path()).unwrap()).unwrap();
+    let pod = Netlink::in_netns(&NetNs::open(&ns.path()).unwrap()).unwrap();
     let va = pod.link_by_name("va").unwrap().expect("va inside");
     assert_eq!(va.kind.as_deref(), Some("veth"));
     assert!(pod.link_by_name("nosuch").unwrap().is_none());
     // The host handle does not see the pod's links (unless the host happens to have a "va").
-    let host = Netlink::current(&rt).unwrap();
+    let host = Netlink::current().unwrap();
     if let Some(l) = host.link_by_name("va").unwrap() {
         assert_ne!(l.mac, va.mac);
     }
@@ -51,16 +50,15 @@ fn handle_in_netns_sees_only_that_netns() {
 fn rename_up_address_route_delete() {
     let ns = TempNs::new("ops");
     ns.ip("link add va type veth peer name vb");
-    let rt = Netlink::runtime().unwrap();
-    let nl = Netlink::in_netns(&rt, &NetNs::open(&ns.path()).unwrap()).unwrap();
+    let nl = Netlink::in_netns(&NetNs::open(&ns.path()).unwrap()).unwrap();
     let va = nl.link_by_name("va").unwrap().unwrap();
     nl.rename(va.index, "net1").unwrap();
     // Renaming onto an existing name is EEXIST.
     let vb = nl.link_by_name("vb").unwrap().unwrap();
     assert_eq!(nl.rename(vb.index, "net1").unwrap_err().errno(), Some(libc::EEXIST));
-    nl.add_address(va.index, "10.9.8.7/24".parse().unwrap()).unwrap();
-    nl.add_address(va.index, "fd00:9::7/64".parse().unwrap()).unwrap();
-    assert_eq!(nl.add_address(va.index, "10.9.8.7/24".parse().unwrap()).unwrap_err().errno(), Some(libc::EEXIST));
+    nl.add_address(va.index, "10.9.8.7/24".parse().unwrap(), false).unwrap();
+    nl.add_address(va.index, "fd00:9::7/64".parse().unwrap(), false).unwrap();
+    assert_eq!(nl.add_address(va.index, "10.9.8.7/24".parse().unwrap(), false).unwrap_err().errno(), Some(libc::EEXIST));
     nl.set_up(vb.index).unwrap();
     nl.set_up(va.index).unwrap();
     assert!(nl.link_by_name("net1").unwrap().unwrap().up);
@@ -84,8 +82,7 @@ fn default_route_link_found_and_absent() {
     ns.ip("addr add 10.7.0.2/24 dev va");
     ns.ip("link set va up");
     ns.ip("link set vb up");
-    let rt = Netlink::runtime().unwrap();
-    let nl = Netlink::in_netns(&rt, &NetNs::open(&ns.path()).unwrap()).unwrap();
+    let nl = Netlink::in_netns(&NetNs::open(&ns.path()).unwrap()).unwrap();
     assert!(nl.default_route_link().unwrap().is_none());
     ns.ip("route add default via 10.7.0.1 dev va");
     assert_eq!(nl.default_route_link().unwrap().unwrap().name, "va");
@@ -98,4 +95,68 @@ fn netns_open_rejects_non_netns() {
     assert!(e.to_string().contains("not a network namespace"), "{e}");
     let e = NetNs::open(&PathBuf::from("/run/netns/definitely-missing")).unwrap_err();
     assert!(e.to_string().contains("does not exist"), "{e}");
+}
+
+/// One thread enters the netns once and runs every job there: a socket it opens sees the pod's links
+/// from the caller's thread, and sysctls it writes land in the pod.
+#[test]
+fn netns_thread_runs_every_job_inside() {
+    let ns = TempNs::new("thr");
+    ns.ip("link add va type veth peer name vb");
+    let netns = NetNs::open(&ns.path()).unwrap();
+    let t = netns.thread().unwrap();
+    let nl = t.run(Netlink::current).unwrap().unwrap();
+    let va = nl.link_by_name("va").unwrap().expect("va is in the pod");
+    assert_eq!(t.run(|| tether_link::sysctl::set_interface("ipv4", "va", "arp_notify", "1")).unwrap().ok(), Some(()));
+    let inside = t.run(|| tether_link::sysctl::get_interface("ipv4", "va", "arp_notify").unwrap()).unwrap();
+    assert_eq!(inside, "1");
+    // Same thread for both jobs: one setns per ADD.
+    let (a, b) = (t.run(|| std::thread::current().id()).unwrap(), t.run(|| std::thread::current().id()).unwrap());
+    assert_eq!(a, b);
+    assert_ne!(a, std::thread::current().id());
+    assert_eq!(nl.link_by_index(va.index).unwrap().unwrap().name, "va");
+    // A job that panics ends the thread; later calls fail instead of hanging.
+    assert!(t.run(|| panic!("boom")).is_err());
+    assert!(t.run(|| 1).is_err());
+}
+
+/// An IPv6 address added with `nodad` is usable at once on a link that is up and doing DAD; without it,
+/// the same kind of address starts tentative.
+#[test]
+fn nodad_address_is_never_tentative() {
+    let ns = TempNs::new("dad");
+    ns.ip("link add va type veth peer name vb");
+    ns.ip("link set vb up");
+    ns.ip("link set va up");
+    let nl = Netlink::in_netns(&NetNs::open(&ns.path()).unwrap()).unwrap();
+    let va = nl.link_by_name("va").unwrap().unwrap();
+    nl.add_address(va.index, "fd00:9::1/64".parse().unwrap(), true).unwrap();
+    nl.add_address(va.index, "fd00:9::2/64".parse().unwrap(), false).unwrap();
+    let addrs = nl.addresses(va.index).unwrap();
+    let find = |s: &str| addrs.iter().find(|a| a.address.to_string() == s).unwrap_or_else(|| panic!("{s} in {addrs:?}")).clone();
+    assert!(!find("fd00:9::1/64").tentative, "{addrs:?}");
+    assert!(find("fd00:9::2/64").tentative, "{addrs:?}");
+}
+
+/// Address dumps are filtered to the link asked for; links() lists them all; set_down lowers.
+#[test]
+fn addresses_of_one_link_links_and_down() {
+    let ns = TempNs::new("dump");
+    ns.ip("link add va type veth peer name vb");
+    ns.ip("addr add 10.9.1.1/24 dev va");
+    ns.ip("addr add 10.9.2.1/24 dev vb");
+    let nl = Netlink::in_netns(&NetNs::open(&ns.path()).unwrap()).unwrap();
+    let va = nl.link_by_name("va").unwrap().unwrap();
+    let got: Vec<String> = nl.addresses(va.index).unwrap().iter().map(|a| a.address.to_string()).collect();
+    assert_eq!(got, ["10.9.1.1/24"]);
+    let names: Vec<String> = nl.links().unwrap().into_iter().map(|l| l.name).collect();
+    for n in ["lo", "va", "vb"] {
+        assert!(names.contains(&n.to_string()), "{names:?}");
+    }
+    nl.set_up(va.index).unwrap();
+    assert!(nl.link_by_index(va.index).unwrap().unwrap().up);
+    nl.set_down(va.index).unwrap();
+    assert!(!nl.link_by_index(va.index).unwrap().unwrap().up);
+    assert!(nl.link_by_index(999_999).unwrap().is_none());
+    assert_eq!(nl.set_up(999_999).unwrap_err().errno(), Some(libc::ENODEV));
 }

@@ -4,7 +4,8 @@
 //! - [`announce`]: tell the segment an address now lives here (gratuitous ARP, unsolicited NA), sent
 //!   only after the address is configured.
 //!
-//! Sockets are AF_PACKET, opened for the call and closed after (see [`socket`]).
+//! Sockets are AF_PACKET, opened for the call and closed after (see [`socket`]). Probes of several
+//! addresses run at the same time and cost one budget ([`Probe`], [`wait_all`]).
 
 pub mod frame;
 pub mod socket;
@@ -49,31 +50,126 @@ impl Default for ProbeBudget {
 /// Probe `candidate` on interface `ifindex` whose MAC is `mac`. Listens for the whole budget unless a
 /// conflict shows up earlier.
 pub fn probe(ifindex: u32, mac: Mac, candidate: IpAddr, budget: ProbeBudget) -> Result<ProbeOutcome, WireError> {
-    let (filter, packet) = match candidate {
-        IpAddr::V4(v4) => (Filter::Arp, frame::arp_probe(mac, v4)),
-        IpAddr::V6(v6) => (Filter::Icmpv6, frame::ndp_probe(mac, v6)),
-    };
-    let sock = PacketSocket::open(ifindex, filter).map_err(|source| WireError::Open { ifindex, source })?;
-    let start = Instant::now();
-    let deadline = start + budget.timeout;
-    let mut sends = schedule(budget.timeout, budget.attempts).into_iter().peekable();
-    let mut buf = [0u8; 2048];
-    loop {
-        while sends.peek().is_some_and(|at| start + *at <= Instant::now()) {
-            sends.next();
-            sock.send(&packet).map_err(|source| WireError::Send { ifindex, source })?;
+    Probe::start(ifindex, mac, candidate, budget)?.wait()
+}
+
+/// A probe under way: its socket is open and queues every ARP or ICMPv6 frame from the moment it was
+/// started, so the caller may do other work (claim the next address, start the next probe) and wait
+/// later, and probes of several addresses share one budget ([`wait_all`]).
+pub struct Probe {
+    sock: PacketSocket,
+    ifindex: u32,
+    mac: Mac,
+    candidate: IpAddr,
+    packet: Vec<u8>,
+    start: Instant,
+    /// Offsets from `start` of the sends still to do.
+    sends: std::vec::IntoIter<Duration>,
+    budget: Duration,
+}
+
+impl Probe {
+    /// Open the socket (in the calling thread's netns) and send the first probe.
+    pub fn start(ifindex: u32, mac: Mac, candidate: IpAddr, budget: ProbeBudget) -> Result<Probe, WireError> {
+        let (filter, packet) = match candidate {
+            IpAddr::V4(v4) => (Filter::Arp, frame::arp_probe(mac, v4)),
+            IpAddr::V6(v6) => (Filter::Icmpv6, frame::ndp_probe(mac, v6)),
+        };
+        let sock = PacketSocket::open(ifindex, filter).map_err(|source| WireError::Open { ifindex, source })?;
+        let mut p = Probe {
+            sock,
+            ifindex,
+            mac,
+            candidate,
+            packet,
+            start: Instant::now(),
+            sends: schedule(budget.timeout, budget.attempts).into_iter(),
+            budget: budget.timeout,
+        };
+        p.send_due()?;
+        Ok(p)
+    }
+
+    pub fn candidate(&self) -> IpAddr {
+        self.candidate
+    }
+
+    /// Wait out this probe alone.
+    pub fn wait(self) -> Result<ProbeOutcome, WireError> {
+        wait_all(vec![self]).pop().expect("one probe, one outcome")
+    }
+
+    fn deadline(&self) -> Instant {
+        self.start + self.budget
+    }
+
+    /// Send every probe whose time has come; the next send's time, if any is left.
+    fn send_due(&mut self) -> Result<Option<Instant>, WireError> {
+        let now = Instant::now();
+        while let Some(at) = self.sends.as_slice().first().map(|d| self.start + *d) {
+            if at > now {
+                return Ok(Some(at));
+            }
+            self.sends.next();
+            self.sock.send(&self.packet).map_err(|source| WireError::Send { ifindex: self.ifindex, source })?;
         }
-        let wake = sends.peek().map_or(deadline, |at| (start + *at).min(deadline));
-        match sock.recv_until(wake, &mut buf).map_err(|source| WireError::Recv { ifindex, source })? {
-            Some(n) => {
-                if let Some(holder) = conflict(&buf[..n], mac, candidate) {
-                    return Ok(ProbeOutcome::InUse { mac: format_mac(&holder) });
+        Ok(None)
+    }
+
+    /// Read what is queued; Some when it settles the probe.
+    fn drain(&self, buf: &mut [u8]) -> Result<Option<ProbeOutcome>, WireError> {
+        let deadline = self.deadline();
+        while let Some(n) = self.sock.try_recv(buf).map_err(|source| WireError::Recv { ifindex: self.ifindex, source })? {
+            if let Some(holder) = conflict(&buf[..n], self.mac, self.candidate) {
+                return Ok(Some(ProbeOutcome::InUse { mac: format_mac(&holder) }));
+            }
+            // A flood of unrelated ARP must not keep the probe past its budget.
+            if Instant::now() >= deadline {
+                break;
+            }
+        }
+        Ok((Instant::now() >= deadline).then_some(ProbeOutcome::Free))
+    }
+}
+
+/// Wait for every probe, in one thread: each listens for its full budget from its own start unless a
+/// conflict settles it sooner. Outcomes come back in the order of `probes`.
+pub fn wait_all(probes: Vec<Probe>) -> Vec<Result<ProbeOutcome, WireError>> {
+    let mut out: Vec<Option<Result<ProbeOutcome, WireError>>> = probes.iter().map(|_| None).collect();
+    let mut buf = [0u8; 2048];
+    let mut probes: Vec<(usize, Probe)> = probes.into_iter().enumerate().collect();
+    loop {
+        let mut wake: Option<Instant> = None;
+        let mut i = 0;
+        while i < probes.len() {
+            let (slot, p) = &mut probes[i];
+            let step = p.send_due().and_then(|next| p.drain(&mut buf).map(|o| (next, o)));
+            match step {
+                Ok((next, None)) => {
+                    let at = next.map_or(p.deadline(), |n| n.min(p.deadline()));
+                    wake = Some(wake.map_or(at, |w| w.min(at)));
+                    i += 1;
+                }
+                Ok((_, Some(o))) => {
+                    out[*slot] = Some(Ok(o));
+                    probes.swap_remove(i);
+                }
+                Err(e) => {
+                    out[*slot] = Some(Err(e));
+                    probes.swap_remove(i);
                 }
             }
-            None if Instant::now() >= deadline => return Ok(ProbeOutcome::Free),
-            None => {}
+        }
+        let Some(wake) = wake else { break };
+        let mut fds: Vec<libc::pollfd> = probes.iter().map(|(_, p)| libc::pollfd { fd: p.sock.raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+        if let Err(source) = socket::poll(&mut fds, wake.saturating_duration_since(Instant::now())) {
+            for (slot, p) in probes.drain(..) {
+                out[slot] = Some(Err(WireError::Recv { ifindex: p.ifindex, source: std::io::Error::new(source.kind(), source.to_string()) }));
+            }
+            break;
         }
     }
+    out.into_iter().map(|o| o.expect("every probe settled")).collect()
 }
 
 /// The MAC of whoever the frame shows using or claiming `candidate`, if anyone.

@@ -6,7 +6,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::frame::{ETHERTYPE_ARP, ETHERTYPE_IPV6};
 
@@ -93,27 +93,9 @@ impl PacketSocket {
         if n < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
     }
 
-    /// The next frame that arrived from the wire (our own outgoing frames are skipped), or None once
-    /// `deadline` passes.
-    pub fn recv_until(&self, deadline: Instant, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    /// A frame already queued (our own outgoing frames are skipped), without waiting.
+    pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Ok(None);
-            }
-            let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
-            match unsafe { libc::poll(&mut pfd, 1, ms) } {
-                0 => return Ok(None),
-                n if n < 0 => {
-                    let e = io::Error::last_os_error();
-                    if e.kind() == io::ErrorKind::Interrupted {
-                        continue;
-                    }
-                    return Err(e);
-                }
-                _ => {}
-            }
             let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
             let mut len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
             let n = unsafe {
@@ -121,10 +103,11 @@ impl PacketSocket {
             };
             if n < 0 {
                 let e = io::Error::last_os_error();
-                if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock) {
-                    continue;
+                match e.kind() {
+                    io::ErrorKind::Interrupted => continue,
+                    io::ErrorKind::WouldBlock => return Ok(None),
+                    _ => return Err(e),
                 }
-                return Err(e);
             }
             if from.sll_pkttype == libc::PACKET_OUTGOING {
                 continue;
@@ -132,6 +115,23 @@ impl PacketSocket {
             return Ok(Some(n as usize));
         }
     }
+
+    pub(crate) fn raw_fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// poll(2) for at most `timeout` (at least 1 ms, so a sub-millisecond wait does not spin); EINTR is a
+/// normal early return.
+pub(crate) fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> io::Result<()> {
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+    if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) } < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok(())
 }
 
 /// Spread `attempts` sends over `budget`, the first at once.

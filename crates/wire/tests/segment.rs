@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tether_link::{NetNs, Netlink};
-use tether_wire::{ProbeBudget, ProbeOutcome, announce, parse_mac, probe};
+use tether_wire::{Probe, ProbeBudget, ProbeOutcome, announce, parse_mac, probe, wait_all};
 
 struct Segment {
     us: String,
@@ -38,8 +38,7 @@ impl Segment {
     /// Run `f(ifindex, mac)` in our netns.
     fn on_us<T: Send>(&self, f: impl FnOnce(u32, [u8; 6]) -> T + Send) -> T {
         let ns = NetNs::open(&PathBuf::from(format!("/run/netns/{}", self.us))).unwrap();
-        let rt = Netlink::runtime().unwrap();
-        let link = Netlink::in_netns(&rt, &ns).unwrap().link_by_name("eth0").unwrap().unwrap();
+        let link = Netlink::in_netns(&ns).unwrap().link_by_name("eth0").unwrap().unwrap();
         let mac = parse_mac(&link.mac_string().unwrap()).unwrap();
         ns.run(move || f(link.index, mac)).unwrap()
     }
@@ -105,6 +104,36 @@ fn free_probe_takes_the_budget_and_no_more() {
         t.elapsed()
     });
     assert!(took >= Duration::from_millis(60) && took < Duration::from_millis(400), "{took:?}");
+}
+
+/// An IPv4 and an IPv6 probe started one after the other and waited for together cost one budget,
+/// and each still finds its holder (or nobody).
+#[test]
+fn concurrent_probes_share_one_budget() {
+    let seg = Segment::new("both");
+    let rogue = seg.rogue_mac();
+    let budget = ProbeBudget { timeout: Duration::from_millis(150), attempts: 1 };
+    let cases: [(&str, Option<&str>); 4] = [("10.77.0.12", None), ("fd00:77::12", None), ("10.77.0.9", Some(&rogue)), ("fd00:77::9", Some(&rogue))];
+    for pair in [[0, 1], [2, 1], [0, 3], [2, 3]] {
+        let (took, outcomes) = seg.on_us(move |ifindex, mac| {
+            let t = Instant::now();
+            let probes: Vec<Probe> = pair.iter().map(|&i| Probe::start(ifindex, mac, cases[i].0.parse().unwrap(), budget).unwrap()).collect();
+            // Work between the starts (the engine claims the next address) does not add to the budget.
+            std::thread::sleep(Duration::from_millis(30));
+            let o: Vec<ProbeOutcome> = wait_all(probes).into_iter().map(Result::unwrap).collect();
+            (t.elapsed(), o)
+        });
+        for (k, &i) in pair.iter().enumerate() {
+            let want = match cases[i].1 {
+                Some(m) => ProbeOutcome::InUse { mac: m.to_string() },
+                None => ProbeOutcome::Free,
+            };
+            assert_eq!(outcomes[k], want, "{}", cases[i].0);
+        }
+        if pair.iter().all(|&i| cases[i].1.is_none()) {
+            assert!(took >= Duration::from_millis(150) && took < Duration::from_millis(280), "two free probes took {took:?}");
+        }
+    }
 }
 
 #[test]
