@@ -4,6 +4,15 @@ CARGO     ?= cargo
 DESTDIR   ?=
 BINDIR    ?= /opt/cni/bin
 BINS      := tether-ipvlan tether-ipam
+# What ships (make build/install/image) is static musl binaries: they run on every node whatever its
+# libc (RHEL/Rocky 8, Ubuntu 20.04, ...). .cargo/config.toml sets the target's flags (crt-static,
+# non-PIE) and ring's C compiler (musl-gcc, Debian's musl-tools). The glibc builds in
+# target/{debug,release} stay what the tests and the lab VM run.
+MUSL      := x86_64-unknown-linux-musl
+STATIC    := target/$(MUSL)/release
+IMAGE     ?= tether:0.1.0
+# Building FROM scratch as root here: vfs storage (no overlay mount needed), chroot isolation.
+BUILDAH   ?= buildah --storage-driver vfs
 
 # Conformance tests are split by what they need: host_* run on this kernel (netns, veth, macvlan),
 # lab_* need ipvlan and run on a kernel that has it — here, or in the lab VM (conformance/lab/).
@@ -12,24 +21,47 @@ LAB_TESTS  := $(sort $(basename $(notdir $(wildcard conformance/tests/lab_*.rs))
 
 BENCH_BIN := $(CARGO) run --release --locked -p tether-conformance --bin
 
-.PHONY: bench bench-attach bench-kube bench-ipam bench-probe all build install test unit kube-up kube-down host-tests lab-tests conformance manifests fuzz-regressions fuzz driver deps demo fmt clippy clean
+.PHONY: bench bench-attach bench-kube bench-ipam bench-probe bench-static all build install image render static-check test unit kube-up kube-down host-tests lab-tests conformance manifests fuzz-regressions fuzz driver deps demo fmt clippy clean
 
 all: build
 
 build:
-	$(CARGO) build --release --locked $(addprefix --bin ,$(BINS))
+	$(CARGO) build --release --locked --target $(MUSL) $(addprefix --bin ,$(BINS))
 
 # Copy to a temporary name and rename, so a runtime never executes a half-written binary.
 install: build
 	install -d -m 0755 $(DESTDIR)$(BINDIR)
 	@for b in $(BINS); do \
 	  tmp=$(DESTDIR)$(BINDIR)/.$$b.tmp.$$$$; \
-	  install -m 0755 target/release/$$b $$tmp && mv -f $$tmp $(DESTDIR)$(BINDIR)/$$b || { rm -f $$tmp; exit 1; }; \
+	  install -m 0755 $(STATIC)/$$b $$tmp && mv -f $$tmp $(DESTDIR)$(BINDIR)/$$b || { rm -f $$tmp; exit 1; }; \
 	  echo "installed $(DESTDIR)$(BINDIR)/$$b"; \
 	done
 
 deps:
 	.ci/deps.sh
+
+# The shipped binaries are static: no INTERP, ET_EXEC, no dynamic section, no GLIBC_ symbol
+# versions, ldd agrees, and each runs in an empty root. Then the check's self-test: it must refuse
+# the (dynamic) glibc debug builds.
+static-check: build
+	deploy/check-static.sh $(addprefix $(STATIC)/,$(BINS))
+	$(CARGO) build --locked $(addprefix --bin ,$(BINS))
+	deploy/check-static.sh --expect-dynamic $(addprefix target/debug/,$(BINS))
+
+# The node-agent image, offline: FROM scratch (no base image, nothing pulled) holding the two static
+# binaries, built with Debian's buildah; also saved as target/tether-image.tar (docker-archive) for
+# registries (skopeo/podman load) or RKE2's /var/lib/rancher/rke2/agent/images/ (imported on start).
+image: build
+	rm -rf target/image && mkdir -p target/image
+	cp $(addprefix $(STATIC)/,$(BINS)) target/image/
+	$(BUILDAH) build --pull=never --isolation chroot -f deploy/Containerfile -t $(IMAGE) target/image
+	rm -f target/tether-image.tar
+	$(BUILDAH) push $(IMAGE) docker-archive:target/tether-image.tar:$(IMAGE)
+	python3 deploy/check-image.py target/tether-image.tar
+
+# deploy/tether.yaml, the one-file install (RKE2 auto-deploy), from deploy/base.
+render:
+	python3 deploy/validate.py --render
 
 driver:
 	conformance/libcni-driver/build.sh
@@ -39,7 +71,7 @@ driver:
 # stopped at the end, also on failure.
 test: deps driver
 	$(CARGO) build --locked --workspace --bins
-	$(KUBE) $(MAKE) --no-print-directory clippy unit fuzz-regressions manifests conformance
+	$(KUBE) $(MAKE) --no-print-directory clippy unit fuzz-regressions manifests static-check image conformance
 
 # Test output is kept in target/conformance/ for the checklist table (conformance/report.py).
 LOGS := target/conformance
@@ -89,9 +121,13 @@ fuzz:
 	  else grep -E '^Done' conformance/fuzz/$$t.log; fi; \
 	done; exit $$status
 
-# Every manifest under deploy/ against Kubernetes schemas and the plugin's own config parser.
+# Every manifest under deploy/ against Kubernetes schemas and the plugin's own config parser
+# (`validate --strict`: no NAD shares a range across nodes through file stores; the README's NAD
+# too), deploy/tether.yaml against a fresh render, and every manifest with a server-side dry-run on
+# the real API server (started here unless TETHER_TEST_KUBECONFIG is set).
 manifests:
-	python3 deploy/validate.py
+	$(CARGO) build --locked --bin tether-ipam
+	$(KUBE) python3 deploy/validate.py
 
 lab-tests:
 	@mkdir -p $(LOGS)
@@ -117,8 +153,17 @@ bench-probe:
 bench-attach:
 	conformance/bench/attach.sh
 
+# The shipped static binaries next to the glibc builds: VERSION exec cost and bench-ipam for each.
+bench-static:
+	conformance/bench/static.sh
+
+# tether-ipam's Kubernetes store next to whereabouts on a real kube-apiserver + etcd of its own
+# (../shared/peers or TETHER_PEERS; loopback, ports 36443/43790/43800, stopped at the end).
+# Options go in BENCH_KUBE_ARGS, e.g. BENCH_KUBE_ARGS="--n 100 --n-whereabouts 50".
+BENCH_KUBE_ARGS ?=
 bench-kube:
-	$(CARGO) bench --locked -p tether-kube-store --bench bench-kube
+	$(CARGO) build --release --locked --bin tether-ipam
+	$(BENCH_BIN) bench-kube $(if $(BENCH_KUBE_ARGS),-- $(BENCH_KUBE_ARGS))
 
 # All of the above in one run, then BENCHMARKS.md and docs/benchmarks.png from their output.
 BENCH_OUT := target/bench

@@ -11,6 +11,9 @@ apt_pkgs=(
   containernetworking-plugins     # reference ipvlan/macvlan/host-local, the baseline we test against
   curl openssl                    # the real API server of the tests (conformance/kube/up.sh; etcd-server
                                   # and xz-utils are installed by ../shared/peers/unpack.sh)
+  musl-tools                      # musl-gcc: ring's C for the static musl build (make build)
+  binutils                        # readelf: make static-check
+  buildah                         # make image: FROM scratch, offline
 )
 missing=()
 for p in "${apt_pkgs[@]}"; do
@@ -30,7 +33,13 @@ if ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
   echo "deps: installing kubernetes-validate (pip; manifest schemas, offline)"
   pip install --quiet kubernetes-validate==1.37.0
 fi
-# kubectl is not a Debian package; the machine image has it. Without it conformance/kube/up.sh
-# installs the CRD with curl instead.
-command -v kubectl >/dev/null || echo "deps: no kubectl (optional: conformance/kube/up.sh falls back to curl)"
+# kubectl is not a Debian package; the machine image has it (/usr/bin/kubectl, with kustomize).
+# `make manifests` needs it (the deploy/tether.yaml render check, the server-side dry-runs);
+# conformance/kube/up.sh falls back to curl without it.
+command -v kubectl >/dev/null || echo "deps: WARNING: no kubectl: \`make manifests\` will fail (render check, server-side dry-run)"
 command -v cargo >/dev/null || { echo "deps: cargo is required (rustup toolchain)"; exit 1; }
+# The shipped binaries are static musl builds (make build): the toolchain needs the target's std.
+if ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then
+  echo "deps: adding the x86_64-unknown-linux-musl target (rustup)"
+  rustup target add x86_64-unknown-linux-musl
+fi

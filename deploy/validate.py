@@ -3,12 +3,24 @@
 
 - Kubernetes kinds: kubernetes-validate --strict (bundled OpenAPI schemas, offline).
 - NetworkAttachmentDefinitions (no upstream schema): shape checked here, and spec.config handed to
-  `tether-ipam validate`, the plugin's own parser, so an example NAD can never drift from what the
-  plugin accepts.
+  `tether-ipam validate --strict`, the plugin's own parser, so an example NAD can never drift from
+  what the plugin accepts, nor share a range across nodes through node-local file stores. The
+  README's NADs get the same check.
 - kustomization.yaml: every listed resource exists.
+- deploy/tether.yaml (the one-file install, for RKE2's auto-deploy directory) is exactly a fresh
+  `kubectl kustomize deploy/base` under its header: `deploy/validate.py --render` rewrites it
+  (`make render`).
+- Against the real API server (TETHER_TEST_KUBECONFIG, exported by conformance/kube/with-server.sh
+  in `make test` / `make manifests`): the CRDs the manifests need are installed for real (the
+  IPLease CRD from deploy/crds/, Multus' NAD CRD from ../shared/peers), then every manifest file and
+  the kustomize base are applied with `kubectl apply --dry-run=server`: admission, defaulting and
+  the server's own validation (CRD schemas and CEL rules too), nothing persisted. Without a server
+  that part is NOT RUN (a banner; a failure when TETHER_REQUIRE_KUBE=1, as in CI).
 """
 import json
+import os
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -17,13 +29,36 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
+BASE = DEPLOY / "base"
+RENDERED = DEPLOY / "tether.yaml"
 IPAM = ROOT / "target" / "debug" / "tether-ipam"
+KUBECTL = os.environ.get("KUBECTL", "/usr/bin/kubectl")
+PEERS = pathlib.Path(os.environ.get("TETHER_PEERS", ROOT.parent / "shared" / "peers"))
+NAD_CRD = PEERS / "nad-crd.yaml"
+IPLEASE_CRD = DEPLOY / "crds" / "ipleases.yaml"
 K8S_VERSION = "1.32.0"
+RENDERED_HEADER = """\
+# tether: everything in one file (CRD, ServiceAccount, RBAC, node-agent DaemonSet in kube-system).
+# GENERATED from deploy/base by `make render` (kubectl kustomize); do not edit: `make test` fails
+# when this file differs from a fresh render. Install it with `kubectl apply -f deploy/tether.yaml`,
+# or on RKE2 copy it to /var/lib/rancher/rke2/server/manifests/tether.yaml on a server node.
+# Comments are not rendered: why the DaemonSet has the privileges it has is in deploy/base/daemonset.yaml.
+"""
 errors = []
 
 
 def fail(path, msg):
     errors.append(f"{path.relative_to(ROOT)}: {msg}")
+
+
+def ipam_validate(path, conf, what):
+    """The plugin's own parser, --strict: a warning (file store shared across nodes) fails too."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(conf, f)
+        f.flush()
+        r = subprocess.run([str(IPAM), "validate", "--strict", "--config", f.name], capture_output=True, text=True)
+    if r.returncode != 0:
+        fail(path, f"tether-ipam validate --strict rejects {what}: {r.stderr.strip() or r.stdout.strip()}")
 
 
 def check_nad(path, doc):
@@ -42,20 +77,91 @@ def check_nad(path, doc):
         fail(path, "ipam.type is not tether-ipam")
     # Multus injects the NAD's name; do the same before asking the plugin.
     conf.setdefault("name", doc["metadata"]["name"])
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
-        json.dump(conf, f)
-        f.flush()
-        r = subprocess.run([str(IPAM), "validate", "--config", f.name], capture_output=True, text=True)
+    ipam_validate(path, conf, "spec.config")
+
+
+def check_readme():
+    """Every tether-ipvlan config in the README is one the plugin accepts, with the cluster store."""
+    readme = ROOT / "README.md"
+    blocks = re.findall(r"```json\n(.*?)```", readme.read_text(), re.S)
+    nads = 0
+    for i, block in enumerate(blocks):
+        try:
+            conf = json.loads(block)
+        except json.JSONDecodeError as e:
+            fail(readme, f"json block {i + 1} is not JSON: {e}")
+            continue
+        if conf.get("type") == "tether-ipvlan":
+            nads += 1
+            conf.setdefault("name", "readme")
+            ipam_validate(readme, conf, f"the NAD in json block {i + 1}")
+    if nads == 0:
+        fail(readme, "no tether-ipvlan NAD in a ```json block")
+
+
+def kustomize():
+    r = subprocess.run([KUBECTL, "kustomize", str(BASE)], capture_output=True, text=True)
     if r.returncode != 0:
-        fail(path, f"tether-ipam rejects spec.config: {r.stderr.strip() or r.stdout.strip()}")
+        raise SystemExit(f"kubectl kustomize {BASE.relative_to(ROOT)} failed:\n{r.stderr}")
+    return RENDERED_HEADER + r.stdout
+
+
+def check_rendered():
+    fresh = kustomize()
+    if not RENDERED.exists() or RENDERED.read_text() != fresh:
+        fail(RENDERED, "differs from a fresh `kubectl kustomize deploy/base`: run `make render` and commit it")
+
+
+def kubectl(kc, *args):
+    return subprocess.run([KUBECTL, "--kubeconfig", kc, *args], capture_output=True, text=True)
+
+
+def dry_run_server(manifests):
+    """kubectl apply --dry-run=server for every manifest, CRDs installed first. Returns a count."""
+    kc = os.environ.get("TETHER_TEST_KUBECONFIG")
+    if not kc:
+        banner = ("NOT RUN: server-side dry-run of deploy/ (no TETHER_TEST_KUBECONFIG: run through "
+                  "conformance/kube/with-server.sh, as `make manifests` does)")
+        print("#" * 90 + "\n##  " + banner + "\n" + "#" * 90, file=sys.stderr)
+        if os.environ.get("TETHER_REQUIRE_KUBE") == "1":
+            errors.append("TETHER_REQUIRE_KUBE=1 and no API server for the server-side dry-run")
+        return 0
+    if not NAD_CRD.is_file():
+        errors.append(f"{NAD_CRD}: Multus' NAD CRD is missing; the example NADs cannot be dry-run")
+        return 0
+    # The CRDs for real (idempotent): a dry-run of a NAD or of tether.yaml's CRD needs them served.
+    for crd, name in ((IPLEASE_CRD, "ipleases.ipam.tether.dev"), (NAD_CRD, "network-attachment-definitions.k8s.cni.cncf.io")):
+        r = kubectl(kc, "apply", "-f", str(crd))
+        if r.returncode == 0:
+            r = kubectl(kc, "wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+        if r.returncode != 0:
+            errors.append(f"installing {crd}: {(r.stderr or r.stdout).strip()}")
+            return 0
+    count = 0
+    for path in manifests:
+        r = kubectl(kc, "apply", "--dry-run=server", "-f", str(path))
+        count += 1
+        if r.returncode != 0:
+            fail(path, f"kubectl apply --dry-run=server:\n    {(r.stderr or r.stdout).strip()}")
+    r = kubectl(kc, "apply", "--dry-run=server", "-k", str(BASE))
+    count += 1
+    if r.returncode != 0:
+        fail(BASE, f"kubectl apply --dry-run=server -k:\n    {(r.stderr or r.stdout).strip()}")
+    return count
 
 
 def main():
-    k8s_files = []
+    if sys.argv[1:] == ["--render"]:
+        RENDERED.write_text(kustomize())
+        print(f"wrote {RENDERED.relative_to(ROOT)}")
+        return 0
+    k8s_files, manifests = [], []
     for path in sorted(DEPLOY.rglob("*.yaml")):
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
         if not docs:
             fail(path, "no YAML documents")
+        if not any(d.get("kind") == "Kustomization" for d in docs):
+            manifests.append(path)
         for doc in docs:
             kind = doc.get("kind")
             if kind == "NetworkAttachmentDefinition":
@@ -66,17 +172,22 @@ def main():
                         fail(path, f"resource {res} does not exist")
             elif path not in k8s_files:
                 k8s_files.append(path)
+    check_readme()
+    check_rendered()
     r = subprocess.run(
         ["kubernetes-validate", "--strict", "--quiet", "-k", K8S_VERSION, *map(str, k8s_files)],
         capture_output=True, text=True,
     )
     if r.returncode != 0:
         errors.append("kubernetes-validate:\n" + (r.stdout + r.stderr).strip())
+    dry = dry_run_server(manifests)
     checked = len(list(DEPLOY.rglob("*.yaml")))
     if errors:
         print("manifest validation FAILED:\n  " + "\n  ".join(errors))
         return 1
-    print(f"manifests: {checked} files valid ({len(k8s_files)} against Kubernetes {K8S_VERSION} schemas)")
+    server = f"; {dry} server-side dry-runs passed" if dry else "; server-side dry-run NOT RUN"
+    print(f"manifests: {checked} files valid ({len(k8s_files)} against Kubernetes {K8S_VERSION} schemas; "
+          f"{RENDERED.relative_to(ROOT)} == fresh render{server})")
     return 0
 
 

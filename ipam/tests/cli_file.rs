@@ -141,6 +141,59 @@ fn validate_version_help_and_usage() {
     assert_eq!(ipam(&["frobnicate"]).status.code(), Some(2));
 }
 
+/// A NAD is used on every node: with the node-local file store each node would hand out the range
+/// on its own. `validate` says so (exit 0), `--strict` fails on it (exit 1), `--node-local` (a range
+/// that belongs to one node) and the cluster store are quiet. A NAD object as JSON is read too.
+#[test]
+fn validate_warns_when_file_stores_would_share_a_range_across_nodes() {
+    let dir = TempDir::new("validate-store");
+    let nad = dir.join("nad.json");
+    let p = nad.to_str().unwrap();
+    let kc = r#""kubernetes":{"kubeconfig":"/etc/cni/net.d/tether.d/tether.kubeconfig"}"#;
+    let file_conf = r#"{"cniVersion":"1.0.0","name":"mgmt","type":"tether-ipvlan","ipam":{"type":"tether-ipam","range":"10.20.30.241-10.20.30.250/24"}}"#;
+
+    for conf in [file_conf.to_string(), file_conf.replace(r#""range""#, r#""store":"file","range""#)] {
+        std::fs::write(&nad, &conf).unwrap();
+        let o = ipam(&["validate", "--config", p]);
+        assert_eq!(o.status.code(), Some(0), "a warning is not an error: {}", stderr(&o));
+        let err = stderr(&o);
+        assert!(err.contains("warning") && err.contains("network mgmt") && err.contains("file store"), "{err}");
+        assert!(err.contains("10.20.30.241-10.20.30.250/24") && err.contains("\"kubernetes\"") && err.contains("--node-local"), "{err}");
+        let o = ipam(&["validate", "--strict", "--config", p]);
+        assert_eq!(o.status.code(), Some(1), "--strict fails on the warning: {}", stderr(&o));
+        let o = ipam(&["validate", "--strict", "--node-local", "--config", p]);
+        assert_eq!((o.status.code(), stderr(&o)), (Some(0), String::new()), "--node-local: the range belongs to one node");
+    }
+
+    // The cluster store, asked for either way: no warning, --strict passes.
+    for ipam_keys in [kc.to_string(), format!(r#""store":"kubernetes",{kc}"#), r#""store":"kubernetes""#.to_string()] {
+        std::fs::write(&nad, format!(r#"{{"cniVersion":"1.0.0","name":"mgmt","type":"tether-ipvlan","ipam":{{"type":"tether-ipam","range":"10.20.30.0/24",{ipam_keys}}}}}"#))
+            .unwrap();
+        let o = ipam(&["validate", "--strict", "--config", p]);
+        assert_eq!((o.status.code(), stderr(&o)), (Some(0), String::new()), "{ipam_keys}");
+        assert!(stdout(&o).contains("Kubernetes store"), "{}", stdout(&o));
+    }
+
+    // The NAD object itself (`kubectl get net-attach-def -o json`): spec.config, with the NAD's name.
+    let wrap = |config: &str| {
+        serde_json::to_string(&json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+            "metadata": {"name": "pool-a", "namespace": "default"}, "spec": {"config": config}}))
+        .unwrap()
+    };
+    std::fs::write(&nad, wrap(&file_conf.replace(r#""name":"mgmt","#, ""))).unwrap();
+    let o = ipam(&["validate", "--config", p]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("network pool-a: "), "Multus injects the NAD's name: {}", stdout(&o));
+    assert!(stderr(&o).contains("network pool-a keeps its leases in the node-local file store"), "{}", stderr(&o));
+    std::fs::write(&nad, wrap(&file_conf.replace(r#""range""#, &format!(r#"{kc},"range""#)))).unwrap();
+    let o = ipam(&["validate", "--strict", "--config", p]);
+    assert_eq!((o.status.code(), stderr(&o)), (Some(0), String::new()));
+    std::fs::write(&nad, r#"{"kind":"NetworkAttachmentDefinition","metadata":{"name":"x"},"spec":{}}"#).unwrap();
+    let o = ipam(&["validate", "--config", p]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("no spec.config"), "{}", stderr(&o));
+}
+
 /// The Kubernetes store part on a real API server (TETHER_TEST_KUBECONFIG; `make test` starts
 /// one). `node-agent` sweeps the leases of deleted nodes: no other test of this binary meanwhile.
 #[test]
