@@ -10,6 +10,9 @@
 //!    from the DaemonSet's own pods (`--agent-namespace`, default this pod's namespace;
 //!    `--agent-selector`, default `app.kubernetes.io/name=tether`), so no access to nodes is
 //!    needed. `--once` runs one full pass.
+//! 4. With the reconciler, the monitor ([`crate::monitor`]): a Warning Event on the pod whose ADD
+//!    met an address conflict, and with `--metrics-addr` Prometheus metrics ([`crate::metrics`];
+//!    docs/monitoring.md).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;

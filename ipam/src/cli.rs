@@ -72,9 +72,20 @@ enum Cmd {
         output: Output,
     },
     /// Check a network config's ipam section the way the plugin reads it (offline; for CI/GitOps).
+    /// Warns when the config keeps leases in the node-local file store: a NAD is used on every
+    /// node, and nodes with file stores hand out the same range each on its own.
     Validate {
+        /// The network config (a NAD's spec.config, a .conf, a .conflist, or the NAD object as
+        /// JSON, e.g. `kubectl get net-attach-def NAME -o json`).
         #[arg(long)]
         config: PathBuf,
+        /// This config is used on one node only (a range that belongs to that node): the file
+        /// store is right for it, do not warn.
+        #[arg(long)]
+        node_local: bool,
+        /// Treat a warning as a failure (exit 1): for CI.
+        #[arg(long)]
+        strict: bool,
     },
     /// What the DaemonSet runs: install the plugins, keep their kubeconfig fresh, reconcile leases.
     NodeAgent {
@@ -172,6 +183,16 @@ pub struct ReconcileArgs {
     /// Do not reclaim leases of deleted nodes (only this node's).
     #[arg(long)]
     pub no_sweep: bool,
+    /// Serve Prometheus metrics here (`IP:PORT`, `[IPv6]:PORT`, `:PORT`); off when unset. The
+    /// DaemonSet passes `$(POD_IP):9464`. See docs/monitoring.md.
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
+    /// Seconds between the monitor's rounds: conflict Events and the pool gauges.
+    #[arg(long, default_value_t = crate::monitor::DEFAULT_INTERVAL_S)]
+    pub monitor_interval_s: u64,
+    /// Do not post an AddressConflict Event on a pod whose ADD met an address in use.
+    #[arg(long)]
+    pub no_conflict_events: bool,
 }
 
 impl ReconcileArgs {
@@ -210,6 +231,12 @@ impl ReconcileArgs {
             return Err("--agent-selector must not be empty (it would take every pod of the namespace for an agent)".into());
         }
         o.agent_selector = self.agent_selector.trim().to_string();
+        o.metrics_addr = self.metrics_addr.as_deref().map(crate::metrics::parse_listen_addr).transpose()?;
+        if self.monitor_interval_s == 0 {
+            return Err("--monitor-interval-s must be at least 1".into());
+        }
+        o.monitor_interval = std::time::Duration::from_secs(self.monitor_interval_s);
+        o.conflict_events = !self.no_conflict_events;
         Ok(o)
     }
 }
@@ -237,7 +264,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Cmd::Leases { network, store, output } => leases(network.as_deref(), &store, output),
         Cmd::Release { address, network, force, store, output } => release(address, &network, force, &store, output),
         Cmd::Doctor { config, max_probes, output } => doctor::run(&config, max_probes, output),
-        Cmd::Validate { config } => validate(&config),
+        Cmd::Validate { config, node_local, strict } => validate(&config, node_local, strict),
         Cmd::NodeAgent { cni_bin_dir, kubeconfig_out, data_dir, source_dir, service_account_dir, refresh_s, reconcile, kubeconfig, no_reconcile, once } => {
             tether_cni::logging::install("tether-ipam");
             let reconcile = if no_reconcile {
@@ -290,10 +317,26 @@ pub fn run(args: Vec<OsString>) -> i32 {
     }
 }
 
-/// Read a network config file: a single config, or a conflist whose plugin with an `ipam` is used.
+/// Read a network config file: a single config, or a conflist whose plugin with an `ipam` is used,
+/// or a NetworkAttachmentDefinition object as JSON (`kubectl get net-attach-def NAME -o json`),
+/// whose `spec.config` is used with the NAD's name injected as Multus does.
 pub fn read_network_config(path: &PathBuf) -> Result<Value, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
+    let mut v: Value = serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
+    if v.get("kind").and_then(Value::as_str) == Some("NetworkAttachmentDefinition") {
+        let config = v
+            .pointer("/spec/config")
+            .and_then(Value::as_str)
+            .ok_or_else(|| format!("the NetworkAttachmentDefinition in {} has no spec.config", path.display()))?;
+        let mut inner: Value =
+            serde_json::from_str(config).map_err(|e| format!("spec.config in {} is not JSON: {e}", path.display()))?;
+        if let (Some(obj), Some(name)) = (inner.as_object_mut(), v.pointer("/metadata/name").cloned())
+            && !obj.contains_key("name")
+        {
+            obj.insert("name".to_string(), name);
+        }
+        v = inner;
+    }
     let Some(plugins) = v.get("plugins").and_then(Value::as_array) else { return Ok(v) };
     let mut p = plugins
         .iter()
@@ -486,11 +529,34 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-fn validate(path: &PathBuf) -> Result<i32, String> {
+fn validate(path: &PathBuf, node_local: bool, strict: bool) -> Result<i32, String> {
     let cfg = PoolConfig::from_value(&read_network_config(path)?).map_err(|e| e.to_string())?;
     let ranges: Vec<String> = cfg.ranges.iter().map(|r| format!("{r} ({} usable)", r.usable_count())).collect();
     println!("network {}: {}; {:?} store", cfg.network_name, ranges.join(", "), cfg.store);
-    Ok(EXIT_OK)
+    let warnings = validate_warnings(&cfg, node_local);
+    for w in &warnings {
+        eprintln!("tether-ipam: warning: {w}");
+    }
+    Ok(if strict && !warnings.is_empty() { EXIT_FAILED } else { EXIT_OK })
+}
+
+/// What `validate` warns about in a config that parses.
+pub fn validate_warnings(cfg: &PoolConfig, node_local: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    if cfg.store == StoreKind::File && !node_local {
+        let ranges: Vec<String> = cfg.ranges.iter().map(ToString::to_string).collect();
+        out.push(format!(
+            "network {} keeps its leases in the node-local file store (\"store\": \"file\", the default without \
+             \"kubernetes\"), so every node that attaches a pod to it hands out {} on its own: two nodes can give \
+             the same address to two pods, and only the ARP/NDP probe stands between them (two nodes probing the \
+             same address at the same moment both hear silence). A NAD is used on every node: give it the cluster \
+             store (\"kubernetes\": {{\"kubeconfig\": \"/etc/cni/net.d/tether.d/tether.kubeconfig\"}}). The file \
+             store is right only for a range that belongs to one node (pass --node-local to say so).",
+            cfg.network_name,
+            ranges.join(", "),
+        ));
+    }
+    out
 }
 
 fn leases(network: Option<&str>, args: &StoreArgs, output: Output) -> Result<i32, String> {

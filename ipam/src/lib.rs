@@ -7,6 +7,8 @@
 pub mod agent;
 pub mod cli;
 pub mod doctor;
+pub mod metrics;
+pub mod monitor;
 pub mod prober;
 pub mod reconcile;
 pub mod requests;

@@ -73,20 +73,31 @@
 //! the names of the nodes running an agent pod (the agent pods are read page by page and only
 //! their `spec.nodeName` is kept). On watch expiry (`410 Gone`) the cache is rebuilt from a
 //! fresh list.
+//!
+//! # Metrics and conflict Events
+//!
+//! [`Reconciler::run`] also runs the monitor ([`crate::monitor`]: conflict Events on pods, pool
+//! and record gauges) on a thread of its own, and with `metrics_addr` serves the Prometheus
+//! metrics ([`crate::metrics`]) on another. The agent nodes' LIST of full passes tells who
+//! reports the cluster-wide pools: the sweeper, also with `sweep_dead_nodes` off.
 
 // KubeStoreError is large by design (it carries what the operator needs); this is not a hot path.
 #![allow(clippy::result_large_err)]
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tether_kube_store::{KubeSettings, KubeStore, KubeStoreError, PodEvent, WatchEnd};
 use tether_leases::reclaim::{PodIndex, StaleReason, stale};
 use tether_leases::{FileStore, Lease, LeaseStore, StoreError};
+
+use crate::metrics::{self, Registry};
+use crate::monitor::{self, Monitor};
 
 /// Default grace period: leases younger than this are never judged.
 pub const DEFAULT_GRACE_S: u64 = 120;
@@ -140,6 +151,12 @@ pub struct Options {
     pub debounce: Duration,
     /// Server-side timeout of one pod watch request (re-issued from the last resourceVersion).
     pub watch_timeout: Duration,
+    /// Serve Prometheus metrics on this address (`--metrics-addr`); `None`: not served.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Post a Warning Event on the pod whose ADD met an address conflict.
+    pub conflict_events: bool,
+    /// Time between the monitor's rounds (conflicts, pool gauges).
+    pub monitor_interval: Duration,
 }
 
 impl Options {
@@ -156,6 +173,9 @@ impl Options {
             agent_selector: DEFAULT_AGENT_SELECTOR.to_string(),
             debounce: Duration::from_millis(500),
             watch_timeout: Duration::from_secs(300),
+            metrics_addr: None,
+            conflict_events: true,
+            monitor_interval: Duration::from_secs(monitor::DEFAULT_INTERVAL_S),
         }
     }
 }
@@ -196,6 +216,8 @@ pub struct PassReport {
     pub pruned: usize,
     /// Whether the dead-node sweep ran (this agent was the sweeper among the agent nodes).
     pub swept: bool,
+    /// Whether this agent is the sweeper, when the pass listed the agent nodes (full passes).
+    pub sweeper: Option<bool>,
     /// Failures (the pass went on past each).
     pub errors: Vec<String>,
     /// Unix time when a lease now inside its grace period (and whose pod the cache does not
@@ -203,7 +225,7 @@ pub struct PassReport {
     pub next_due: Option<u64>,
 }
 
-fn now_s() -> u64 {
+pub(crate) fn now_s() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -228,7 +250,7 @@ enum Trigger {
 
 /// FNV-1a, 64 bit: the sweeper is the agent node with the lowest hash (stable across agents
 /// and releases, independent of name order).
-fn fnv(s: &str) -> u64 {
+pub(crate) fn fnv(s: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in s.as_bytes() {
         h ^= u64::from(*b);
@@ -248,6 +270,8 @@ pub struct Reconciler {
     store: Option<KubeStore>,
     cache: Arc<Mutex<PodCache>>,
     warned_agents: AtomicBool,
+    metrics: Arc<Registry>,
+    metrics_bound: OnceLock<SocketAddr>,
 }
 
 impl Reconciler {
@@ -263,12 +287,29 @@ impl Reconciler {
         if store.is_none() && opts.data_dir.is_none() {
             return Err("nothing to reconcile: give a kubeconfig (or run in a pod) and/or --data-dir".into());
         }
-        Ok(Reconciler { opts, store, cache: Arc::default(), warned_agents: AtomicBool::new(false) })
+        Ok(Reconciler {
+            opts,
+            store,
+            cache: Arc::default(),
+            warned_agents: AtomicBool::new(false),
+            metrics: Arc::default(),
+            metrics_bound: OnceLock::new(),
+        })
     }
 
     /// The options.
     pub fn options(&self) -> &Options {
         &self.opts
+    }
+
+    /// The metrics [`Reconciler::run`] serves.
+    pub fn metrics(&self) -> &Arc<Registry> {
+        &self.metrics
+    }
+
+    /// Where the metrics are served, once [`Reconciler::run`] has bound `metrics_addr`.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_bound.get().copied()
     }
 
     fn pod_selector(&self) -> String {
@@ -336,7 +377,8 @@ impl Reconciler {
                 Err(e) => r.errors.push(format!("listing the networks in {}: {e}", dir.display())),
             }
         }
-        if full && self.opts.sweep_dead_nodes {
+        // Served pool metrics need to know the sweeper even when it does not sweep.
+        if full && (self.opts.sweep_dead_nodes || self.opts.metrics_addr.is_some()) {
             self.sweep(now, store, &mut r);
         }
         r
@@ -430,33 +472,35 @@ impl Reconciler {
     }
 
     /// Leases of nodes that run no agent pod (deleted nodes), when this agent is the sweeper.
+    /// Records in `r.sweeper` whether it is.
     fn sweep(&self, now: u64, store: &KubeStore, r: &mut PassReport) {
         let (ns, sel) = (self.opts.agent_namespace.as_str(), self.opts.agent_selector.as_str());
+        let missed = if self.opts.sweep_dead_nodes { "leases of deleted nodes are not reclaimed" } else { "the cluster's pool metrics are not reported" };
         store.restart_budget();
         // The live nodes, and the sweeper candidates: the nodes running an agent pod.
         let live = match store.agent_nodes(ns, sel) {
             Ok(n) => n,
             Err(e) => {
                 if !self.warned_agents.swap(true, Ordering::Relaxed) {
-                    log::warn!(
-                        "reconcile: cannot list the node-agent's pods (namespace {ns}, selector {sel}), so leases of deleted \
-                         nodes are not reclaimed by this agent: {e}"
-                    );
+                    log::warn!("reconcile: cannot list the node-agent's pods (namespace {ns}, selector {sel}), so {missed} by this agent: {e}");
                 }
                 return;
             }
         };
         if !live.contains(&self.opts.node) {
+            r.sweeper = Some(false);
             if !self.warned_agents.swap(true, Ordering::Relaxed) {
                 log::warn!(
-                    "reconcile: no pod of namespace {ns} matching {sel} runs on node {}, so this agent does not sweep \
-                     leases of deleted nodes; if it is a node-agent, check --agent-namespace and --agent-selector",
+                    "reconcile: no pod of namespace {ns} matching {sel} runs on node {}, so {missed} by this agent; if it is \
+                     a node-agent, check --agent-namespace and --agent-selector",
                     self.opts.node
                 );
             }
             return;
         }
-        if sweeper(&live) != Some(self.opts.node.as_str()) {
+        let me = sweeper(&live) == Some(self.opts.node.as_str());
+        r.sweeper = Some(me);
+        if !me || !self.opts.sweep_dead_nodes {
             return;
         }
         r.swept = true;
@@ -489,7 +533,8 @@ impl Reconciler {
     }
 
     /// Run until `stop` is set: the pod watch on its own thread, a pass after each pod deletion
-    /// (debounced), when a young lease leaves its grace period, and a full pass every interval.
+    /// (debounced), when a young lease leaves its grace period, and a full pass every interval;
+    /// the monitor and the metrics server on threads of their own (see the module docs).
     /// `on_pass` sees each report (after logging).
     pub fn run(&self, stop: &AtomicBool, mut on_pass: impl FnMut(&PassReport)) -> Result<(), String> {
         let (tx, rx) = mpsc::channel();
@@ -510,12 +555,41 @@ impl Reconciler {
             }
             None => None,
         };
+        let helpers = self.start_helpers(&stop_watch);
         let result = self.pass_loop(stop, &rx, &mut on_pass);
         stop_watch.store(true, Ordering::Relaxed);
-        if let Some(w) = watcher {
-            let _ = w.join();
+        for h in watcher.into_iter().chain(helpers) {
+            let _ = h.join();
         }
         result
+    }
+
+    /// The metrics server and the monitor, until `stop`. Neither failing to start stops the
+    /// reconciler: it is logged.
+    fn start_helpers(&self, stop: &Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
+        let mut threads = Vec::new();
+        if let Some(addr) = self.opts.metrics_addr {
+            match metrics::start(addr, self.metrics.clone(), stop.clone()) {
+                Ok((bound, h)) => {
+                    let _ = self.metrics_bound.set(bound);
+                    log::warn!("serving metrics on http://{bound}/metrics");
+                    threads.push(h);
+                }
+                Err(e) => log::error!("cannot serve metrics on {addr}: {e}; going on without"),
+            }
+        }
+        if self.opts.conflict_events || self.opts.metrics_addr.is_some() {
+            let (opts, registry, stop) = (self.opts.clone(), self.metrics.clone(), stop.clone());
+            let spawned = std::thread::Builder::new().name("monitor".into()).spawn(move || match Monitor::new(&opts, registry) {
+                Ok(mut m) => m.run(opts.monitor_interval, &stop),
+                Err(e) => log::error!("monitor: {e}; no conflict Events or pool metrics"),
+            });
+            match spawned {
+                Ok(h) => threads.push(h),
+                Err(e) => log::error!("cannot start the monitor: {e}"),
+            }
+        }
+        threads
     }
 
     fn pass_loop(&self, stop: &AtomicBool, rx: &Receiver<Trigger>, on_pass: &mut dyn FnMut(&PassReport)) -> Result<(), String> {
@@ -565,6 +639,7 @@ impl Reconciler {
             let report = self.pass(full);
             log_report(&report, full);
             next_due = report.next_due;
+            self.metrics.record_pass(&report, full, now_s());
             on_pass(&report);
         }
         Ok(())
@@ -573,7 +648,7 @@ impl Reconciler {
 
 /// Settings for a long-lived client: the same credentials; every call gets its own budget
 /// (`restart_budget`), at least 30 s.
-fn long_lived(s: &KubeSettings) -> KubeSettings {
+pub(crate) fn long_lived(s: &KubeSettings) -> KubeSettings {
     let mut s = s.clone();
     s.timeout = s.timeout.max(Duration::from_secs(30));
     s

@@ -162,7 +162,7 @@ pub enum CrdState {
 
 impl KubeStore {
     /// Map an error of a request on `resource` (not the leases): 403 names the resource.
-    fn map_other(&self, verb: &str, resource: &str, what: &str, e: kube::Error) -> KubeStoreError {
+    pub(crate) fn map_other(&self, verb: &str, resource: &str, what: &str, e: kube::Error) -> KubeStoreError {
         match e {
             kube::Error::Api(s) if s.code == 403 => KubeStoreError::ForbiddenResource {
                 server: self.server.clone(),
@@ -375,6 +375,7 @@ impl KubeStore {
             .map_err(|e| self.protocol(what, e.to_string()))?;
         self.counter(Verb::List)
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        crate::monitoring::record_request("watch");
         let client = self
             .client
             .as_ref()
@@ -417,6 +418,7 @@ impl KubeStore {
                 }
             }
         });
+        crate::monitoring::record_error("watch", outcome.as_ref().err());
         match outcome {
             Ok(end) => Ok(end),
             Err(kube::Error::Api(s)) if s.code == 410 => Ok(WatchEnd::Expired),

@@ -31,7 +31,8 @@
 
 //! Beyond the leases, [`cluster`] reads what the reconciler, the CLI and `doctor` need: this
 //! node's leases, every lease, the leases' node labels, pods and nodes (metadata-only, paginated,
-//! watched), SelfSubjectAccessReviews, `/version` and the CRD's state.
+//! watched), SelfSubjectAccessReviews, `/version` and the CRD's state; [`monitoring`] what the
+//! node-agent's monitor needs (NAD configurations, pod Events, API request and error counts).
 
 // Errors carry the server, verb, identity and message for the operator; they are the cold path
 // of a short-lived process, so their size does not matter.
@@ -41,11 +42,13 @@ pub mod cluster;
 pub mod convert;
 pub mod crd;
 pub mod error;
+pub mod monitoring;
 pub mod settings;
 pub mod store;
 
 pub use cluster::{Access, CrdState, PodEvent, PodKey, WatchEnd, check_credentials};
 pub use crd::{IPLease, IPLeaseSpec, LeasePhase, PodInfo, Quarantine, crd_yaml, object_name};
 pub use error::{CredentialSource, KubeStoreError};
+pub use monitoring::{NadConfig, PodWarning, Posted};
 pub use settings::{DEFAULT_PAGE_SIZE, DEFAULT_TIMEOUT, KubeSettings};
 pub use store::{KubeStore, RequestCounts};

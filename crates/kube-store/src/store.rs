@@ -401,10 +401,12 @@ impl KubeStore {
             .client
             .as_ref()
             .expect("client lives as long as the store");
-        match self.within(what, client.request::<T>(req)) {
+        let r = match self.within(what, client.request::<T>(req)) {
             Ok(r) => r,
             Err(t) => Err(kube::Error::Service(Box::new(Budget(t)))),
-        }
+        };
+        crate::monitoring::record(verb.rbac(), r.as_ref().err());
+        r
     }
 
     pub(crate) fn protocol(&self, what: &str, detail: String) -> KubeStoreError {

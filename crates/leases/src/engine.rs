@@ -1352,6 +1352,14 @@ impl<'a> Allocator<'a> {
         Ok(out)
     }
 
+    /// Every range's counts, full ones included (STATUS fails at the first full range): for
+    /// monitoring, where a full range is the number that matters most.
+    pub fn usage(&self) -> Result<Vec<RangeStatus>, AllocError> {
+        let all = self.store.list(&self.network)?;
+        let now = self.clock.now();
+        Ok((0..self.ranges.len()).map(|i| self.range_status(i, all.iter(), now)).collect())
+    }
+
     fn range_status<'l>(
         &self,
         i: usize,

@@ -676,8 +676,12 @@ fn exhaustion_message_counts() {
             .starts_with("no free address in range 10.0.0.0/30"),
         "{st}"
     );
+    // usage: the counts of a full range too (what monitoring needs most)
+    let u = a.usage().unwrap();
+    assert_eq!((u.len(), u[0].usable, u[0].leased, u[0].free), (1, 2, 2, 0));
     a.del("c0", "net1").unwrap();
     assert_eq!(a.status().unwrap()[0].cooling, 1);
+    assert_eq!(a.usage().unwrap()[0].cooling, 1);
 }
 
 #[test]

@@ -280,6 +280,34 @@ impl Env {
         list.items.into_iter().map(|o| serde_json::to_value(o).unwrap()).filter(|o| o["spec"]["network"] == network).collect()
     }
 
+    /// POST `body` to the collection at `path` on the real server (objects the helpers here do
+    /// not model: CRDs, NADs).
+    pub fn post_json(&self, path: &str, body: &Value) -> Result<Value, kube::Error> {
+        let Backend::Real(c) = &self.backend else { panic!("post_json: real server only") };
+        let req = kube::core::Request::new(path).create(&PostParams::default(), serde_json::to_vec(body).unwrap()).unwrap();
+        c.rt.block_on(c.client.request::<Value>(req))
+    }
+
+    /// GET the object `name` of the collection at `path`, or the whole list (`None`), on the real
+    /// server.
+    pub fn get_json(&self, path: &str, name: Option<&str>) -> Result<Value, kube::Error> {
+        let Backend::Real(c) = &self.backend else { panic!("get_json: real server only") };
+        let r = kube::core::Request::new(path);
+        let req = match name {
+            Some(n) => r.get(n, &Default::default()),
+            None => r.list(&Default::default()),
+        }
+        .unwrap();
+        c.rt.block_on(c.client.request::<Value>(req))
+    }
+
+    /// DELETE the object `name` of the collection at `path` on the real server.
+    pub fn delete_json(&self, path: &str, name: &str) -> Result<Value, kube::Error> {
+        let Backend::Real(c) = &self.backend else { panic!("delete_json: real server only") };
+        let req = kube::core::Request::new(path).delete(name, &DeleteParams::default()).unwrap();
+        c.rt.block_on(c.client.request::<Value>(req))
+    }
+
     /// A NAD using the Kubernetes store (master lo, no probing).
     pub fn nad(&self, network: &str) -> PathBuf {
         self.nad_with(network, &self.kubeconfig)

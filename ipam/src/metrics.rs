@@ -1,0 +1,380 @@
+//! The node-agent's Prometheus metrics: a registry the reconciler and the monitor
+//! ([`crate::monitor`]) fill, rendered in the text exposition format (0.0.4) by a small HTTP
+//! server on its own thread (`GET /metrics`). Hand-written: a dozen metric families do not need
+//! a metrics crate, and the agent stays one small static binary. docs/monitoring.md lists them.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tether_leases::RangeStatus;
+
+use crate::reconcile::{PassReport, StoreName};
+
+/// Counts of one range of one network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolGauge {
+    pub network: String,
+    pub store: StoreName,
+    /// Set for file-store pools: they are per node.
+    pub node: Option<String>,
+    pub status: RangeStatus,
+}
+
+/// What the agent counts and measures; shared by its threads.
+#[derive(Default)]
+pub struct Registry {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    pools: Vec<PoolGauge>,
+    /// Whether this agent reports the cluster-wide pools (it is the sweeper); `None`: not known yet.
+    pool_reporter: Option<bool>,
+    /// (network, store, state) → records of this node.
+    node_leases: BTreeMap<(String, &'static str, &'static str), u64>,
+    /// (network, address, mac) → conflicts detected.
+    conflicts: BTreeMap<(String, String, String), u64>,
+    /// (network, address, mac) → when, for the quarantine records of this node.
+    conflict_times: BTreeMap<(String, String, String), u64>,
+    /// Conflict Events: posted / failed.
+    events: BTreeMap<&'static str, u64>,
+    /// (network, reason) → leases released by the reconciler.
+    reclaimed: BTreeMap<(String, &'static str), u64>,
+    pruned: u64,
+    /// "full" / "event" → passes.
+    passes: BTreeMap<&'static str, u64>,
+    pass_errors: u64,
+    last_pass: Option<u64>,
+    monitor_errors: u64,
+    last_monitor: Option<u64>,
+}
+
+/// Label name of a store.
+pub fn store_label(s: StoreName) -> &'static str {
+    match s {
+        StoreName::Kubernetes => "kubernetes",
+        StoreName::File => "file",
+    }
+}
+
+impl Registry {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Count what a reconcile pass did.
+    pub fn record_pass(&self, r: &PassReport, full: bool, now: u64) {
+        let mut s = self.state();
+        for x in &r.released {
+            let reason = match x.reason {
+                tether_leases::reclaim::StaleReason::PodGone => "pod_gone",
+                tether_leases::reclaim::StaleReason::PodReplaced { .. } => "pod_replaced",
+            };
+            *s.reclaimed.entry((x.lease.network.clone(), reason)).or_insert(0) += 1;
+        }
+        s.pruned += r.pruned as u64;
+        *s.passes.entry(if full { "full" } else { "event" }).or_insert(0) += 1;
+        s.pass_errors += r.errors.len() as u64;
+        s.last_pass = Some(now);
+        if let Some(me) = r.sweeper {
+            s.pool_reporter = Some(me);
+        }
+    }
+
+    /// Does this agent report the cluster-wide pools? (It is the sweeper among the agent nodes.)
+    pub fn pool_reporter(&self) -> bool {
+        self.state().pool_reporter == Some(true)
+    }
+
+    /// Replace the pool gauges.
+    pub fn set_pools(&self, pools: Vec<PoolGauge>) {
+        self.state().pools = pools;
+    }
+
+    /// Replace this node's record counts.
+    pub fn set_node_leases(&self, counts: BTreeMap<(String, &'static str, &'static str), u64>) {
+        self.state().node_leases = counts;
+    }
+
+    /// One conflict detected.
+    pub fn conflict(&self, network: &str, address: &str, mac: &str) {
+        *self.state().conflicts.entry((network.to_string(), address.to_string(), mac.to_string())).or_insert(0) += 1;
+    }
+
+    /// The quarantine records of this node now: (network, address, mac) → when.
+    pub fn set_conflict_times(&self, times: BTreeMap<(String, String, String), u64>) {
+        self.state().conflict_times = times;
+    }
+
+    /// One conflict Event posted (`true`) or not (`false`).
+    pub fn event(&self, posted: bool) {
+        *self.state().events.entry(if posted { "posted" } else { "failed" }).or_insert(0) += 1;
+    }
+
+    /// One monitor round done at `now`, with `errors` failures.
+    pub fn monitored(&self, errors: usize, now: u64) {
+        let mut s = self.state();
+        s.monitor_errors += errors as u64;
+        s.last_monitor = Some(now);
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let s = self.state();
+        let mut out = String::new();
+        let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, f64)>| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (labels, v) in samples {
+                let _ = writeln!(out, "{name}{labels} {v}");
+            }
+        };
+        let pool = |f: fn(&RangeStatus) -> f64| -> Vec<(String, f64)> {
+            s.pools
+                .iter()
+                .map(|p| {
+                    let mut l = vec![("network", p.network.as_str()), ("range", p.status.range.as_str()), ("store", store_label(p.store))];
+                    if let Some(n) = &p.node {
+                        l.push(("node", n));
+                    }
+                    (labels(&l), f(&p.status))
+                })
+                .collect()
+        };
+        family("tether_pool_size", "gauge", "Usable addresses of a range of a network.", pool(|r| r.usable as f64));
+        family("tether_pool_leased", "gauge", "Leased addresses of a range.", pool(|r| r.leased as f64));
+        family("tether_pool_quarantined", "gauge", "Addresses of a range quarantined after a conflict probe was answered.", pool(|r| r.quarantined as f64));
+        family("tether_pool_cooling", "gauge", "Released addresses of a range still in their cooldown.", pool(|r| r.cooling as f64));
+        family("tether_pool_free", "gauge", "Addresses of a range an ADD could get: size - leased - quarantined.", pool(|r| r.free as f64));
+        family(
+            "tether_pool_reporter",
+            "gauge",
+            "1 when this agent reports the pools of the cluster-wide (kubernetes) store: one agent does, the dead-node sweeper.",
+            vec![(String::new(), if s.pool_reporter == Some(true) { 1.0 } else { 0.0 })],
+        );
+        family(
+            "tether_node_lease_records",
+            "gauge",
+            "Lease records of this node by network, store and state.",
+            s.node_leases.iter().map(|((n, st, state), v)| (labels(&[("network", n), ("store", st), ("state", state)]), *v as f64)).collect(),
+        );
+        family(
+            "tether_address_conflicts_total",
+            "counter",
+            "Address conflicts detected on this node: a probed address answered by another MAC (the address is quarantined).",
+            s.conflicts.iter().map(|((n, a, m), v)| (labels(&[("network", n), ("address", a), ("mac", m)]), *v as f64)).collect(),
+        );
+        family(
+            "tether_address_conflict_timestamp_seconds",
+            "gauge",
+            "When the address answered a conflict probe on this node (unix time), while its quarantine record exists: alert on time() minus this.",
+            s.conflict_times.iter().map(|((n, a, m), v)| (labels(&[("network", n), ("address", a), ("mac", m)]), *v as f64)).collect(),
+        );
+        family(
+            "tether_conflict_events_total",
+            "counter",
+            "Warning Events (reason AddressConflict) this agent posted on pods, or failed to post.",
+            s.events.iter().map(|(r, v)| (labels(&[("result", r)]), *v as f64)).collect(),
+        );
+        family(
+            "tether_leases_reclaimed_total",
+            "counter",
+            "Leases the reconciler released because their pod is gone or was replaced.",
+            s.reclaimed.iter().map(|((n, r), v)| (labels(&[("network", n), ("reason", r)]), *v as f64)).collect(),
+        );
+        family("tether_lease_records_pruned_total", "counter", "Day-old released or quarantined records of this node deleted.", vec![(String::new(), s.pruned as f64)]);
+        family(
+            "tether_reconcile_passes_total",
+            "counter",
+            "Reconcile passes: full (periodic) or event (after pod deletions).",
+            ["full", "event"].iter().map(|k| (labels(&[("kind", k)]), s.passes.get(k).copied().unwrap_or(0) as f64)).collect(),
+        );
+        family("tether_reconcile_errors_total", "counter", "Failures within reconcile passes (each pass goes on past them; see the log).", vec![(String::new(), s.pass_errors as f64)]);
+        family(
+            "tether_reconcile_last_pass_timestamp_seconds",
+            "gauge",
+            "When the last reconcile pass ended (unix time).",
+            s.last_pass.map(|t| (String::new(), t as f64)).into_iter().collect(),
+        );
+        family("tether_monitor_errors_total", "counter", "Failures reading leases or NetworkAttachmentDefinitions for these metrics (see the log).", vec![(String::new(), s.monitor_errors as f64)]);
+        family(
+            "tether_monitor_last_run_timestamp_seconds",
+            "gauge",
+            "When the pool and conflict metrics were last refreshed (unix time).",
+            s.last_monitor.map(|t| (String::new(), t as f64)).into_iter().collect(),
+        );
+        drop(s);
+        family(
+            "tether_api_requests_total",
+            "counter",
+            "Kubernetes API requests of this agent by verb.",
+            tether_kube_store::monitoring::api_requests().into_iter().map(|(v, n)| (labels(&[("verb", v)]), n as f64)).collect(),
+        );
+        family(
+            "tether_api_errors_total",
+            "counter",
+            "Failed Kubernetes API requests of this agent by verb and code (HTTP status, timeout, network, decode).",
+            tether_kube_store::monitoring::api_errors().into_iter().map(|(v, c, n)| (labels(&[("verb", v), ("code", &c)]), n as f64)).collect(),
+        );
+        out
+    }
+}
+
+/// `{a="x",b="y"}` with values escaped; empty for no labels.
+fn labels(pairs: &[(&str, &str)]) -> String {
+    if pairs.is_empty() {
+        return String::new();
+    }
+    let body: Vec<String> = pairs
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")))
+        .collect();
+    format!("{{{}}}", body.join(","))
+}
+
+/// Serve `registry` on `listener` until `stop`: `GET /metrics` (anything else: 404). One
+/// connection at a time, each bounded by a 5 s timeout: a scrape every few seconds is the load.
+pub fn serve(listener: TcpListener, registry: &Registry, stop: &AtomicBool) {
+    if let Err(e) = listener.set_nonblocking(true) {
+        log::error!("metrics: {e}; not serving");
+        return;
+    }
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((conn, _)) => {
+                if let Err(e) = answer(conn, registry) {
+                    log::debug!("metrics: {e}");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(100)),
+            Err(e) => {
+                log::warn!("metrics: accepting a connection: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+fn answer(conn: TcpStream, registry: &Registry) -> std::io::Result<()> {
+    conn.set_nonblocking(false)?;
+    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+    conn.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut request = String::new();
+    reader.read_line(&mut request)?;
+    // The headers are not needed; read them so the client is not reset before its answer.
+    let mut line = String::new();
+    while reader.read_line(&mut line)? > 2 {
+        line.clear();
+    }
+    let mut words = request.split_whitespace();
+    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    let (status, body) = match (method, path) {
+        ("GET", "/metrics") => ("200 OK", registry.render()),
+        ("GET", _) => ("404 Not Found", "tether-ipam node-agent: metrics are at /metrics\n".to_string()),
+        _ => ("405 Method Not Allowed", String::new()),
+    };
+    let mut conn = conn;
+    write!(
+        conn,
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    conn.flush()
+}
+
+/// `--metrics-addr`: `IP:PORT`, `[IPv6]:PORT`, a bare IPv6 address followed by `:PORT` (so that
+/// `$(POD_IP):9464` works on IPv6 nodes too), or `:PORT` for every IPv4 interface.
+pub fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
+    let s = s.trim();
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let bad = || format!("{s:?} is not IP:PORT (e.g. 0.0.0.0:9464, [::]:9464, :9464)");
+    let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    let ip: std::net::IpAddr = if host.is_empty() { std::net::Ipv4Addr::UNSPECIFIED.into() } else { host.parse().map_err(|_| bad())? };
+    Ok(SocketAddr::new(ip, port))
+}
+
+/// Bind `addr` and serve on a thread of its own; the bound address (port 0 picks one).
+pub fn start(addr: SocketAddr, registry: std::sync::Arc<Registry>, stop: std::sync::Arc<AtomicBool>) -> std::io::Result<(SocketAddr, std::thread::JoinHandle<()>)> {
+    let listener = TcpListener::bind(addr)?;
+    let bound = listener.local_addr()?;
+    let h = std::thread::Builder::new().name("metrics".into()).spawn(move || serve(listener, &registry, &stop))?;
+    Ok((bound, h))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_format() {
+        let r = Registry::default();
+        r.set_pools(vec![PoolGauge {
+            network: "mgmt".into(),
+            store: StoreName::Kubernetes,
+            node: None,
+            status: RangeStatus { range: "10.0.0.241-10.0.0.250".into(), usable: 10, leased: 9, quarantined: 1, cooling: 0, free: 0 },
+        }]);
+        r.conflict("mgmt", "10.0.0.245", "02:00:00:00:00:01");
+        r.conflict("mgmt", "10.0.0.245", "02:00:00:00:00:01");
+        let t = r.render();
+        assert!(t.contains("# TYPE tether_pool_size gauge\ntether_pool_size{network=\"mgmt\",range=\"10.0.0.241-10.0.0.250\",store=\"kubernetes\"} 10\n"), "{t}");
+        assert!(t.contains("tether_pool_leased{network=\"mgmt\",range=\"10.0.0.241-10.0.0.250\",store=\"kubernetes\"} 9\n"), "{t}");
+        assert!(t.contains("tether_address_conflicts_total{network=\"mgmt\",address=\"10.0.0.245\",mac=\"02:00:00:00:00:01\"} 2\n"), "{t}");
+        assert!(t.contains("tether_pool_reporter 0\n") && t.contains("tether_reconcile_passes_total{kind=\"full\"} 0\n"), "{t}");
+        // Every sample line belongs to the family announced above it.
+        let mut family = String::new();
+        for l in t.lines() {
+            if let Some(rest) = l.strip_prefix("# TYPE ") {
+                family = rest.split(' ').next().unwrap().to_string();
+            } else if !l.starts_with('#') {
+                assert!(l.starts_with(&family), "{l} outside {family}");
+            }
+        }
+        assert_eq!(labels(&[("a", "x\"y\\z\nw")]), "{a=\"x\\\"y\\\\z\\nw\"}");
+    }
+
+    #[test]
+    fn listen_addresses() {
+        for (text, want) in [
+            ("0.0.0.0:9464", "0.0.0.0:9464"),
+            (":9464", "0.0.0.0:9464"),
+            ("[::]:9464", "[::]:9464"),
+            ("fd00:1::7:9464", "[fd00:1::7]:9464"),
+            ("10.0.0.7:9464", "10.0.0.7:9464"),
+        ] {
+            assert_eq!(parse_listen_addr(text).unwrap().to_string(), want, "{text}");
+        }
+        for bad in ["9464", "host:9464", "10.0.0.7:", "10.0.0.7:99999", ""] {
+            assert!(parse_listen_addr(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn serves_metrics_over_http() {
+        let r = std::sync::Arc::new(Registry::default());
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (addr, h) = start("127.0.0.1:0".parse().unwrap(), r.clone(), stop.clone()).unwrap();
+        let get = |path: &str| {
+            let mut c = TcpStream::connect(addr).unwrap();
+            write!(c, "GET {path} HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n").unwrap();
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut c, &mut s).unwrap();
+            s
+        };
+        let m = get("/metrics");
+        assert!(m.starts_with("HTTP/1.1 200 OK\r\n") && m.contains("text/plain; version=0.0.4") && m.contains("# TYPE tether_pool_size gauge"), "{m}");
+        assert!(get("/").starts_with("HTTP/1.1 404"));
+        stop.store(true, Ordering::Relaxed);
+        h.join().unwrap();
+    }
+}

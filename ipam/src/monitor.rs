@@ -1,0 +1,379 @@
+//! The node-agent's monitor: every `monitor_interval` (default 30 s) it reads this node's lease
+//! records and turns what it finds into data an operator can alert on.
+//!
+//! - **Conflicts.** A conflict probe that was answered leaves a `Quarantined` record naming the
+//!   MAC that answered and keeping the identity of the ADD that probed (its pod and node). For
+//!   each new one on this node the monitor counts `tether_address_conflicts_total{network,
+//!   address, mac}` and posts a Warning Event (reason `AddressConflict`) on that pod, named
+//!   `<pod>.<hash of network, address, MAC, time>`: an agent restarted later finds the Event
+//!   there (409) and neither posts nor counts it again. Records quarantined more than an hour
+//!   before the monitor first sees them are old news (the API server keeps Events an hour).
+//! - **This node's records** by network, store and state (`tether_node_lease_records`).
+//! - **Pools** (only when metrics are served): sizes come from the tether-ipam configurations of
+//!   the cluster's NetworkAttachmentDefinitions (one watch-cache LIST), counts from the leases.
+//!   Cluster-wide (`kubernetes` store) pools are reported by one agent, the dead-node sweeper, so
+//!   they are not listed by every node; a file-store pool is per node and reported by its node.
+//!
+//! Cost per round: one LIST of this node's leases (watch cache), plus NADs and one LIST per
+//! cluster-wide network on the reporting agent.
+
+// KubeStoreError is large by design (it carries what the operator needs); this is not a hot path.
+#![allow(clippy::result_large_err)]
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tether_kube_store::{KubeStore, KubeStoreError, NadConfig, PodWarning, Posted};
+use tether_leases::{Allocator, FileStore, Lease, LeaseState, LeaseStore, NoProbe, SystemClock};
+use tether_pool::{PoolConfig, StoreKind};
+
+use crate::metrics::{PoolGauge, Registry, store_label};
+use crate::reconcile::{self, StoreName};
+
+/// Default time between two rounds.
+pub const DEFAULT_INTERVAL_S: u64 = 30;
+/// The Event reason of an address conflict.
+pub const CONFLICT_REASON: &str = "AddressConflict";
+/// Conflicts older than this when first seen get no Event (and are not counted).
+pub const EVENT_MAX_AGE_S: u64 = 3600;
+
+/// A conflict: (network, address, MAC, when).
+type Conflict = (String, IpAddr, String, u64);
+
+/// The monitor of one node.
+pub struct Monitor {
+    node: String,
+    store: Option<KubeStore>,
+    data_dir: Option<PathBuf>,
+    events: bool,
+    pools: bool,
+    registry: Arc<Registry>,
+    started: u64,
+    seen: HashSet<Conflict>,
+    warned: HashSet<String>,
+}
+
+/// A network configuration found in a NAD, and where.
+struct NetworkConfig {
+    nad: String,
+    cfg: PoolConfig,
+}
+
+impl Monitor {
+    /// From the reconciler's options (node, API access, data dir; `conflict_events`; pools when
+    /// metrics are served).
+    pub fn new(opts: &reconcile::Options, registry: Arc<Registry>) -> Result<Monitor, String> {
+        let store = match &opts.kube {
+            Some(s) => Some(KubeStore::connect(reconcile::long_lived(s)).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        Ok(Monitor {
+            node: opts.node.clone(),
+            store,
+            data_dir: opts.data_dir.clone(),
+            events: opts.conflict_events,
+            pools: opts.metrics_addr.is_some(),
+            registry,
+            started: reconcile::now_s(),
+            seen: HashSet::new(),
+            warned: HashSet::new(),
+        })
+    }
+
+    /// Rounds every `interval` until `stop`.
+    pub fn run(&mut self, interval: Duration, stop: &AtomicBool) {
+        while !stop.load(Ordering::Relaxed) {
+            self.round();
+            let until = Instant::now() + interval;
+            while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+
+    /// One round; returns its failures (also logged and counted).
+    pub fn round(&mut self) -> Vec<String> {
+        let now = reconcile::now_s();
+        let mut errors = Vec::new();
+        let mut counts: BTreeMap<(String, &'static str, &'static str), u64> = BTreeMap::new();
+        let mut quarantined: Vec<Lease> = Vec::new();
+        let mut tally = |which: StoreName, leases: Vec<Lease>| {
+            for l in leases {
+                let state = match l.state {
+                    LeaseState::Leased => "leased",
+                    LeaseState::Released { .. } => "released",
+                    LeaseState::Quarantined { .. } => "quarantined",
+                };
+                *counts.entry((l.network.clone(), store_label(which), state)).or_insert(0) += 1;
+                if state == "quarantined" {
+                    quarantined.push(l);
+                }
+            }
+        };
+        if let Some(s) = &self.store {
+            s.restart_budget();
+            match s.list_node(&self.node) {
+                Ok(ls) => tally(StoreName::Kubernetes, ls),
+                Err(KubeStoreError::CrdMissing { .. }) => {}
+                Err(e) => errors.push(format!("listing the leases of node {}: {e}", self.node)),
+            }
+        }
+        let mut file_networks = Vec::new();
+        if let Some(dir) = &self.data_dir {
+            let fs = FileStore::new(dir.clone());
+            match fs.networks() {
+                Ok(nets) => {
+                    for n in nets {
+                        match fs.list(&n) {
+                            Ok(ls) => tally(StoreName::File, ls),
+                            Err(e) => errors.push(format!("reading network {n} in {}: {e}", dir.display())),
+                        }
+                        file_networks.push(n);
+                    }
+                }
+                Err(e) => errors.push(format!("listing the networks in {}: {e}", dir.display())),
+            }
+        }
+        self.registry.set_node_leases(counts);
+        self.conflicts(&quarantined, now, &mut errors);
+        if self.pools
+            && let Some(pools) = self.pools(&file_networks, &mut errors)
+        {
+            self.registry.set_pools(pools);
+        }
+        for e in &errors {
+            log::error!("monitor: {e}");
+        }
+        self.registry.monitored(errors.len(), now);
+        errors
+    }
+
+    /// Count and report the quarantine records not seen before.
+    fn conflicts(&mut self, quarantined: &[Lease], now: u64, errors: &mut Vec<String>) {
+        let mut present = HashSet::new();
+        let mut times = BTreeMap::new();
+        for l in quarantined {
+            let LeaseState::Quarantined { mac, at } = &l.state else { continue };
+            let key: Conflict = (l.network.clone(), l.address, mac.clone(), *at);
+            present.insert(key.clone());
+            let t = times.entry((l.network.clone(), l.address.to_string(), mac.clone())).or_insert(*at);
+            *t = (*t).max(*at);
+            if self.seen.contains(&key) {
+                continue;
+            }
+            if now.saturating_sub(*at) > EVENT_MAX_AGE_S {
+                self.seen.insert(key);
+                continue;
+            }
+            let node = l.node.clone().unwrap_or_else(|| self.node.clone());
+            let event = match (&l.pod.namespace, &l.pod.name) {
+                (Some(ns), Some(name)) if self.events => Some(PodWarning {
+                    namespace: ns.clone(),
+                    pod: name.clone(),
+                    uid: l.pod.uid.clone(),
+                    key: format!("{:016x}", reconcile::fnv(&format!("{}/{}/{mac}/{at}", l.network, l.address))),
+                    reason: CONFLICT_REASON.into(),
+                    message: conflict_message(l, mac, &node),
+                    node: node.clone(),
+                    at: *at,
+                }),
+                _ => None,
+            };
+            let (counted, how) = match (&event, &self.store) {
+                (Some(w), Some(s)) => {
+                    s.restart_budget();
+                    match s.post_pod_event(w) {
+                        Ok(Posted::Created) => {
+                            self.registry.event(true);
+                            (true, format!("Event {CONFLICT_REASON} posted on pod {}/{}", w.namespace, w.pod))
+                        }
+                        // Posted (and counted) by this node's agent before a restart.
+                        Ok(Posted::AlreadyThere) => (false, String::new()),
+                        Err(e) if e.is_transient() => {
+                            errors.push(format!("posting the conflict Event for {} of network {}: {e}; retrying", l.address, l.network));
+                            continue;
+                        }
+                        Err(e) => {
+                            self.registry.event(false);
+                            let msg = format!("cannot post the conflict Event on pod {}/{}: {e}", w.namespace, w.pod);
+                            // Usually RBAC (events: create), the same for every Event: say it once.
+                            if self.warned.insert("event".into()) {
+                                log::error!("monitor: {msg}");
+                            } else {
+                                log::debug!("monitor: {msg}");
+                            }
+                            (*at >= self.started, "no Event".to_string())
+                        }
+                    }
+                }
+                _ => (*at >= self.started, String::new()),
+            };
+            if counted {
+                self.registry.conflict(&l.network, &l.address.to_string(), mac);
+                log::warn!(
+                    "address conflict on node {node}: {} of network {} answered the probe from MAC {mac} (ADD of pod {}){}",
+                    l.address,
+                    l.network,
+                    l.pod,
+                    if how.is_empty() { String::new() } else { format!("; {how}") }
+                );
+            }
+            self.seen.insert(key);
+        }
+        self.seen.retain(|k| present.contains(k));
+        self.registry.set_conflict_times(times);
+    }
+
+    /// The pool gauges, or `None` to keep the last ones (the NADs could not be read).
+    fn pools(&mut self, file_networks: &[String], errors: &mut Vec<String>) -> Option<Vec<PoolGauge>> {
+        let reporter = self.registry.pool_reporter();
+        let store = self.store.as_ref()?;
+        if !reporter && file_networks.is_empty() {
+            return Some(Vec::new());
+        }
+        store.restart_budget();
+        let nads = match store.network_attachment_definitions() {
+            Ok(Some(n)) => n,
+            Ok(None) => {
+                if self.warned.insert("no-nads".into()) {
+                    log::warn!(
+                        "monitor: the API serves no NetworkAttachmentDefinitions (k8s.cni.cncf.io/v1): pool sizes come from \
+                         the NADs' configurations, so there are no tether_pool_* metrics"
+                    );
+                }
+                return Some(Vec::new());
+            }
+            Err(e) => {
+                errors.push(format!("listing the NetworkAttachmentDefinitions (pool sizes): {e}"));
+                return None;
+            }
+        };
+        let mut out = Vec::new();
+        for nc in network_configs(&nads, &mut self.warned) {
+            let cfg = &nc.cfg;
+            let (which, node, usage) = match cfg.store {
+                StoreKind::Kubernetes if reporter => {
+                    store.restart_budget();
+                    (StoreName::Kubernetes, None, Allocator::from_config(cfg, store as &dyn LeaseStore, &NoProbe, &SystemClock).usage())
+                }
+                StoreKind::File if file_networks.contains(&cfg.network_name) => {
+                    let Some(dir) = &self.data_dir else { continue };
+                    let fs = FileStore::new(dir.clone());
+                    (StoreName::File, Some(self.node.clone()), Allocator::from_config(cfg, &fs, &NoProbe, &SystemClock).usage())
+                }
+                _ => continue,
+            };
+            match usage {
+                Ok(ranges) => out.extend(ranges.into_iter().map(|status| PoolGauge { network: cfg.network_name.clone(), store: which, node: node.clone(), status })),
+                Err(e) => errors.push(format!("counting network {} (NAD {}): {e}", cfg.network_name, nc.nad)),
+            }
+        }
+        Some(out)
+    }
+
+}
+
+/// One configuration per network from the NADs using tether-ipam (first NAD by namespace/name
+/// wins; one with other ranges is named in a warning, once).
+fn network_configs(nads: &[NadConfig], warned: &mut HashSet<String>) -> Vec<NetworkConfig> {
+    let mut sorted: Vec<&NadConfig> = nads.iter().collect();
+    sorted.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    let mut by_network: BTreeMap<String, NetworkConfig> = BTreeMap::new();
+    for nad in sorted {
+        let name = format!("{}/{}", nad.namespace, nad.name);
+        for raw in tether_ipam_configs(&nad.config, &nad.name) {
+            let cfg = match PoolConfig::from_value(&raw) {
+                Ok(c) => c,
+                Err(e) => {
+                    log::debug!("monitor: NAD {name}: {e}");
+                    continue;
+                }
+            };
+            match by_network.get(&cfg.network_name) {
+                Some(first) if first.cfg.ranges != cfg.ranges => {
+                    if warned.insert(format!("ranges:{}:{name}", cfg.network_name)) {
+                        log::warn!(
+                            "monitor: NADs {} and {name} give network {} different ranges; its pool metrics use {}'s",
+                            first.nad,
+                            cfg.network_name,
+                            first.nad
+                        );
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    by_network.insert(cfg.network_name.clone(), NetworkConfig { nad: name.clone(), cfg });
+                }
+            }
+        }
+    }
+    by_network.into_values().collect()
+}
+
+/// The network configurations in a NAD's `spec.config` whose IPAM is tether-ipam: the config
+/// itself, or each plugin of a conflist (with the list's `name` and `cniVersion`). Without a
+/// `name`, the NAD's name is the network's, as Multus makes it.
+pub fn tether_ipam_configs(text: &str, nad_name: &str) -> Vec<Value> {
+    let Ok(mut v) = serde_json::from_str::<Value>(text) else { return Vec::new() };
+    if let Some(obj) = v.as_object_mut()
+        && !obj.contains_key("name")
+    {
+        obj.insert("name".into(), Value::from(nad_name));
+    }
+    let ours = |p: &Value| p.pointer("/ipam/type").and_then(Value::as_str) == Some("tether-ipam");
+    match v.get("plugins").and_then(Value::as_array) {
+        Some(plugins) => plugins
+            .iter()
+            .filter(|p| ours(p))
+            .map(|p| {
+                let mut p = p.clone();
+                for k in ["name", "cniVersion"] {
+                    if let (Some(obj), Some(val)) = (p.as_object_mut(), v.get(k))
+                        && !obj.contains_key(k)
+                    {
+                        obj.insert(k.to_string(), val.clone());
+                    }
+                }
+                p
+            })
+            .collect(),
+        None if ours(&v) => vec![v],
+        None => Vec::new(),
+    }
+}
+
+/// The Event message of a conflict.
+fn conflict_message(l: &Lease, mac: &str, node: &str) -> String {
+    format!(
+        "{} of network {} is in use by another host: it answered the conflict probe from MAC {mac} on node {node}. \
+         tether-ipam quarantined the address and did not give it to this pod; find the host with that MAC, or exclude \
+         the address from the range.",
+        l.address, l.network
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_tether_ipam_in_configs_and_conflists() {
+        let single = r#"{"cniVersion":"1.0.0","name":"mgmt","type":"tether-ipvlan","ipam":{"type":"tether-ipam","range":"10.0.0.0/29"}}"#;
+        assert_eq!(tether_ipam_configs(single, "nad").len(), 1);
+        let list = r#"{"cniVersion":"1.0.0","name":"compute","plugins":[{"type":"tether-ipvlan","ipam":{"type":"tether-ipam","range":"10.1.0.0/29"}},{"type":"tuning"}]}"#;
+        let got = tether_ipam_configs(list, "nad");
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0]["name"], "compute");
+        assert_eq!(PoolConfig::from_value(&got[0]).unwrap().network_name, "compute");
+        assert!(tether_ipam_configs(r#"{"name":"x","type":"macvlan","ipam":{"type":"whereabouts"}}"#, "nad").is_empty());
+        assert!(tether_ipam_configs("", "nad").is_empty() && tether_ipam_configs("not json", "nad").is_empty());
+        // No name: the NAD's.
+        let unnamed = r#"{"cniVersion":"1.0.0","type":"tether-ipvlan","ipam":{"type":"tether-ipam","range":"10.0.0.0/29"}}"#;
+        assert_eq!(PoolConfig::from_value(&tether_ipam_configs(unnamed, "storage")[0]).unwrap().network_name, "storage");
+    }
+}
