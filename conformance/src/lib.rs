@@ -52,5 +52,5 @@ pub use plugin::{FakeIpam, PluginExec, assert_cni_error, tether_bin_dir, tether_
 pub mod segment;
 pub use segment::{Capture, LeaseState, Segment, SlowRogue, first_candidates};
 
-// Timing helpers for the benchmark binaries (src/bin/bench-ipam.rs, src/bin/bench-probe.rs).
+// Timing helpers for the benchmark binaries (src/bin/bench-ipam.rs, bench-probe.rs, bench-kube.rs).
 pub mod bench;
