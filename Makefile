@@ -3,7 +3,12 @@ SHELL     := /bin/bash
 CARGO     ?= cargo
 DESTDIR   ?=
 BINDIR    ?= /opt/cni/bin
-BINS      := tether-ipvlan tether-ipam
+# The CNI plugins (installed into BINDIR, exec'd by the runtime for every pod) and the operator and
+# node-agent program `tether` (SBINDIR; in the image, the DaemonSet's entrypoint).
+PLUGINS   := tether-ipvlan tether-ipam
+OPERATOR  := tether
+BINS      := $(PLUGINS) $(OPERATOR)
+SBINDIR   ?= /usr/local/bin
 # What ships (make build/install/image) is static musl binaries: they run on every node whatever its
 # libc (RHEL/Rocky 8, Ubuntu 20.04, ...). .cargo/config.toml sets the target's flags (crt-static,
 # non-PIE) and ring's C compiler (musl-gcc, Debian's musl-tools). The glibc builds in
@@ -21,7 +26,7 @@ LAB_TESTS  := $(sort $(basename $(notdir $(wildcard conformance/tests/lab_*.rs))
 
 BENCH_BIN := $(CARGO) run --release --locked -p tether-conformance --bin
 
-.PHONY: bench bench-attach bench-kube bench-ipam bench-probe bench-static all build install image render static-check test unit kube-up kube-down host-tests lab-tests conformance manifests fuzz-regressions fuzz driver deps demo fmt clippy clean
+.PHONY: bins bench bench-attach bench-kube bench-ipam bench-probe bench-static all build install image render static-check test unit kube-up kube-down host-tests lab-tests conformance manifests fuzz-regressions fuzz driver deps demo fmt clippy clean
 
 all: build
 
@@ -30,11 +35,12 @@ build:
 
 # Copy to a temporary name and rename, so a runtime never executes a half-written binary.
 install: build
-	install -d -m 0755 $(DESTDIR)$(BINDIR)
+	install -d -m 0755 $(DESTDIR)$(BINDIR) $(DESTDIR)$(SBINDIR)
 	@for b in $(BINS); do \
-	  tmp=$(DESTDIR)$(BINDIR)/.$$b.tmp.$$$$; \
-	  install -m 0755 $(STATIC)/$$b $$tmp && mv -f $$tmp $(DESTDIR)$(BINDIR)/$$b || { rm -f $$tmp; exit 1; }; \
-	  echo "installed $(DESTDIR)$(BINDIR)/$$b"; \
+	  dir=$(DESTDIR)$(BINDIR); [ $$b = $(OPERATOR) ] && dir=$(DESTDIR)$(SBINDIR); \
+	  tmp=$$dir/.$$b.tmp.$$$$; \
+	  install -m 0755 $(STATIC)/$$b $$tmp && mv -f $$tmp $$dir/$$b || { rm -f $$tmp; exit 1; }; \
+	  echo "installed $$dir/$$b"; \
 	done
 
 deps:
@@ -48,7 +54,7 @@ static-check: build
 	$(CARGO) build --locked $(addprefix --bin ,$(BINS))
 	deploy/check-static.sh --expect-dynamic $(addprefix target/debug/,$(BINS))
 
-# The node-agent image, offline: FROM scratch (no base image, nothing pulled) holding the two static
+# The node-agent image, offline: FROM scratch (no base image, nothing pulled) holding the three static
 # binaries, built with Debian's buildah; also saved as target/tether-image.tar (docker-archive) for
 # registries (skopeo/podman load) or RKE2's /var/lib/rancher/rke2/agent/images/ (imported on start).
 image: build
@@ -69,9 +75,17 @@ driver:
 # One real Kubernetes API server (kube-apiserver + etcd from ../shared/peers, conformance/kube/)
 # for the whole run: started before the test phases, TETHER_TEST_KUBECONFIG exported to them,
 # stopped at the end, also on failure.
-test: deps driver
+# Each phase is timed (conformance/phases.sh); the times are printed at the end, also on failure.
+PHASES := target/phases.txt
+test:
+	@rm -f $(PHASES)
+	@status=0; \
+	  conformance/phases.sh deps driver bins && \
+	  $(KUBE) conformance/phases.sh clippy unit fuzz-regressions manifests build static-check image conformance || status=$$?; \
+	  conformance/phases.sh --report; exit $$status
+
+bins:
 	$(CARGO) build --locked --workspace --bins
-	$(KUBE) $(MAKE) --no-print-directory clippy unit fuzz-regressions manifests static-check image conformance
 
 # Test output is kept in target/conformance/ for the checklist table (conformance/report.py).
 LOGS := target/conformance
@@ -126,7 +140,7 @@ fuzz:
 # too), deploy/tether.yaml against a fresh render, and every manifest with a server-side dry-run on
 # the real API server (started here unless TETHER_TEST_KUBECONFIG is set).
 manifests:
-	$(CARGO) build --locked --bin tether-ipam
+	$(CARGO) build --locked --bin tether
 	$(KUBE) python3 deploy/validate.py
 
 lab-tests:
@@ -150,8 +164,9 @@ bench-probe:
 	$(CARGO) build --release --locked --bin tether-ipam
 	$(BENCH_BIN) bench-probe
 
-bench-attach:
-	conformance/bench/attach.sh
+# bench-attach and bench-kube measure what ships: the static musl binaries of `make build`.
+bench-attach: build
+	BENCH_BIN_DIR=$(CURDIR)/$(STATIC) conformance/bench/attach.sh
 
 # The shipped static binaries next to the glibc builds: VERSION exec cost and bench-ipam for each.
 bench-static:
@@ -161,9 +176,8 @@ bench-static:
 # (../shared/peers or TETHER_PEERS; loopback, ports 36443/43790/43800, stopped at the end).
 # Options go in BENCH_KUBE_ARGS, e.g. BENCH_KUBE_ARGS="--n 100 --n-whereabouts 50".
 BENCH_KUBE_ARGS ?=
-bench-kube:
-	$(CARGO) build --release --locked --bin tether-ipam
-	$(BENCH_BIN) bench-kube $(if $(BENCH_KUBE_ARGS),-- $(BENCH_KUBE_ARGS))
+bench-kube: build
+	TETHER_BIN_DIR=$(CURDIR)/$(STATIC) $(BENCH_BIN) bench-kube $(if $(BENCH_KUBE_ARGS),-- $(BENCH_KUBE_ARGS))
 
 # All of the above in one run, then BENCHMARKS.md and docs/benchmarks.png from their output.
 BENCH_OUT := target/bench

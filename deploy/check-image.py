@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Check the image `make image` saved (docker-archive): one layer (FROM scratch, no base image), holding
-exactly the two plugins, static, under /usr/local/bin, with tether-ipam as the entrypoint.
+exactly the two plugins and the operator binary `tether`, static, under /usr/local/bin, with tether
+as the entrypoint.
 
     deploy/check-image.py target/tether-image.tar
 """
@@ -8,7 +9,7 @@ import json
 import sys
 import tarfile
 
-WANT = {"usr/local/bin/tether-ipam", "usr/local/bin/tether-ipvlan"}
+WANT = {"usr/local/bin/tether-ipam", "usr/local/bin/tether-ipvlan", "usr/local/bin/tether"}
 
 
 def is_static(elf):
@@ -40,10 +41,10 @@ def main(path):
                 if not files[name].mode & 0o111:
                     return f"{path}: {name} is not executable"
     entry = config.get("config", {}).get("Entrypoint")
-    if entry != ["/usr/local/bin/tether-ipam"]:
-        return f"{path}: entrypoint {entry}, expected /usr/local/bin/tether-ipam"
+    if entry != ["/usr/local/bin/tether"]:
+        return f"{path}: entrypoint {entry}, expected /usr/local/bin/tether"
     tags = manifest.get("RepoTags") or []
-    print(f"image: {path}: one layer, {', '.join(sorted(WANT))} (static), entrypoint tether-ipam; tags {', '.join(tags)}")
+    print(f"image: {path}: one layer, {', '.join(sorted(WANT))} (static), entrypoint tether; tags {', '.join(tags)}")
     return 0
 
 

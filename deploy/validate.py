@@ -3,7 +3,7 @@
 
 - Kubernetes kinds: kubernetes-validate --strict (bundled OpenAPI schemas, offline).
 - NetworkAttachmentDefinitions (no upstream schema): shape checked here, and spec.config handed to
-  `tether-ipam validate --strict`, the plugin's own parser, so an example NAD can never drift from
+  `tether validate --strict`, the plugin's own parser, so an example NAD can never drift from
   what the plugin accepts, nor share a range across nodes through node-local file stores. The
   README's NADs get the same check.
 - kustomization.yaml: every listed resource exists.
@@ -31,7 +31,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 BASE = DEPLOY / "base"
 RENDERED = DEPLOY / "tether.yaml"
-IPAM = ROOT / "target" / "debug" / "tether-ipam"
+TETHER = ROOT / "target" / "debug" / "tether"
 KUBECTL = os.environ.get("KUBECTL", "/usr/bin/kubectl")
 PEERS = pathlib.Path(os.environ.get("TETHER_PEERS", ROOT.parent / "shared" / "peers"))
 NAD_CRD = PEERS / "nad-crd.yaml"
@@ -56,9 +56,9 @@ def ipam_validate(path, conf, what):
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
         json.dump(conf, f)
         f.flush()
-        r = subprocess.run([str(IPAM), "validate", "--strict", "--config", f.name], capture_output=True, text=True)
+        r = subprocess.run([str(TETHER), "validate", "--strict", "--config", f.name], capture_output=True, text=True)
     if r.returncode != 0:
-        fail(path, f"tether-ipam validate --strict rejects {what}: {r.stderr.strip() or r.stdout.strip()}")
+        fail(path, f"tether validate --strict rejects {what}: {r.stderr.strip() or r.stdout.strip()}")
 
 
 def check_nad(path, doc):

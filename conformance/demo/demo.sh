@@ -217,8 +217,8 @@ for p in "${PODS[@]}"; do
     in_ns "$p" ip -br addr show | indent
 done
 if [ "$IPAM" = tether-ipam ]; then
-    note "the node's leases (tether-ipam leases):"
-    "$BIN/tether-ipam" leases --data-dir "$SCRATCH/ipam" | indent
+    note "the node's leases (tether leases):"
+    "$BIN/tether" leases --data-dir "$SCRATCH/ipam" | indent
 fi
 
 addr_of() { in_ns "$1" ip -4 -o addr show dev "$2" | awk '{print $4}' | cut -d/ -f1; }
@@ -257,10 +257,10 @@ links=$(ip -n "$(ns node)" -br link show | awk '{print $1}' | sed 's/@.*//' | so
 ok "node: only lo, enp5s0, enp6s0"
 case "$IPAM" in
     tether-ipam)
-        held=$("$BIN/tether-ipam" leases --data-dir "$SCRATCH/ipam" -o json | jq '[.[] | select(.state == "leased")] | length')
-        [ "$held" = 0 ] || die "$held leases still held" "$("$BIN/tether-ipam" leases --data-dir "$SCRATCH/ipam")"
+        held=$("$BIN/tether" leases --data-dir "$SCRATCH/ipam" -o json | jq '[.[] | select(.state == "leased")] | length')
+        [ "$held" = 0 ] || die "$held leases still held" "$("$BIN/tether" leases --data-dir "$SCRATCH/ipam")"
         ok "tether-ipam: no lease held (released ones stay listed for cooldown and sticky re-use)"
-        "$BIN/tether-ipam" leases --data-dir "$SCRATCH/ipam" | indent ;;
+        "$BIN/tether" leases --data-dir "$SCRATCH/ipam" | indent ;;
     host-local)
         held=$(find "$SCRATCH/ipam" -type f -regex '.*/[0-9.]+$' | wc -l)
         [ "$held" = 0 ] || die "$held host-local leases still held" "$(find "$SCRATCH/ipam" -type f)"

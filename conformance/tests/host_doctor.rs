@@ -1,4 +1,4 @@
-//! `tether-ipam doctor` on a real segment of this kernel: a rogue host answering ARP for a pool
+//! `tether doctor` on a real segment of this kernel: a rogue host answering ARP for a pool
 //! address is reported with its MAC, and a missing master is reported with what to do (issue 7).
 
 use std::net::IpAddr;
@@ -9,7 +9,7 @@ use tether_conformance::{Segment, TempDir, tether_binary};
 fn doctor(seg: &Segment, conf: &serde_json::Value, dir: &TempDir) -> tether_conformance::CmdOutput {
     let path = dir.join("nad.json");
     std::fs::write(&path, conf.to_string()).unwrap();
-    let mut c = seg.node.command(tether_binary("tether-ipam").to_str().unwrap());
+    let mut c = seg.node.command(tether_binary("tether").to_str().unwrap());
     c.args(["doctor", "--config", path.to_str().unwrap(), "--max-probes", "16"]);
     tether_conformance::capture(&mut c)
 }

@@ -24,7 +24,7 @@ fn setup(tag: &str) -> (TempDir, FileStore, String) {
 #[test]
 fn leases_table_and_json() {
     let (_dir, _fs, data) = setup("leases");
-    let o = ipam(&["leases", "--data-dir", &data]);
+    let o = tether(&["leases", "--data-dir", &data]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     let lines: Vec<&str> = out.lines().collect();
@@ -34,7 +34,7 @@ fn leases_table_and_json() {
     assert!(lines[2].contains("(container ctr-10.3.0.1)"), "{out}");
     assert!(lines[3].starts_with("net-b") && lines[3].contains("released"), "{out}");
 
-    let o = ipam(&["leases", "--data-dir", &data, "--network", "net-b", "-o", "json"]);
+    let o = tether(&["leases", "--data-dir", &data, "--network", "net-b", "-o", "json"]);
     assert_eq!(o.status.code(), Some(0));
     let v = json_out(&o);
     assert_eq!(v.as_array().unwrap().len(), 1);
@@ -44,19 +44,19 @@ fn leases_table_and_json() {
     assert_eq!(v[0]["node"], "n1");
 
     let empty = TempDir::new("leases-empty");
-    let o = ipam(&["leases", "--data-dir", empty.path().to_str().unwrap(), "-o", "json"]);
+    let o = tether(&["leases", "--data-dir", empty.path().to_str().unwrap(), "-o", "json"]);
     assert_eq!((o.status.code(), json_out(&o)), (Some(0), json!([])));
 }
 
 #[test]
 fn release_refuses_leased_without_api_and_force_overrides() {
     let (_dir, fs, data) = setup("release");
-    let o = ipam(&["release", "10.3.0.10", "--network", "net-a", "--data-dir", &data]);
+    let o = tether(&["release", "10.3.0.10", "--network", "net-a", "--data-dir", &data]);
     assert_eq!(o.status.code(), Some(3), "refused");
     assert!(stderr(&o).contains("--force") && stderr(&o).contains("ns/p1"), "{}", stderr(&o));
     assert!(fs.list("net-a").unwrap().iter().any(|l| l.address.to_string() == "10.3.0.10" && l.is_leased()));
 
-    let o = ipam(&["release", "10.3.0.10", "--network", "net-a", "--data-dir", &data, "--force", "-o", "json"]);
+    let o = tether(&["release", "10.3.0.10", "--network", "net-a", "--data-dir", &data, "--force", "-o", "json"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v = json_out(&o);
     assert_eq!(v["released"], "10.3.0.10");
@@ -64,15 +64,15 @@ fn release_refuses_leased_without_api_and_force_overrides() {
     assert!(!fs.list("net-a").unwrap().iter().any(|l| l.address.to_string() == "10.3.0.10"));
 
     // A Released record: removing it ends its cooldown; no --force needed.
-    let o = ipam(&["release", "10.4.0.5", "--network", "net-b", "--data-dir", &data]);
+    let o = tether(&["release", "10.4.0.5", "--network", "net-b", "--data-dir", &data]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).contains("cooldown ends now"), "{}", stdout(&o));
     assert!(fs.list("net-b").unwrap().is_empty());
 
     // Unknown address: failed (1); bad address: usage (2).
-    assert_eq!(ipam(&["release", "10.3.0.99", "--network", "net-a", "--data-dir", &data]).status.code(), Some(1));
-    assert_eq!(ipam(&["release", "not-an-ip", "--network", "net-a", "--data-dir", &data]).status.code(), Some(2));
-    assert_eq!(ipam(&["release", "10.3.0.11", "--data-dir", &data]).status.code(), Some(2), "--network is required");
+    assert_eq!(tether(&["release", "10.3.0.99", "--network", "net-a", "--data-dir", &data]).status.code(), Some(1));
+    assert_eq!(tether(&["release", "not-an-ip", "--network", "net-a", "--data-dir", &data]).status.code(), Some(2));
+    assert_eq!(tether(&["release", "10.3.0.11", "--data-dir", &data]).status.code(), Some(2), "--network is required");
 }
 
 #[test]
@@ -87,14 +87,14 @@ fn doctor_happy_path_on_lo_exits_0() {
         .unwrap(),
     )
     .unwrap();
-    let o = ipam(&["doctor", "--config", nad.to_str().unwrap()]);
+    let o = tether(&["doctor", "--config", nad.to_str().unwrap()]);
     let out = stdout(&o);
     assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
     for check in ["config", "master", "store", "pool", "conflicts"] {
         assert_eq!(findings(&out, "OK", check).len().min(1), 1, "OK {check}: {out}");
     }
     assert!(out.lines().skip(1).all(|l| l.starts_with("OK ")), "one finding per line, status first: {out}");
-    let o = ipam(&["doctor", "--config", nad.to_str().unwrap(), "-o", "json"]);
+    let o = tether(&["doctor", "--config", nad.to_str().unwrap(), "-o", "json"]);
     assert_eq!(o.status.code(), Some(0));
     assert!(json_out(&o).as_array().unwrap().iter().all(|f| f["ok"] == true));
 
@@ -106,7 +106,7 @@ fn doctor_happy_path_on_lo_exits_0() {
         .unwrap(),
     )
     .unwrap();
-    let o = ipam(&["doctor", "--config", nad.to_str().unwrap()]);
+    let o = tether(&["doctor", "--config", nad.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     let out = stdout(&o);
     assert!(findings(&out, "FAIL", "master").iter().any(|l| l.contains("does not exist")), "{out}");
@@ -117,28 +117,41 @@ fn validate_version_help_and_usage() {
     let dir = TempDir::new("validate");
     let nad = dir.join("nad.json");
     std::fs::write(&nad, r#"{"cniVersion":"1.0.0","name":"v","type":"tether-ipvlan","ipam":{"type":"tether-ipam","range":"10.6.0.0/29"}}"#).unwrap();
-    let o = ipam(&["validate", "--config", nad.to_str().unwrap()]);
+    let o = tether(&["validate", "--config", nad.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).contains("network v: 10.6.0.0/29"), "{}", stdout(&o));
     std::fs::write(&nad, r#"{"name":"v","ipam":{"type":"tether-ipam"}}"#).unwrap();
-    assert_eq!(ipam(&["validate", "--config", nad.to_str().unwrap()]).status.code(), Some(1));
-    let o = ipam(&["version"]);
+    assert_eq!(tether(&["validate", "--config", nad.to_str().unwrap()]).status.code(), Some(1));
+    let o = tether(&["version"]);
     assert_eq!(o.status.code(), Some(0));
-    assert!(stdout(&o).starts_with("tether-ipam "));
-    let o = ipam(&["--help"]);
+    assert!(stdout(&o).starts_with("tether "));
+    let o = tether(&["--help"]);
     assert_eq!(o.status.code(), Some(0));
     for cmd in ["leases", "release", "doctor", "validate", "reconcile", "node-agent", "version"] {
         assert!(stdout(&o).contains(cmd), "--help lists {cmd}");
     }
-    let o = ipam(&["reconcile", "--help"]);
+    let o = tether(&["reconcile", "--help"]);
     for flag in ["--kubeconfig", "--node", "--data-dir", "--grace-s", "--interval-s", "--once", "--agent-namespace", "--agent-selector"] {
         assert!(stdout(&o).contains(flag), "reconcile --help lists {flag}: {}", stdout(&o));
     }
-    let o = ipam(&["node-agent", "--help"]);
+    let o = tether(&["node-agent", "--help"]);
     for flag in ["--grace-s", "--interval-s", "--node", "--no-reconcile", "--agent-namespace", "--agent-selector"] {
         assert!(stdout(&o).contains(flag), "node-agent --help lists {flag}");
     }
-    assert_eq!(ipam(&["frobnicate"]).status.code(), Some(2));
+    assert_eq!(tether(&["frobnicate"]).status.code(), Some(2));
+}
+
+/// The per-pod plugin takes no operator commands: a person typing one gets told where it went.
+#[test]
+fn the_plugin_binary_points_operator_commands_to_tether() {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_tether-ipam"))
+        .args(["leases", "--data-dir", "/nonexistent"])
+        .env_remove("CNI_COMMAND")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(o.stdout.is_empty(), "nothing on stdout: {}", stdout(&o));
+    assert!(stderr(&o).contains("run `tether leases --data-dir /nonexistent`"), "{}", stderr(&o));
 }
 
 /// A NAD is used on every node: with the node-local file store each node would hand out the range
@@ -154,14 +167,14 @@ fn validate_warns_when_file_stores_would_share_a_range_across_nodes() {
 
     for conf in [file_conf.to_string(), file_conf.replace(r#""range""#, r#""store":"file","range""#)] {
         std::fs::write(&nad, &conf).unwrap();
-        let o = ipam(&["validate", "--config", p]);
+        let o = tether(&["validate", "--config", p]);
         assert_eq!(o.status.code(), Some(0), "a warning is not an error: {}", stderr(&o));
         let err = stderr(&o);
         assert!(err.contains("warning") && err.contains("network mgmt") && err.contains("file store"), "{err}");
         assert!(err.contains("10.20.30.241-10.20.30.250/24") && err.contains("\"kubernetes\"") && err.contains("--node-local"), "{err}");
-        let o = ipam(&["validate", "--strict", "--config", p]);
+        let o = tether(&["validate", "--strict", "--config", p]);
         assert_eq!(o.status.code(), Some(1), "--strict fails on the warning: {}", stderr(&o));
-        let o = ipam(&["validate", "--strict", "--node-local", "--config", p]);
+        let o = tether(&["validate", "--strict", "--node-local", "--config", p]);
         assert_eq!((o.status.code(), stderr(&o)), (Some(0), String::new()), "--node-local: the range belongs to one node");
     }
 
@@ -169,7 +182,7 @@ fn validate_warns_when_file_stores_would_share_a_range_across_nodes() {
     for ipam_keys in [kc.to_string(), format!(r#""store":"kubernetes",{kc}"#), r#""store":"kubernetes""#.to_string()] {
         std::fs::write(&nad, format!(r#"{{"cniVersion":"1.0.0","name":"mgmt","type":"tether-ipvlan","ipam":{{"type":"tether-ipam","range":"10.20.30.0/24",{ipam_keys}}}}}"#))
             .unwrap();
-        let o = ipam(&["validate", "--strict", "--config", p]);
+        let o = tether(&["validate", "--strict", "--config", p]);
         assert_eq!((o.status.code(), stderr(&o)), (Some(0), String::new()), "{ipam_keys}");
         assert!(stdout(&o).contains("Kubernetes store"), "{}", stdout(&o));
     }
@@ -181,15 +194,15 @@ fn validate_warns_when_file_stores_would_share_a_range_across_nodes() {
         .unwrap()
     };
     std::fs::write(&nad, wrap(&file_conf.replace(r#""name":"mgmt","#, ""))).unwrap();
-    let o = ipam(&["validate", "--config", p]);
+    let o = tether(&["validate", "--config", p]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).starts_with("network pool-a: "), "Multus injects the NAD's name: {}", stdout(&o));
     assert!(stderr(&o).contains("network pool-a keeps its leases in the node-local file store"), "{}", stderr(&o));
     std::fs::write(&nad, wrap(&file_conf.replace(r#""range""#, &format!(r#"{kc},"range""#)))).unwrap();
-    let o = ipam(&["validate", "--strict", "--config", p]);
+    let o = tether(&["validate", "--strict", "--config", p]);
     assert_eq!((o.status.code(), stderr(&o)), (Some(0), String::new()));
     std::fs::write(&nad, r#"{"kind":"NetworkAttachmentDefinition","metadata":{"name":"x"},"spec":{}}"#).unwrap();
-    let o = ipam(&["validate", "--config", p]);
+    let o = tether(&["validate", "--config", p]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("no spec.config"), "{}", stderr(&o));
 }
@@ -216,7 +229,7 @@ fn node_agent_once_installs_and_reconciles() {
     let fs = FileStore::new(&data);
     fs.claim(lease("fnet", "10.8.0.1", Some((ns, "gone", "u")), n1, now() - 3600), None).unwrap().unwrap();
     env.put(lease(knet, "10.8.1.1", Some((ns, "gone-too", "u2")), n1, now() - 3600));
-    let o = ipam_env(
+    let o = tether_env(
         &[
             "node-agent", "--cni-bin-dir", bin.to_str().unwrap(), "--kubeconfig-out", dir.join("out/tether.kubeconfig").to_str().unwrap(),
             "--source-dir", src.to_str().unwrap(), "--service-account-dir", sa.to_str().unwrap(), "--data-dir", data.to_str().unwrap(),

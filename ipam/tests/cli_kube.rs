@@ -45,7 +45,7 @@ fn leases_table_and_json_for_all_networks_or_one() {
     let env = Env::real("kleases");
     let n = fill(&env);
     let kc = env.kubeconfig.to_str().unwrap();
-    let o = ipam(&["leases", "--kubeconfig", kc]);
+    let o = tether(&["leases", "--kubeconfig", kc]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(out.lines().next().unwrap().starts_with("NETWORK"), "{out}");
@@ -55,7 +55,7 @@ fn leases_table_and_json_for_all_networks_or_one() {
     assert!(lines[0].starts_with(n.net) && lines[0].contains("10.77.0.10/24") && lines[0].contains(&format!("{}/trainer-0", n.ml)) && lines[0].contains(n.n1), "{out}");
     assert!(lines[4].starts_with(n.other) && lines[4].contains("released") && lines[4].contains(n.n2), "{out}");
 
-    let o = ipam(&["leases", "--kubeconfig", kc, "--network", n.net, "-o", "json"]);
+    let o = tether(&["leases", "--kubeconfig", kc, "--network", n.net, "-o", "json"]);
     assert_eq!(o.status.code(), Some(0));
     let v = json_out(&o);
     assert_eq!(v.as_array().unwrap().len(), 4);
@@ -65,7 +65,7 @@ fn leases_table_and_json_for_all_networks_or_one() {
 
     // The store from a NAD (its ipam.kubernetes.kubeconfig): that network by default.
     let nad = env.nad(n.net);
-    let o = ipam(&["leases", "--config", nad.to_str().unwrap(), "-o", "json"]);
+    let o = tether(&["leases", "--config", nad.to_str().unwrap(), "-o", "json"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(json_out(&o).as_array().unwrap().len(), 4);
 }
@@ -79,7 +79,7 @@ fn release_checks_the_pod() {
     let rel = |addr: &str, extra: &[&str]| {
         let mut a = vec!["release", addr, "--network", n.net, "--kubeconfig", kc];
         a.extend_from_slice(extra);
-        ipam(&a)
+        tether(&a)
     };
     // Live pod with the lease's uid: refused, exit 3, lease untouched.
     let o = rel("10.77.0.10", &[]);
@@ -104,7 +104,7 @@ fn release_checks_the_pod() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(env.state(n.net, "10.77.0.10"), None);
     // A released record: removed (cooldown ends), exit 0.
-    let o = ipam(&["release", "10.88.0.1", "--network", n.other, "--kubeconfig", kc]);
+    let o = tether(&["release", "10.88.0.1", "--network", n.other, "--kubeconfig", kc]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(env.state(n.other, "10.88.0.1"), None);
     // No such record: exit 1.
@@ -113,7 +113,7 @@ fn release_checks_the_pod() {
     let env2 = Env::real("krelease-403");
     let n2 = fill(&env2);
     let kc2 = env2.forbidding(&[("get", "pods")]);
-    let o = ipam(&["release", "10.77.0.11", "--network", n2.net, "--kubeconfig", kc2.to_str().unwrap()]);
+    let o = tether(&["release", "10.77.0.11", "--network", n2.net, "--kubeconfig", kc2.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(3), "checking the pod failed: refuse; {}", stderr(&o));
     assert!(stderr(&o).contains("pods"), "{}", stderr(&o));
     assert!(matches!(env2.state(n2.net, "10.77.0.11"), Some(LeaseState::Leased)));
@@ -131,18 +131,18 @@ fn file_store_with_a_kubeconfig_checks_pods_too() {
     fs.claim(lease("fnet", "10.9.0.1", Some((ml, "alive", &a)), n1, t), None).unwrap().unwrap();
     fs.claim(lease("fnet", "10.9.0.2", Some((ml, "gone", "u-g")), n1, t), None).unwrap().unwrap();
     let (d, kc) = (data.to_str().unwrap(), env.kubeconfig.to_str().unwrap());
-    assert_eq!(ipam(&["release", "10.9.0.1", "--network", "fnet", "--data-dir", d, "--kubeconfig", kc]).status.code(), Some(3));
-    assert_eq!(ipam(&["release", "10.9.0.2", "--network", "fnet", "--data-dir", d]).status.code(), Some(3), "no API: refused");
-    let o = ipam(&["release", "10.9.0.2", "--network", "fnet", "--data-dir", d, "--kubeconfig", kc]);
+    assert_eq!(tether(&["release", "10.9.0.1", "--network", "fnet", "--data-dir", d, "--kubeconfig", kc]).status.code(), Some(3));
+    assert_eq!(tether(&["release", "10.9.0.2", "--network", "fnet", "--data-dir", d]).status.code(), Some(3), "no API: refused");
+    let o = tether(&["release", "10.9.0.2", "--network", "fnet", "--data-dir", d, "--kubeconfig", kc]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let left: Vec<String> = fs.list("fnet").unwrap().iter().map(|l| l.address.to_string()).collect();
     assert_eq!(left, vec!["10.9.0.1".to_string()]);
-    let o = ipam(&["leases", "--data-dir", d, "-o", "json"]);
+    let o = tether(&["leases", "--data-dir", d, "-o", "json"]);
     assert_eq!(json_out(&o).as_array().unwrap().len(), 1);
 }
 
 fn doctor_nad(nad: &std::path::Path) -> (Option<i32>, String) {
-    let o = ipam(&["doctor", "--config", nad.to_str().unwrap()]);
+    let o = tether(&["doctor", "--config", nad.to_str().unwrap()]);
     (o.status.code(), stdout(&o))
 }
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use reconcile_support::*;
 use serde_json::{Value, json};
-use tether_ipam::reconcile::{Options, Reconciler};
+use tether_ipam::operator::reconcile::{Options, Reconciler};
 use tether_kube_store::KubeStore;
 use tether_leases::{AddRequest, Allocator, FileStore, LeaseState, LeaseStore, PodRef, ScriptedProber, SystemClock, start_offset};
 use tether_pool::PoolConfig;
@@ -263,7 +263,7 @@ fn file_store_pools_are_per_node_and_their_conflicts_are_events_too() {
     let conf = json!({"cniVersion": "1.0.0", "name": net, "plugins": [{"type": "tether-ipvlan", "master": "lo",
         "ipam": {"type": "tether-ipam", "range": "10.79.0.0/29", "dataDir": data}}]});
     let _nad = nad(&env, ns, "local", &conf);
-    let cfg = PoolConfig::from_value(&tether_ipam::monitor::tether_ipam_configs(&conf.to_string(), "local")[0]).unwrap();
+    let cfg = PoolConfig::from_value(&tether_ipam::operator::monitor::tether_ipam_configs(&conf.to_string(), "local")[0]).unwrap();
     let fs = FileStore::new(data.clone());
     let (squatted, _) = add_meeting_a_conflict(&cfg, &fs, ns, "victim", &uid, n1);
 

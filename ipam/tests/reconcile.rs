@@ -14,7 +14,7 @@ use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use reconcile_support::*;
-use tether_ipam::reconcile::{Options, Reconciler, StoreName, sweeper};
+use tether_ipam::operator::reconcile::{Options, Reconciler, StoreName, sweeper};
 use tether_leases::reclaim::StaleReason;
 use tether_leases::{FileStore, LeaseStore};
 
@@ -354,7 +354,7 @@ fn sweep_setup(env: &Env) -> Sweep {
 }
 
 /// The released addresses of `net` in these reports.
-fn released_in(net: &str, r: &tether_ipam::reconcile::PassReport) -> Vec<String> {
+fn released_in(net: &str, r: &tether_ipam::operator::reconcile::PassReport) -> Vec<String> {
     r.released.iter().filter(|x| x.lease.network == net).map(|x| x.lease.address.to_string()).collect()
 }
 
@@ -460,17 +460,17 @@ fn reconcile_once_from_the_command_line() {
     env.put(lease(net, "10.0.6.1", Some((ns, "gone", "u-g")), n1, now() - OLD));
     let kc = env.kubeconfig.to_str().unwrap();
     let agents = env.agent_ns();
-    let o = ipam(&["reconcile", "--kubeconfig", kc, "--node", n1, "--agent-namespace", agents, "--once"]);
+    let o = tether(&["reconcile", "--kubeconfig", kc, "--node", n1, "--agent-namespace", agents, "--once"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let want = format!("released 10.0.6.1 network {net} (kubernetes) pod {ns}/gone uid u-g: its pod no longer exists");
     assert!(stdout(&o).contains(&want), "{}", stdout(&o));
     assert!(is_released(&env.state(net, "10.0.6.1")));
-    let o = ipam_env(&["reconcile", "--kubeconfig", kc, "--once", "-o", "json", "--agent-namespace", agents], &[("NODE_NAME", n1)]);
+    let o = tether_env(&["reconcile", "--kubeconfig", kc, "--once", "-o", "json", "--agent-namespace", agents], &[("NODE_NAME", n1)]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v = json_out(&o);
     let mine: Vec<&serde_json::Value> = v["released"].as_array().unwrap().iter().filter(|x| x.to_string().contains(net)).collect();
     assert!(mine.is_empty(), "{v}");
     // Usage: no node, no API.
-    assert_eq!(ipam(&["reconcile", "--kubeconfig", kc, "--once"]).status.code(), Some(2));
-    assert_eq!(ipam(&["reconcile", "--node", n1, "--once"]).status.code(), Some(2));
+    assert_eq!(tether(&["reconcile", "--kubeconfig", kc, "--once"]).status.code(), Some(2));
+    assert_eq!(tether(&["reconcile", "--node", n1, "--once"]).status.code(), Some(2));
 }

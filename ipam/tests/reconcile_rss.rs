@@ -1,4 +1,4 @@
-//! Memory of `tether-ipam reconcile` (a child process) against a real API server holding 5,000
+//! Memory of `tether reconcile` (a child process) against a real API server holding 5,000
 //! pods and 2,000+ leases. A measurement, not part of `make test` (it takes a while to fill the
 //! server); with a server from `conformance/kube/up.sh`, run
 //!
@@ -68,7 +68,7 @@ fn measure(tag: &str, pods_on_me: usize, nodes: usize) {
         .unwrap();
     let pid = child.id();
     // The first full pass: releases (stale of this node) + the sweep (this node is the sweeper?).
-    let sweeper = tether_ipam::reconcile::sweeper(&node_names).unwrap().to_string();
+    let sweeper = tether_ipam::operator::reconcile::sweeper(&node_names).unwrap().to_string();
     let stale_mine = (0..pods_on_me.min(2000)).filter(|i| i % 4 == 0).count();
     let expect_dead = if sweeper == me { 200 } else { 0 };
     let released = || {

@@ -488,13 +488,13 @@ pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Durati
     None
 }
 
-/// Run the `tether-ipam` binary as a person would (no CNI_COMMAND, no in-cluster variables).
-pub fn ipam(args: &[&str]) -> Output {
-    ipam_env(args, &[])
+/// Run the operator binary `tether` as a person would (no CNI_COMMAND, no in-cluster variables).
+pub fn tether(args: &[&str]) -> Output {
+    tether_env(args, &[])
 }
 
-pub fn ipam_env(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_tether-ipam"));
+pub fn tether_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tether"));
     c.args(args)
         .env_remove("CNI_COMMAND")
         .env_remove("KUBERNETES_SERVICE_HOST")

@@ -1,17 +1,17 @@
-//! `tether-ipam node-agent`: what the DaemonSet runs on every node.
+//! `tether node-agent`: what the DaemonSet runs on every node.
 //!
 //! 1. Installs `tether-ipvlan` and `tether-ipam` into the host's CNI bin dir: copy to a temporary name
 //!    in the same directory, fsync, rename — kubelet never executes a half-written file.
 //! 2. Writes the kubeconfig the plugin uses (0600, directory 0700) from this pod's service-account
 //!    token and CA, and rewrites it whenever either rotates (projected tokens expire in about an hour).
-//! 3. Runs the lease reconciler for this node ([`crate::reconcile`]) on its own thread, with the
+//! 3. Runs the lease reconciler for this node ([`crate::operator::reconcile`]) on its own thread, with the
 //!    pod's service account: this node's IPLeases and the file store under `--data-dir`, plus the
 //!    leases of deleted nodes while this agent is the sweeper. The live nodes and the sweeper come
 //!    from the DaemonSet's own pods (`--agent-namespace`, default this pod's namespace;
 //!    `--agent-selector`, default `app.kubernetes.io/name=tether`), so no access to nodes is
 //!    needed. `--once` runs one full pass.
-//! 4. With the reconciler, the monitor ([`crate::monitor`]): a Warning Event on the pod whose ADD
-//!    met an address conflict, and with `--metrics-addr` Prometheus metrics ([`crate::metrics`];
+//! 4. With the reconciler, the monitor ([`crate::operator::monitor`]): a Warning Event on the pod whose ADD
+//!    met an address conflict, and with `--metrics-addr` Prometheus metrics ([`crate::operator::metrics`];
 //!    docs/monitoring.md).
 
 use std::fs::{self, File, OpenOptions};
@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use crate::reconcile::{self, Reconciler};
+use crate::operator::reconcile::{self, Reconciler};
 
 pub const BINARIES: &[&str] = &["tether-ipvlan", "tether-ipam"];
 
@@ -87,7 +87,7 @@ pub fn kubeconfig(sa: &ServiceAccount) -> Result<String, String> {
     let token = String::from_utf8(read("token")?).map_err(|_| "the service-account token is not text".to_string())?;
     let ca = read("ca.crt")?;
     Ok(format!(
-        "# Written by tether-ipam node-agent from the tether service account; rewritten when the token rotates.\n\
+        "# Written by tether node-agent from the tether service account; rewritten when the token rotates.\n\
          apiVersion: v1\nkind: Config\n\
          clusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
          users:\n- name: tether\n  user:\n    token: {token}\n\

@@ -1,6 +1,6 @@
 //! The lease reconciler: releases leases whose pod is gone, or whose pod name now belongs to
 //! another pod (another uid), and never a live one. Run by the node-agent on every node, or as
-//! `tether-ipam reconcile`.
+//! `tether reconcile`.
 //!
 //! # What it releases, and why that is safe
 //!
@@ -76,9 +76,9 @@
 //!
 //! # Metrics and conflict Events
 //!
-//! [`Reconciler::run`] also runs the monitor ([`crate::monitor`]: conflict Events on pods, pool
+//! [`Reconciler::run`] also runs the monitor ([`crate::operator::monitor`]: conflict Events on pods, pool
 //! and record gauges) on a thread of its own, and with `metrics_addr` serves the Prometheus
-//! metrics ([`crate::metrics`]) on another. The agent nodes' LIST of full passes tells who
+//! metrics ([`crate::operator::metrics`]) on another. The agent nodes' LIST of full passes tells who
 //! reports the cluster-wide pools: the sweeper, also with `sweep_dead_nodes` off.
 
 // KubeStoreError is large by design (it carries what the operator needs); this is not a hot path.
@@ -96,8 +96,8 @@ use tether_kube_store::{KubeSettings, KubeStore, KubeStoreError, PodEvent, Watch
 use tether_leases::reclaim::{PodIndex, StaleReason, stale};
 use tether_leases::{FileStore, Lease, LeaseStore, StoreError};
 
-use crate::metrics::{self, Registry};
-use crate::monitor::{self, Monitor};
+use crate::operator::metrics::{self, Registry};
+use crate::operator::monitor::{self, Monitor};
 
 /// Default grace period: leases younger than this are never judged.
 pub const DEFAULT_GRACE_S: u64 = 120;

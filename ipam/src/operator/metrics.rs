@@ -1,5 +1,5 @@
 //! The node-agent's Prometheus metrics: a registry the reconciler and the monitor
-//! ([`crate::monitor`]) fill, rendered in the text exposition format (0.0.4) by a small HTTP
+//! ([`crate::operator::monitor`]) fill, rendered in the text exposition format (0.0.4) by a small HTTP
 //! server on its own thread (`GET /metrics`). Hand-written: a dozen metric families do not need
 //! a metrics crate, and the agent stays one small static binary. docs/monitoring.md lists them.
 
@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tether_leases::RangeStatus;
 
-use crate::reconcile::{PassReport, StoreName};
+use crate::operator::reconcile::{PassReport, StoreName};
 
 /// Counts of one range of one network.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -277,7 +277,7 @@ fn answer(conn: TcpStream, registry: &Registry) -> std::io::Result<()> {
     let path = path.split('?').next().unwrap_or("");
     let (status, body) = match (method, path) {
         ("GET", "/metrics") => ("200 OK", registry.render()),
-        ("GET", _) => ("404 Not Found", "tether-ipam node-agent: metrics are at /metrics\n".to_string()),
+        ("GET", _) => ("404 Not Found", "tether node-agent: metrics are at /metrics\n".to_string()),
         _ => ("405 Method Not Allowed", String::new()),
     };
     let mut conn = conn;

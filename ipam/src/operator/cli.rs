@@ -1,5 +1,5 @@
-//! `tether-ipam` run by a person (CNI_COMMAND unset, arguments given): inspect and repair leases,
-//! diagnose a network, run the reconciler.
+//! `tether` run by a person: inspect and repair leases, diagnose and validate a network, run the
+//! reconciler or the node-agent. The command line and its dispatch.
 //!
 //! Exit codes scripts can rely on: 0 success; 1 the operation failed or `doctor` found a problem;
 //! 2 usage error; 3 refused (`release` of an address whose pod may be alive, without `--force`).
@@ -8,26 +8,24 @@ use std::ffi::OsString;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use serde_json::{Value, json};
 use tether_kube_store::{KubeSettings, KubeStore};
-use tether_leases::{FileStore, Lease, LeaseState, LeaseStore};
+use tether_leases::{Lease, LeaseState};
 use tether_pool::{PoolConfig, StoreKind};
 
-use crate::doctor;
-use crate::reconcile;
+use super::doctor;
+use super::output::{EXIT_FAILED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, Output, print_table};
+use super::reconcile;
+use super::store_access::{OpenStore, StoreArgs, read_network_config};
 
-pub const EXIT_OK: i32 = 0;
-pub const EXIT_FAILED: i32 = 1;
-pub const EXIT_USAGE: i32 = 2;
-pub const EXIT_REFUSED: i32 = 3;
 
 #[derive(Parser, Debug)]
 #[command(
-    name = "tether-ipam",
+    name = "tether",
     version,
-    about = "tether-ipam: whereabouts-style IPAM with node-local or cluster-wide leases and conflict probing",
-    long_about = "Run by a CNI runtime (CNI_COMMAND set) it is the IPAM plugin. Run by a person it inspects and repairs leases.\n\nExit codes: 0 ok, 1 failed or a problem found, 2 usage error, 3 refused (use --force)."
+    about = "tether: inspect and repair tether leases, diagnose and validate networks, run the node-agent",
+    long_about = "The operator and node-agent program of tether. The CNI plugins are tether-ipvlan and tether-ipam; this binary inspects and repairs their leases, diagnoses and validates networks, and runs the reconciler and the node-agent.\n\nExit codes: 0 ok, 1 failed or a problem found, 2 usage error, 3 refused (use --force)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -139,26 +137,6 @@ enum Cmd {
     Version,
 }
 
-/// Which lease store to open: from a network config, or named directly.
-///
-/// The store is the config's (`--config`), else the file store when `--data-dir` is given, else
-/// the Kubernetes store when `--kubeconfig` is given, else the file store in /var/lib/cni/tether.
-/// API access (to check pods) comes from `--kubeconfig`, or from the config's `kubernetes`
-/// settings.
-#[derive(Args, Debug, Clone, Default)]
-pub struct StoreArgs {
-    /// Take the store settings from this network config (its ipam section).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// File store directory (default /var/lib/cni/tether).
-    #[arg(long)]
-    pub data_dir: Option<PathBuf>,
-    /// Kubeconfig: the Kubernetes lease store (unless --config or --data-dir name another), and
-    /// API access to check whether a lease's pod is alive.
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
-}
-
 /// Reconciler flags shared by `reconcile` and `node-agent`.
 #[derive(Args, Debug, Clone)]
 pub struct ReconcileArgs {
@@ -188,7 +166,7 @@ pub struct ReconcileArgs {
     #[arg(long)]
     pub metrics_addr: Option<String>,
     /// Seconds between the monitor's rounds: conflict Events and the pool gauges.
-    #[arg(long, default_value_t = crate::monitor::DEFAULT_INTERVAL_S)]
+    #[arg(long, default_value_t = crate::operator::monitor::DEFAULT_INTERVAL_S)]
     pub monitor_interval_s: u64,
     /// Do not post an AddressConflict Event on a pod whose ADD met an address in use.
     #[arg(long)]
@@ -231,7 +209,7 @@ impl ReconcileArgs {
             return Err("--agent-selector must not be empty (it would take every pod of the namespace for an agent)".into());
         }
         o.agent_selector = self.agent_selector.trim().to_string();
-        o.metrics_addr = self.metrics_addr.as_deref().map(crate::metrics::parse_listen_addr).transpose()?;
+        o.metrics_addr = self.metrics_addr.as_deref().map(crate::operator::metrics::parse_listen_addr).transpose()?;
         if self.monitor_interval_s == 0 {
             return Err("--monitor-interval-s must be at least 1".into());
         }
@@ -239,12 +217,6 @@ impl ReconcileArgs {
         o.conflict_events = !self.no_conflict_events;
         Ok(o)
     }
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Output {
-    Table,
-    Json,
 }
 
 /// Parse and run; returns the exit code.
@@ -258,7 +230,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
     };
     let outcome = match cli.cmd {
         Cmd::Version => {
-            println!("tether-ipam {}", env!("CARGO_PKG_VERSION"));
+            println!("tether {}", env!("CARGO_PKG_VERSION"));
             Ok(EXIT_OK)
         }
         Cmd::Leases { network, store, output } => leases(network.as_deref(), &store, output),
@@ -266,7 +238,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         Cmd::Doctor { config, max_probes, output } => doctor::run(&config, max_probes, output),
         Cmd::Validate { config, node_local, strict } => validate(&config, node_local, strict),
         Cmd::NodeAgent { cni_bin_dir, kubeconfig_out, data_dir, source_dir, service_account_dir, refresh_s, reconcile, kubeconfig, no_reconcile, once } => {
-            tether_cni::logging::install("tether-ipam");
+            tether_cni::logging::install("tether");
             let reconcile = if no_reconcile {
                 None
             } else {
@@ -279,7 +251,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
                     }
                 }
             };
-            let opts = crate::agent::AgentOptions {
+            let opts = crate::operator::agent::AgentOptions {
                 source_dir,
                 cni_bin_dir,
                 kubeconfig_out,
@@ -288,19 +260,19 @@ pub fn run(args: Vec<OsString>) -> i32 {
                 reconcile,
                 once,
             };
-            crate::agent::run(&opts, || {}).map(|()| EXIT_OK)
+            crate::operator::agent::run(&opts, || {}).map(|()| EXIT_OK)
         }
         Cmd::Reconcile { kubeconfig, data_dir, reconcile, once, output } => {
             let opts = match reconcile.options(kubeconfig, data_dir) {
                 Ok(o) => o,
                 Err(e) => {
-                    eprintln!("tether-ipam: {e}");
+                    eprintln!("tether: {e}");
                     return EXIT_USAGE;
                 }
             };
             if opts.kube.is_none() {
                 eprintln!(
-                    "tether-ipam: reconcile needs the Kubernetes API to see which pods exist: pass --kubeconfig, \
+                    "tether: reconcile needs the Kubernetes API to see which pods exist: pass --kubeconfig, \
                      set KUBECONFIG, or run in a pod"
                 );
                 return EXIT_USAGE;
@@ -311,147 +283,8 @@ pub fn run(args: Vec<OsString>) -> i32 {
     match outcome {
         Ok(code) => code,
         Err(msg) => {
-            eprintln!("tether-ipam: {msg}");
+            eprintln!("tether: {msg}");
             EXIT_FAILED
-        }
-    }
-}
-
-/// Read a network config file: a single config, or a conflist whose plugin with an `ipam` is used,
-/// or a NetworkAttachmentDefinition object as JSON (`kubectl get net-attach-def NAME -o json`),
-/// whose `spec.config` is used with the NAD's name injected as Multus does.
-pub fn read_network_config(path: &PathBuf) -> Result<Value, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let mut v: Value = serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
-    if v.get("kind").and_then(Value::as_str) == Some("NetworkAttachmentDefinition") {
-        let config = v
-            .pointer("/spec/config")
-            .and_then(Value::as_str)
-            .ok_or_else(|| format!("the NetworkAttachmentDefinition in {} has no spec.config", path.display()))?;
-        let mut inner: Value =
-            serde_json::from_str(config).map_err(|e| format!("spec.config in {} is not JSON: {e}", path.display()))?;
-        if let (Some(obj), Some(name)) = (inner.as_object_mut(), v.pointer("/metadata/name").cloned())
-            && !obj.contains_key("name")
-        {
-            obj.insert("name".to_string(), name);
-        }
-        v = inner;
-    }
-    let Some(plugins) = v.get("plugins").and_then(Value::as_array) else { return Ok(v) };
-    let mut p = plugins
-        .iter()
-        .find(|p| p.get("ipam").is_some())
-        .cloned()
-        .ok_or_else(|| format!("no plugin in {} has an ipam section", path.display()))?;
-    // A conflist carries name and cniVersion at the top; plugins inherit them.
-    for k in ["name", "cniVersion"] {
-        if let (Some(obj), Some(val)) = (p.as_object_mut(), v.get(k))
-            && !obj.contains_key(k)
-        {
-            obj.insert(k.to_string(), val.clone());
-        }
-    }
-    Ok(p)
-}
-
-/// The store behind an [`OpenStore`].
-#[allow(clippy::large_enum_variant)]
-pub enum Backend {
-    /// Node-local files.
-    File(FileStore),
-    /// IPLease objects.
-    Kube(KubeStore),
-}
-
-/// An opened store, the networks it can list, and API access when there is some.
-pub struct OpenStore {
-    pub backend: Backend,
-    /// API access next to a file store (from `--kubeconfig` or the config's `kubernetes`).
-    api: Option<KubeStore>,
-}
-
-impl OpenStore {
-    pub fn open(args: &StoreArgs) -> Result<(OpenStore, Option<PoolConfig>), String> {
-        let cfg = match &args.config {
-            Some(p) => Some(PoolConfig::from_value(&read_network_config(p)?).map_err(|e| e.to_string())?),
-            None => None,
-        };
-        let kind = match &cfg {
-            Some(c) => c.store,
-            None if args.data_dir.is_none() && args.kubeconfig.is_some() => StoreKind::Kubernetes,
-            None => StoreKind::File,
-        };
-        let settings = || -> Result<Option<KubeSettings>, String> {
-            let mut s = match cfg.as_ref().and_then(|c| c.kubernetes.as_ref()) {
-                Some(k) => Some(KubeSettings::from_kubernetes_config(Some(k)).map_err(|e| e.to_string())?),
-                None => None,
-            };
-            if let Some(p) = &args.kubeconfig {
-                s.get_or_insert_with(KubeSettings::default).kubeconfig = Some(p.clone());
-            }
-            Ok(s)
-        };
-        let connect = |s: KubeSettings| KubeStore::connect(s).map_err(|e| e.to_string());
-        match kind {
-            StoreKind::File => {
-                let dir = args
-                    .data_dir
-                    .clone()
-                    .or_else(|| cfg.as_ref().map(|c| c.data_dir.clone()))
-                    .unwrap_or_else(|| PathBuf::from("/var/lib/cni/tether"));
-                let api = match settings()? {
-                    Some(s) => Some(connect(s)?),
-                    None => None,
-                };
-                Ok((OpenStore { backend: Backend::File(FileStore::new(dir)), api }, cfg))
-            }
-            StoreKind::Kubernetes => {
-                let s = settings()?.unwrap_or_default();
-                Ok((OpenStore { backend: Backend::Kube(connect(s)?), api: None }, cfg))
-            }
-        }
-    }
-
-    /// The lease store.
-    pub fn store(&self) -> &dyn LeaseStore {
-        match &self.backend {
-            Backend::File(f) => f,
-            Backend::Kube(k) => {
-                k.restart_budget();
-                k
-            }
-        }
-    }
-
-    /// API access (the Kubernetes store itself, or `--kubeconfig` next to a file store).
-    pub fn api(&self) -> Option<&KubeStore> {
-        let a = match &self.backend {
-            Backend::Kube(k) => Some(k),
-            Backend::File(_) => self.api.as_ref(),
-        };
-        if let Some(k) = a {
-            k.restart_budget();
-        }
-        a
-    }
-
-    /// Leases of `only`, or of every network.
-    pub fn leases(&self, only: Option<&str>) -> Result<Vec<Lease>, String> {
-        if let Some(n) = only {
-            return self.store().list(n).map_err(|e| e.to_string());
-        }
-        match &self.backend {
-            Backend::File(fs) => {
-                let mut all = Vec::new();
-                for n in fs.networks().map_err(|e| e.to_string())? {
-                    all.extend(fs.list(&n).map_err(|e| e.to_string())?);
-                }
-                Ok(all)
-            }
-            Backend::Kube(k) => {
-                k.restart_budget();
-                k.list_all().map_err(|e| e.to_string())
-            }
         }
     }
 }
@@ -511,31 +344,13 @@ pub fn lease_json(l: &Lease, now: u64) -> Value {
     })
 }
 
-/// A plain aligned table.
-pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
-    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            w[i] = w[i].max(c.len());
-        }
-    }
-    let line = |cells: Vec<String>| {
-        let s: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c:<width$}", width = w[i])).collect();
-        println!("{}", s.join("  ").trim_end());
-    };
-    line(header.iter().map(|h| h.to_string()).collect());
-    for r in rows {
-        line(r.clone());
-    }
-}
-
 fn validate(path: &PathBuf, node_local: bool, strict: bool) -> Result<i32, String> {
     let cfg = PoolConfig::from_value(&read_network_config(path)?).map_err(|e| e.to_string())?;
     let ranges: Vec<String> = cfg.ranges.iter().map(|r| format!("{r} ({} usable)", r.usable_count())).collect();
     println!("network {}: {}; {:?} store", cfg.network_name, ranges.join(", "), cfg.store);
     let warnings = validate_warnings(&cfg, node_local);
     for w in &warnings {
-        eprintln!("tether-ipam: warning: {w}");
+        eprintln!("tether: warning: {w}");
     }
     Ok(if strict && !warnings.is_empty() { EXIT_FAILED } else { EXIT_OK })
 }
@@ -636,7 +451,7 @@ fn release(address: IpAddr, network: &str, force: bool, args: &StoreArgs, output
         LeaseState::Leased => match pod_check(lease, open.api()) {
             Ok(why) => why,
             Err(refusal) => {
-                eprintln!("tether-ipam: {refusal}");
+                eprintln!("tether: {refusal}");
                 if output == Output::Json {
                     println!("{}", json!({"refused": address.to_string(), "network": network, "reason": refusal, "lease": lease_json(lease, now())}));
                 }
@@ -648,7 +463,7 @@ fn release(address: IpAddr, network: &str, force: bool, args: &StoreArgs, output
     };
     match open.store().remove(lease).map_err(|e| e.to_string())? {
         Ok(()) => {}
-        Err(_) => return Err(format!("{address} changed while releasing it; look again with `tether-ipam leases`")),
+        Err(_) => return Err(format!("{address} changed while releasing it; look again with `tether leases`")),
     }
     match output {
         Output::Json => println!("{}", json!({"released": address.to_string(), "network": network, "reason": why, "was": lease_json(lease, now())})),
@@ -700,11 +515,11 @@ fn run_reconcile(opts: reconcile::Options, once: bool, output: Output) -> Result
             }
         }
         for e in &report.errors {
-            eprintln!("tether-ipam: reconcile: {e}");
+            eprintln!("tether: reconcile: {e}");
         }
         return Ok(if report.errors.is_empty() { EXIT_OK } else { EXIT_FAILED });
     }
-    tether_cni::logging::install("tether-ipam");
+    tether_cni::logging::install("tether");
     static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     r.run(&STOP, |_| {})?;
     Ok(EXIT_OK)
@@ -724,8 +539,8 @@ mod tests {
 
     #[test]
     fn usage_errors_exit_2_and_help_exits_0() {
-        assert_eq!(run(vec!["tether-ipam".into(), "frobnicate".into()]), EXIT_USAGE);
-        assert_eq!(run(vec!["tether-ipam".into(), "release".into()]), EXIT_USAGE);
-        assert_eq!(run(vec!["tether-ipam".into(), "--help".into()]), EXIT_OK);
+        assert_eq!(run(vec!["tether".into(), "frobnicate".into()]), EXIT_USAGE);
+        assert_eq!(run(vec!["tether".into(), "release".into()]), EXIT_USAGE);
+        assert_eq!(run(vec!["tether".into(), "--help".into()]), EXIT_OK);
     }
 }

@@ -1,4 +1,4 @@
-//! `tether-ipam doctor --config NAD.json`: every check a platform engineer would do by hand before
+//! `tether doctor --config NAD.json`: every check a platform engineer would do by hand before
 //! blaming the plugin, each ending in OK or in what to do.
 //!
 //! Output: one line per finding, `OK` or `FAIL` in the first column, then the check's name
@@ -22,7 +22,8 @@ use tether_link::Netlink;
 use tether_pool::{PoolConfig, ProbeConfig, StoreKind};
 use tether_wire::{ProbeBudget, ProbeOutcome};
 
-use crate::cli::{EXIT_FAILED, EXIT_OK, OpenStore, Output, StoreArgs, print_table, read_network_config};
+use super::output::{EXIT_FAILED, EXIT_OK, Output, print_table};
+use super::store_access::{OpenStore, StoreArgs, read_network_config};
 
 struct Finding {
     check: &'static str,
@@ -98,7 +99,7 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
                     s.range, s.usable, s.leased, s.quarantined, s.cooling, s.free
                 );
                 if s.free == 0 {
-                    r.fail("pool", format!("{line}; widen the range or release leases (tether-ipam leases --network {})", cfg.network_name));
+                    r.fail("pool", format!("{line}; widen the range or release leases (tether leases --network {})", cfg.network_name));
                 } else {
                     r.ok("pool", line);
                 }
@@ -113,7 +114,7 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
         return;
     }
     let budget = match cfg.probe {
-        ProbeConfig::Enabled { timeout_ms, attempts } => crate::prober::budget(timeout_ms, attempts),
+        ProbeConfig::Enabled { timeout_ms, attempts } => crate::plugin::prober::budget(timeout_ms, attempts),
         ProbeConfig::Disabled => ProbeBudget::default(),
     };
     let held: Vec<IpAddr> = leases.iter().filter(|l| l.is_leased()).map(|l| l.address).collect();

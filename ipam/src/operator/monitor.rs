@@ -32,8 +32,8 @@ use tether_kube_store::{KubeStore, KubeStoreError, NadConfig, PodWarning, Posted
 use tether_leases::{Allocator, FileStore, Lease, LeaseState, LeaseStore, NoProbe, SystemClock};
 use tether_pool::{PoolConfig, StoreKind};
 
-use crate::metrics::{PoolGauge, Registry, store_label};
-use crate::reconcile::{self, StoreName};
+use crate::operator::metrics::{PoolGauge, Registry, store_label};
+use crate::operator::reconcile::{self, StoreName};
 
 /// Default time between two rounds.
 pub const DEFAULT_INTERVAL_S: u64 = 30;

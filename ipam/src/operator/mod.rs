@@ -1,0 +1,12 @@
+//! `tether`, the operator and node-agent program: inspect and repair leases, diagnose a network,
+//! validate a NAD, run the reconciler, or run as the DaemonSet's node-agent ([`cli`] parses the
+//! command line and dispatches).
+
+pub mod agent;
+pub mod cli;
+pub mod doctor;
+pub mod metrics;
+pub mod monitor;
+pub mod output;
+pub mod reconcile;
+pub mod store_access;

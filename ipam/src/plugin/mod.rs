@@ -1,0 +1,227 @@
+//! The `tether-ipam` plugin a runtime execs for every pod: config → requests → allocation engine →
+//! Result.
+//!
+//! The engine and the store live in tether-leases, ranges and config in tether-pool, probing in
+//! tether-wire (through [`prober`]). This crate wires them to the CNI verbs and maps their errors to
+//! CNI codes in one place ([`to_cni`]).
+
+mod cni;
+pub mod prober;
+pub mod requests;
+
+pub use cni::Cni;
+
+use tether_cni::result::{Dns as CniDns, IpConfig, Route as CniRoute};
+use tether_cni::{CniError, CniResult, Plugin, Request, code};
+use tether_kube_store::{KubeSettings, KubeStore, KubeStoreError};
+
+/// The node journal of the Kubernetes store, under `dataDir`.
+pub const JOURNAL_DIR: &str = "journal";
+use tether_leases::{AddRequest, AllocError, Allocator, Attachment, FileStore, Lease, LeaseStore, NoProbe, Prober, SystemClock};
+use tether_pool::{ConfigError, PoolConfig, ProbeConfig, StoreKind};
+
+pub struct Ipam;
+
+/// Every engine error becomes a CNI error here, and only here.
+pub fn to_cni(e: AllocError) -> CniError {
+    let c = match &e {
+        _ if e.is_transient() => code::TRY_AGAIN_LATER,
+        AllocError::Store(_) | AllocError::Gc { .. } => code::STORE,
+        AllocError::Request(_) | AllocError::DuplicateRequest { .. } => code::INVALID_CONFIG,
+        AllocError::HeldByOther { .. } | AllocError::AttachmentHasOther { .. } => {
+            code::ADDRESS_TAKEN
+        }
+        AllocError::RequestedInUse { .. }
+        | AllocError::TooManyConflicts { .. }
+        | AllocError::InUseOnSegment { .. } => code::ADDRESS_IN_USE,
+        AllocError::Probe { .. } => code::IO,
+        AllocError::Exhausted { .. } => code::POOL_EXHAUSTED,
+        AllocError::Contention { .. } => code::TRY_AGAIN_LATER,
+        AllocError::NoLease { .. } | AllocError::MissingRange { .. } => code::CHECK_FAILED,
+    };
+    CniError::new(c, e.to_string())
+}
+
+fn config_error(e: ConfigError) -> CniError {
+    CniError::invalid_config(e.to_string())
+}
+
+/// The node this store serves, recorded on each lease (kubelet's node name when set, else hostname).
+fn node_name() -> Option<String> {
+    std::env::var("NODE_NAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// Kubernetes store failures that happen outside the engine (credentials, readiness).
+pub fn kube_error(e: KubeStoreError) -> CniError {
+    let c = if e.is_transient() {
+        code::TRY_AGAIN_LATER
+    } else if matches!(e, KubeStoreError::Config { .. } | KubeStoreError::Kubeconfig { .. } | KubeStoreError::NoCredentials) {
+        code::INVALID_CONFIG
+    } else {
+        code::STORE
+    };
+    CniError::new(c, e.to_string())
+}
+
+/// The lease store a config selects.
+pub enum Store {
+    File(FileStore),
+    /// One per CNI call: its time budget (`kubernetes.timeout_s`) covers the whole call.
+    Kube(Box<KubeStore>),
+}
+
+impl Store {
+    pub fn open(cfg: &PoolConfig) -> Result<Store, CniError> {
+        Ok(match cfg.store {
+            StoreKind::File => Store::File(FileStore::new(cfg.data_dir.clone())),
+            StoreKind::Kubernetes => {
+                // This node's journal lets ADD, DEL and CHECK go straight to their objects.
+                let mut s = KubeSettings::from_pool_config(cfg).map_err(kube_error)?;
+                s.node = node_name();
+                s.journal_dir = Some(cfg.data_dir.join(JOURNAL_DIR));
+                Store::Kube(Box::new(KubeStore::connect(s).map_err(kube_error)?))
+            }
+        })
+    }
+
+    pub fn get(&self) -> &dyn LeaseStore {
+        match self {
+            Store::File(s) => s,
+            Store::Kube(s) => s.as_ref(),
+        }
+    }
+}
+
+/// Everything one invocation needs, built from the request.
+struct Context {
+    cfg: PoolConfig,
+    store: Store,
+}
+
+impl Drop for Context {
+    /// What this call cost the API server (`RUST_LOG=debug`), to see that ADD and DEL stay O(1).
+    fn drop(&mut self) {
+        if let Store::Kube(k) = &self.store {
+            let c = k.requests();
+            log::debug!(
+                "{} API request(s): {} list, {} get, {} create, {} update, {} delete",
+                c.total(),
+                c.list,
+                c.get,
+                c.create,
+                c.update,
+                c.delete
+            );
+        }
+    }
+}
+
+impl Context {
+    fn new(req: &Request) -> Result<Context, CniError> {
+        let cfg = PoolConfig::from_slice(&req.conf.raw).map_err(config_error)?;
+        let store = Store::open(&cfg)?;
+        Ok(Context { cfg, store })
+    }
+
+    fn allocator<'a>(&'a self, prober: &'a dyn Prober) -> Allocator<'a> {
+        Allocator::from_config(&self.cfg, self.store.get(), prober, &SystemClock)
+    }
+
+    /// The Result for the leases, in range order.
+    fn result(&self, leases: &[Lease]) -> CniResult {
+        let ips = leases
+            .iter()
+            .map(|l| IpConfig {
+                address: ipnet::IpNet::new(l.address, l.prefix_len).expect("lease prefix fits its family"),
+                gateway: l.range_index.and_then(|i| self.cfg.gateway_for(i)),
+                interface: None,
+            })
+            .collect();
+        let routes = self
+            .cfg
+            .routes
+            .iter()
+            .map(|r| CniRoute { dst: r.dst, gw: r.gw, mtu: None, adv_mss: None, priority: None, table: None, scope: None })
+            .collect();
+        let d = &self.cfg.dns;
+        let dns = CniDns { nameservers: d.nameservers.clone(), domain: d.domain.clone(), search: d.search.clone(), options: d.options.clone() };
+        CniResult { interfaces: Vec::new(), ips, routes, dns }
+    }
+}
+
+impl Plugin for Ipam {
+    fn name(&self) -> &'static str {
+        "tether-ipam"
+    }
+
+    fn add(&self, req: &Request) -> Result<CniResult, CniError> {
+        let ctx = Context::new(req)?;
+        let add = AddRequest {
+            container_id: req.env.container_id().to_string(),
+            ifname: req.env.ifname().to_string(),
+            pod: requests::pod_ref(req),
+            node: node_name(),
+            requested: requests::requested_ips(req)?,
+        };
+        let leases = match ctx.cfg.probe {
+            ProbeConfig::Disabled => ctx.allocator(&NoProbe).add(&add),
+            ProbeConfig::Enabled { timeout_ms, attempts } => {
+                let Some(wire) = prober::WireProber::for_request(req, prober::budget(timeout_ms, attempts)) else {
+                    return Err(CniError::invalid_config(
+                        "conflict probing needs \"master\" in the config or a CNI_NETNS; set \"probe\": false to allocate without probing",
+                    ));
+                };
+                ctx.allocator(&wire).add(&add)
+            }
+        }
+        .map_err(to_cni)?;
+        Ok(ctx.result(&leases))
+    }
+
+    fn del(&self, req: &Request) -> Result<(), CniError> {
+        let ctx = Context::new(req)?;
+        ctx.allocator(&NoProbe).del(req.env.container_id(), req.env.ifname()).map(|_| ()).map_err(to_cni)
+    }
+
+    fn check(&self, req: &Request) -> Result<(), CniError> {
+        let ctx = Context::new(req)?;
+        ctx.allocator(&NoProbe).check(req.env.container_id(), req.env.ifname()).map(|_| ()).map_err(to_cni)
+    }
+
+    fn status(&self, req: &Request) -> Result<(), CniError> {
+        let not_ready = |msg: String| CniError::new(code::NOT_AVAILABLE, msg);
+        let ctx = Context::new(req).map_err(|e| not_ready(e.msg))?;
+        if let Store::Kube(k) = &ctx.store {
+            k.ready().map_err(|e| not_ready(e.to_string()))?;
+        }
+        let ranges = ctx.allocator(&NoProbe).status().map_err(|e| not_ready(e.to_string()))?;
+        if let Some(full) = ranges.iter().find(|r| r.free == 0) {
+            return Err(not_ready(format!(
+                "range {} of network {} has no free address: {} usable, {} leased, {} quarantined",
+                full.range, ctx.cfg.network_name, full.usable, full.leased, full.quarantined
+            )));
+        }
+        Ok(())
+    }
+
+    fn gc(&self, req: &Request) -> Result<(), CniError> {
+        let ctx = Context::new(req)?;
+        // Without the list every lease would look stale; refuse rather than release them all.
+        let listed = req.conf.valid_attachments.as_deref().ok_or_else(|| {
+            CniError::invalid_config("GC needs cni.dev/valid-attachments (an empty list releases every lease of the network)")
+        })?;
+        let valid: Vec<Attachment> = listed
+            .iter()
+            .map(|a| Attachment::new(a.container_id.clone(), a.ifname.clone()))
+            .collect();
+        let report = ctx.allocator(&NoProbe).gc(&valid).map_err(to_cni)?;
+        for l in &report.released {
+            log::info!("GC released {} (container {}, {})", l.address, l.container_id, l.ifname);
+        }
+        report.into_result(&ctx.cfg.network_name).map(|_| ()).map_err(to_cni)
+    }
+}
