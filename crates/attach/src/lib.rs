@@ -26,9 +26,13 @@ use tether_link::{IpvlanMode, Link, NetNs, Netlink, NetnsError, NsThread, Route,
 pub use config::IpvlanConfig;
 pub use error::AttachError;
 
-/// How long ADD waits for IPv6 duplicate address detection before giving up. Linux needs about 1–2 s
-/// (a random delay of up to 1 s, then one solicitation and a 1 s wait).
+/// How long ADD waits for IPv6 duplicate address detection before giving up.
 const DAD_WAIT: Duration = Duration::from_secs(5);
+
+/// How long the kernel's DAD listens for a defender on the pod's new interface, instead of its
+/// default random delay of up to 1 s plus 1 s (RetransTimer): the same window as tether-ipam's
+/// default probe. An address is never returned tentative; it just leaves that state sooner.
+const DAD_WINDOW_MS: u32 = 100;
 
 /// Open CNI_NETNS, telling "gone" apart from "not a netns".
 fn open_pod_netns(path: &Path) -> Result<NetNs, AttachError> {
@@ -215,6 +219,54 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
     Ok(result)
 }
 
+/// The pod interface's DAD timing as it was before [`short_dad_window`].
+struct DadTiming {
+    solicitation_delay: String,
+    retrans_time_ms: String,
+}
+
+impl DadTiming {
+    /// Put the kernel's values back once DAD is over: RetransTimer also paces neighbour
+    /// solicitations for the pod's whole life, which stay as the kernel (or a router) has them.
+    fn restore(self, in_pod: &NsThread, ifname: &str) -> Result<(), AttachError> {
+        let name = ifname.to_string();
+        in_pod.run(move || {
+            for e in [
+                sysctl::set_interface("ipv6", &name, "router_solicitation_delay", &self.solicitation_delay).err(),
+                sysctl::set_neigh("ipv6", &name, "retrans_time_ms", &self.retrans_time_ms).err(),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                log::warn!("restoring the IPv6 neighbour timing of {name}: {e}");
+            }
+        })?;
+        Ok(())
+    }
+}
+
+/// Shorten DAD on the pod's new interface to [`DAD_WINDOW_MS`]: no random start delay (it spreads
+/// hosts booting together after a power cut; a pod's ADD has no such crowd), one solicitation, and
+/// the window to hear a defender. Set before the addresses, so their DAD runs with it. None when
+/// IPv6 is off in the pod (DAD then does not run) or the values cannot be read.
+fn short_dad_window(in_pod: &NsThread, ifname: &str) -> Result<Option<DadTiming>, AttachError> {
+    let name = ifname.to_string();
+    let timing = in_pod.run(move || -> Option<DadTiming> {
+        let before = DadTiming {
+            solicitation_delay: sysctl::get_interface("ipv6", &name, "router_solicitation_delay").ok()?,
+            retrans_time_ms: sysctl::get_neigh("ipv6", &name, "retrans_time_ms").ok()?,
+        };
+        let set = sysctl::set_interface("ipv6", &name, "router_solicitation_delay", "0")
+            .and_then(|()| sysctl::set_neigh("ipv6", &name, "retrans_time_ms", &DAD_WINDOW_MS.to_string()));
+        if let Err(e) = set {
+            // DAD still runs, with the kernel's timing: slower, never less safe.
+            log::warn!("shortening DAD on {name}: {e}");
+        }
+        Some(before)
+    })?;
+    Ok(timing)
+}
+
 /// Announce on link-up and on address changes, so peers drop stale entries when an address moves.
 /// Set before the link is up.
 fn set_sysctls(in_pod: &NsThread, ifname: &str) -> Result<(), AttachError> {
@@ -237,17 +289,17 @@ fn set_sysctls(in_pod: &NsThread, ifname: &str) -> Result<(), AttachError> {
 /// unused on the wire. IPv6 ones among them skip the kernel's DAD (`nodad`): it would only repeat that
 /// probe, for a second or two. Every other IPv6 address is waited for until it is no longer tentative.
 fn configure(in_pod: &NsThread, pod: &Netlink, link: &Link, ifname: &str, result: &CniResult, probed: &[IpAddr]) -> Result<(), AttachError> {
-    let mut dad = Vec::new();
+    let nodad = |a: IpAddr| a.is_ipv6() && probed.contains(&a);
+    let dad: Vec<IpNet> = result.ips.iter().map(|i| i.address).filter(|a| a.addr().is_ipv6() && !nodad(a.addr())).collect();
+    let window = if dad.is_empty() { None } else { short_dad_window(in_pod, ifname)? };
     for ip in &result.ips {
-        let v6 = ip.address.addr().is_ipv6();
-        let nodad = v6 && probed.contains(&ip.address.addr());
-        pod.add_address(link.index, ip.address, nodad)?;
-        if v6 && !nodad {
-            dad.push(ip.address);
-        }
+        pod.add_address(link.index, ip.address, nodad(ip.address.addr()))?;
     }
     pod.set_up(link.index)?;
     wait_for_dad(pod, link.index, ifname, &dad)?;
+    if let Some(w) = window {
+        w.restore(in_pod, ifname)?;
+    }
     for r in &result.routes {
         let gateway = r.gw.or_else(|| same_family_gateway(result, r));
         let route = Route { dst: r.dst, gateway, oif: Some(link.index), priority: r.priority, table: r.table };
