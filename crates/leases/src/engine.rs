@@ -10,6 +10,7 @@ use std::net::IpAddr;
 use tether_pool::{IpRange, PoolConfig, RequestError, RequestedIp};
 
 use crate::clock::Clock;
+use crate::hash::{fnv1a64, mix64};
 use crate::journal::{AttachmentIndex, JournalEntry, Lookup};
 use crate::model::{Attachment, Lease, LeaseState, PodRef};
 use crate::probe::{ProbeError, ProbeOutcome, Prober};
@@ -1458,22 +1459,6 @@ impl<'a> Allocator<'a> {
             version: None,
         }
     }
-}
-
-/// 64-bit FNV-1a of `bytes`, seeded (stable across processes and versions).
-pub(crate) fn fnv1a64(bytes: &[u8], seed: u64) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed;
-    for b in bytes {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 /// Where the pool walk of range `index` starts for this attachment: a stable hash of the
