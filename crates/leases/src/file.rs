@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::model::Lease;
-use crate::store::{CasResult, LeaseStore, StoreError, Taken, validate_claim};
+use crate::store::{BackendFailure, CasResult, LeaseStore, StoreError, Taken, validate_claim};
 
 /// Version of the state file layout this code reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
@@ -107,6 +107,22 @@ impl FileStoreError {
     pub fn is_transient(&self) -> bool {
         matches!(self, FileStoreError::Lock { .. })
     }
+
+    /// The file store error inside a [`StoreError`], if it is one.
+    pub fn from_store_error(e: &StoreError) -> Option<&FileStoreError> {
+        match e {
+            StoreError::Failed(f) => f.downcast_ref::<FileStoreError>(),
+            _ => None,
+        }
+    }
+}
+
+/// Shown as it is, transient exactly when [`FileStoreError::is_transient`].
+impl From<FileStoreError> for StoreError {
+    fn from(e: FileStoreError) -> StoreError {
+        let transient = e.is_transient();
+        StoreError::Failed(BackendFailure::new(e, transient))
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -150,7 +166,7 @@ pub fn file_stem(network: &str) -> String {
         s.push('-');
         s.push_str(&format!(
             "{:016x}",
-            crate::engine::fnv1a64(network.as_bytes(), 0)
+            crate::hash::fnv1a64(network.as_bytes(), 0)
         ));
     }
     s
@@ -186,7 +202,12 @@ impl FileStore {
         let entries = match fs::read_dir(&self.dir) {
             Ok(e) => e,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(source) => return Err(FileStoreError::Read { path: self.dir.clone(), source }),
+            Err(source) => {
+                return Err(FileStoreError::Read {
+                    path: self.dir.clone(),
+                    source,
+                });
+            }
         };
         let mut names = Vec::new();
         for entry in entries.flatten() {
@@ -194,7 +215,10 @@ impl FileStore {
             if path.extension().is_none_or(|x| x != "json") {
                 continue;
             }
-            let bytes = fs::read(&path).map_err(|source| FileStoreError::Read { path: path.clone(), source })?;
+            let bytes = fs::read(&path).map_err(|source| FileStoreError::Read {
+                path: path.clone(),
+                source,
+            })?;
             // Anything else someone put in the directory is not ours to judge; opening the network
             // itself still reports a damaged state file.
             match serde_json::from_slice::<Name>(&bytes) {
@@ -482,5 +506,41 @@ impl LeaseStore for FileStore {
 
     fn remove(&self, expected: &Lease) -> CasResult<()> {
         self.transaction(&expected.network, |t| t.remove(expected))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+
+    #[test]
+    fn store_error_keeps_message_source_and_retry_class() {
+        let lock = FileStoreError::Lock {
+            path: PathBuf::from("/d/net.lock"),
+            source: io::Error::from(io::ErrorKind::Interrupted),
+        };
+        let shown = lock.to_string();
+        let e = StoreError::from(lock);
+        assert_eq!(e.to_string(), shown);
+        assert!(e.is_transient());
+        assert!(e.source().unwrap().downcast_ref::<io::Error>().is_some());
+        assert!(matches!(
+            FileStoreError::from_store_error(&e),
+            Some(FileStoreError::Lock { .. })
+        ));
+
+        let corrupt = FileStoreError::Corrupt {
+            path: PathBuf::from("/d/net.json"),
+            detail: "two records for 10.0.0.1".into(),
+        };
+        let shown = corrupt.to_string();
+        let e = StoreError::from(corrupt);
+        assert_eq!(e.to_string(), shown);
+        assert!(!e.is_transient());
+        assert!(e.source().is_none());
+
+        assert!(FileStoreError::from_store_error(&StoreError::Invalid("x".into())).is_none());
     }
 }

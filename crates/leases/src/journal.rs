@@ -123,7 +123,7 @@ fn hash_hex(parts: &[&str]) -> String {
         key.extend_from_slice(p.as_bytes());
         key.push(0);
     }
-    format!("{:016x}", crate::engine::fnv1a64(&key, 0))
+    format!("{:016x}", crate::hash::fnv1a64(&key, 0))
 }
 
 fn attachment_key(container_id: &str, ifname: &str) -> String {
@@ -157,11 +157,17 @@ impl FileJournal {
     }
 
     fn read_err(path: &Path) -> impl FnOnce(io::Error) -> JournalError + '_ {
-        move |source| JournalError::Read { path: path.to_path_buf(), source }
+        move |source| JournalError::Read {
+            path: path.to_path_buf(),
+            source,
+        }
     }
 
     fn write_err(path: &Path) -> impl FnOnce(io::Error) -> JournalError + '_ {
-        move |source| JournalError::Write { path: path.to_path_buf(), source }
+        move |source| JournalError::Write {
+            path: path.to_path_buf(),
+            source,
+        }
     }
 
     fn ensure_dir(&self, network: &str) -> Result<PathBuf, JournalError> {
@@ -252,7 +258,10 @@ impl FileJournal {
                 // A damaged entry is only a lost hint: the store still holds the truth, and
                 // the reconciler reclaims a lease nobody finds.
                 Err(err) => {
-                    log::warn!("ignoring damaged lease journal entry {}: {err}", path.display());
+                    log::warn!(
+                        "ignoring damaged lease journal entry {}: {err}",
+                        path.display()
+                    );
                     Ok(None)
                 }
             },
@@ -328,7 +337,11 @@ impl AttachmentIndex for FileJournal {
             };
         }
         let body = serde_json::to_vec(entry).expect("a journal entry serialises");
-        let tmp = d.join(format!(".{}.tmp.{}", Self::file_name(entry), std::process::id()));
+        let tmp = d.join(format!(
+            ".{}.tmp.{}",
+            Self::file_name(entry),
+            std::process::id()
+        ));
         let write = || -> io::Result<()> {
             use std::os::unix::fs::OpenOptionsExt;
             let mut f = fs::OpenOptions::new()

@@ -57,6 +57,7 @@
 pub mod clock;
 pub mod engine;
 pub mod file;
+mod hash;
 pub mod journal;
 pub mod model;
 pub mod probe;
@@ -64,9 +65,11 @@ pub mod reclaim;
 pub mod store;
 
 pub use clock::{Clock, FakeClock, SystemClock};
-pub use engine::{AddRequest, AllocError, Allocator, GcReport, Policy, RangeStatus, start_offset, walk_start};
-pub use journal::{AttachmentIndex, FileJournal, JournalEntry, JournalError, Lookup};
+pub use engine::{
+    AddRequest, AllocError, Allocator, GcReport, Policy, RangeStatus, start_offset, walk_start,
+};
 pub use file::{FORMAT_VERSION, FileStore, FileStoreError, Transaction, file_stem};
+pub use journal::{AttachmentIndex, FileJournal, JournalEntry, JournalError, Lookup};
 pub use model::{Attachment, Lease, LeaseState, PodRef};
 pub use probe::{NoProbe, ProbeError, ProbeOutcome, Prober, ScriptedProber};
-pub use store::{CasResult, LeaseStore, StoreError, Taken, validate_claim};
+pub use store::{BackendFailure, CasResult, LeaseStore, StoreError, Taken, validate_claim};

@@ -6,10 +6,10 @@
 //! delete with a uid/resourceVersion precondition → 409 Conflict) and onto the node-local file
 //! store (a counter per network under an exclusive lock).
 
+use std::error::Error;
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::file::FileStoreError;
 use crate::journal::AttachmentIndex;
 use crate::model::{Lease, LeaseState};
 
@@ -41,9 +41,11 @@ impl fmt::Display for Taken {
 /// Errors of a lease store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The node-local file store failed.
+    /// A backend failed with an error of its own that says what went wrong (e.g. the node-local
+    /// file store: [`FileStoreError::from_store_error`](crate::FileStoreError::from_store_error)
+    /// gets it back); shown as it is.
     #[error(transparent)]
-    File(#[from] FileStoreError),
+    Failed(BackendFailure),
     /// Another backend (e.g. Kubernetes) failed. `transient` marks errors worth retrying
     /// (CNI code 11).
     #[error("lease store: {message}")]
@@ -54,7 +56,7 @@ pub enum StoreError {
         transient: bool,
         /// Underlying error.
         #[source]
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+        source: Option<Box<dyn Error + Send + Sync>>,
     },
     /// A caller broke the store contract (a bug, not an operator problem).
     #[error("lease store misuse: {0}")]
@@ -65,10 +67,50 @@ impl StoreError {
     /// Worth retrying later (CNI code 11)?
     pub fn is_transient(&self) -> bool {
         match self {
-            StoreError::File(e) => e.is_transient(),
+            StoreError::Failed(e) => e.is_transient(),
             StoreError::Backend { transient, .. } => *transient,
             StoreError::Invalid(_) => false,
         }
+    }
+}
+
+/// A backend's own error inside [`StoreError::Failed`]: displayed as it is (its `source` is the
+/// error's own), and classified transient or permanent by the backend that raised it.
+#[derive(Debug)]
+pub struct BackendFailure {
+    error: Box<dyn Error + Send + Sync>,
+    transient: bool,
+}
+
+impl BackendFailure {
+    /// Wrap a backend's `error`; `transient` marks errors worth retrying (CNI code 11).
+    pub fn new(error: impl Into<Box<dyn Error + Send + Sync>>, transient: bool) -> BackendFailure {
+        BackendFailure {
+            error: error.into(),
+            transient,
+        }
+    }
+
+    /// Worth retrying later (CNI code 11)?
+    pub fn is_transient(&self) -> bool {
+        self.transient
+    }
+
+    /// The backend's error, if it is an `E`.
+    pub fn downcast_ref<E: Error + 'static>(&self) -> Option<&E> {
+        self.error.downcast_ref::<E>()
+    }
+}
+
+impl fmt::Display for BackendFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl Error for BackendFailure {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.error.source()
     }
 }
 

@@ -1,0 +1,473 @@
+//! ADD: one lease per range, the order in which candidates are tried (the attachment's own
+//! lease, a requested address, a re-created sandbox's lease, the sticky address, the pool), the
+//! node journal of a point-mode store, and the rollback that makes an ADD all or nothing.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+
+use tether_pool::RequestedIp;
+
+use super::claim::Claimed;
+use super::{AllocError, Allocator};
+use crate::journal::{AttachmentIndex, JournalEntry, Lookup};
+use crate::model::{Lease, LeaseState, PodRef};
+use crate::store::{StoreError, Taken};
+
+/// An ADD.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AddRequest {
+    /// `CNI_CONTAINERID`.
+    pub container_id: String,
+    /// `CNI_IFNAME`.
+    pub ifname: String,
+    /// Pod identity from `CNI_ARGS`.
+    pub pod: PodRef,
+    /// Node name, recorded on the lease.
+    pub node: Option<String>,
+    /// Requested addresses (at most one per range entry).
+    pub requested: Vec<RequestedIp>,
+}
+
+/// A record this ADD wrote, with the record it replaced (for rollback).
+pub(super) struct Written {
+    pub(super) now: Lease,
+    pub(super) prev: Option<Lease>,
+}
+
+/// The node journal while an ADD runs (point mode).
+pub(super) struct Journaling<'j> {
+    pub(super) index: &'j dyn AttachmentIndex,
+    /// This attachment's entry: every address it holds or is about to claim.
+    pub(super) entry: JournalEntry,
+    /// What the journal knew before the ADD.
+    pub(super) lookup: Lookup,
+}
+
+/// What one ADD has read and written.
+#[derive(Default)]
+pub(super) struct Call<'j> {
+    /// Records known: every record of the network once `complete` (a snapshot), else those
+    /// read so far.
+    pub(super) view: HashMap<IpAddr, Lease>,
+    /// Point mode: the addresses read or written (present in `view` or known absent).
+    pub(super) seen: HashSet<IpAddr>,
+    pub(super) complete: bool,
+    /// Records written, for rollback.
+    pub(super) written: Vec<Written>,
+    pub(super) journal: Option<Journaling<'j>>,
+}
+
+impl Allocator<'_> {
+    /// ADD: one lease per range entry, in range order (`result[i].range_index == Some(i)` for
+    /// new leases). Idempotent per (container_id, ifname). All or nothing: if any range fails,
+    /// every record written by this call is restored and the error returned.
+    ///
+    /// With a store that keeps a node journal ([`LeaseStore::index`]) the ADD reads single
+    /// records instead of a snapshot: see `walk_points`.
+    ///
+    /// [`LeaseStore::index`]: crate::LeaseStore::index
+    pub fn add(&self, req: &AddRequest) -> Result<Vec<Lease>, AllocError> {
+        let mut wanted: Vec<Option<RequestedIp>> = vec![None; self.ranges.len()];
+        for r in &req.requested {
+            let i = r.find_range(&self.ranges)?;
+            match wanted[i] {
+                Some(prev) if prev.address != r.address => {
+                    return Err(AllocError::DuplicateRequest {
+                        first: prev.address,
+                        second: r.address,
+                        range: self.ranges[i].to_string(),
+                    });
+                }
+                Some(_) => {}
+                None => wanted[i] = Some(*r),
+            }
+        }
+        let mut call = match self.store.index() {
+            Some(ix) => {
+                let lookup = ix.lookup(&self.network, &req.container_id, &req.ifname, &req.pod)?;
+                let entry = JournalEntry {
+                    container_id: req.container_id.clone(),
+                    ifname: req.ifname.clone(),
+                    pod: req.pod.clone(),
+                    leases: lookup
+                        .mine
+                        .as_ref()
+                        .map(|e| e.leases.clone())
+                        .unwrap_or_default(),
+                };
+                Call {
+                    view: HashMap::new(),
+                    seen: HashSet::new(),
+                    complete: false,
+                    written: Vec::new(),
+                    journal: Some(Journaling {
+                        index: ix,
+                        entry,
+                        lookup,
+                    }),
+                }
+            }
+            None => {
+                let mut call = Call::default();
+                self.snapshot(&mut call)?;
+                call
+            }
+        };
+        let mut out = Vec::with_capacity(self.ranges.len());
+        let mut failed = None;
+        for (i, w) in wanted.iter().enumerate() {
+            match self.add_one(i, req, *w, &mut call) {
+                Ok(l) => out.push(l),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let kept = match &failed {
+            Some(_) => {
+                // What the attachment held before this call stays journaled, with whatever
+                // could not be rolled back.
+                let mut kept = self.rollback(std::mem::take(&mut call.written));
+                if let Some(j) = &call.journal {
+                    for l in j.lookup.mine.iter().flat_map(|e| &e.leases) {
+                        if !kept.iter().any(|k| k.address == l.address) {
+                            kept.push(l.clone());
+                        }
+                    }
+                }
+                kept
+            }
+            None => out.clone(),
+        };
+        if let Some(j) = &mut call.journal {
+            // What this attachment holds now; anything it was about to claim and did not is
+            // dropped (or the whole entry, when the ADD failed and was rolled back).
+            j.entry.leases = kept;
+            if let Err(e) = j.index.record(&self.network, &j.entry) {
+                if failed.is_none() {
+                    self.rollback(std::mem::take(&mut call.written));
+                    return Err(e.into());
+                }
+                log::error!("network {}: {e}", self.network);
+            }
+            self.forget_taken_over(j);
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        for l in &out {
+            log::info!(
+                "network {}: {} for container {} interface {} (pod {})",
+                self.network,
+                l.cidr(),
+                l.container_id,
+                l.ifname,
+                l.pod
+            );
+        }
+        Ok(out)
+    }
+
+    /// Every record of the network into `call.view` (one `list`); what this call read or wrote
+    /// itself is newer than a snapshot served from a cache and wins.
+    fn snapshot(&self, call: &mut Call<'_>) -> Result<(), AllocError> {
+        for l in self.store.list(&self.network)? {
+            if !call.seen.contains(&l.address) {
+                call.view.insert(l.address, l);
+            }
+        }
+        call.complete = true;
+        Ok(())
+    }
+
+    /// The record of `address`: from the snapshot, or read once (point mode).
+    pub(super) fn load(
+        &self,
+        call: &mut Call<'_>,
+        address: IpAddr,
+    ) -> Result<Option<Lease>, AllocError> {
+        if !call.complete && call.seen.insert(address) {
+            match self.store.get(&self.network, address)? {
+                Some(l) => call.view.insert(address, l),
+                None => call.view.remove(&address),
+            };
+        }
+        Ok(call.view.get(&address).cloned())
+    }
+
+    /// The records of range `i` that the journal lists in `entries`, as the store has them now.
+    fn journaled(
+        &self,
+        call: &mut Call<'_>,
+        i: usize,
+        entries: &[JournalEntry],
+    ) -> Result<Vec<Lease>, AllocError> {
+        let mut out = Vec::new();
+        for l in entries.iter().flat_map(|e| &e.leases) {
+            if self.range_of(l) == Some(i)
+                && let Some(cur) = self.load(call, l.address)?
+            {
+                out.push(cur);
+            }
+        }
+        Ok(out)
+    }
+
+    /// A record of range `i` satisfying `pred`: from the snapshot, or (point mode) among the
+    /// journal's records of this attachment (`mine`) or of the pod's other sandboxes.
+    fn find_held(
+        &self,
+        call: &mut Call<'_>,
+        i: usize,
+        mine: bool,
+        pred: impl Fn(&Lease) -> bool,
+    ) -> Result<Option<Lease>, AllocError> {
+        let Some(j) = &call.journal else {
+            return Ok(self.find(&call.view, i, pred));
+        };
+        let entries: Vec<JournalEntry> = if mine {
+            j.lookup.mine.iter().cloned().collect()
+        } else {
+            j.lookup.same_pod.clone()
+        };
+        Ok(self
+            .journaled(call, i, &entries)?
+            .into_iter()
+            .filter(|l| pred(l))
+            .min_by_key(|l| l.address))
+    }
+
+    fn add_one(
+        &self,
+        i: usize,
+        req: &AddRequest,
+        wanted: Option<RequestedIp>,
+        call: &mut Call<'_>,
+    ) -> Result<Lease, AllocError> {
+        let range = &self.ranges[i];
+        let now = self.clock.now();
+
+        // 1. Idempotent ADD: the attachment already holds a lease in this range.
+        if let Some(l) = self.find_held(call, i, true, |l| {
+            l.is_leased() && l.is_attachment(&req.container_id, &req.ifname)
+        })? {
+            if let Some(w) = wanted
+                && w.address != l.address
+            {
+                return Err(AllocError::AttachmentHasOther {
+                    container_id: req.container_id.clone(),
+                    ifname: req.ifname.clone(),
+                    existing: l.address,
+                    requested: w.address,
+                    range: range.to_string(),
+                });
+            }
+            return Ok(l);
+        }
+
+        // 2. Requested address.
+        if let Some(w) = wanted {
+            return self.take_requested(i, req, w, call);
+        }
+
+        // 3. Sandbox re-create: same pod object and ifname, new container ID, never released.
+        if let Some(old) = self.find_held(call, i, false, |l| {
+            l.is_leased()
+                && l.pod.same_pod(&req.pod)
+                && l.ifname == req.ifname
+                && l.container_id != req.container_id
+        })? {
+            let new = self.new_lease(req, old.address, old.prefix_len, i, now);
+            let from = old.container_id.clone();
+            if let Claimed::Got(l) = self.claim(i, new, Some(old), false, call)? {
+                log::info!(
+                    "network {}: {} moves from container {} to {} (pod {} re-created its sandbox)",
+                    self.network,
+                    l.address,
+                    from,
+                    req.container_id,
+                    req.pod
+                );
+                return Ok(l);
+            }
+            // changed under us: allocate normally below
+        }
+
+        if !call.complete {
+            // 4 + 5 by point reads; sticky is found on the walk (see walk_points).
+            if let Some(l) = self.walk_points(i, req, call)? {
+                return Ok(l);
+            }
+            // A long walk: one snapshot, then the same rules as a node-local store.
+            log::info!(
+                "network {}: no address found within {} reads in range {}; reading the whole network",
+                self.network,
+                self.policy.max_point_reads,
+                range
+            );
+            self.snapshot(call)?;
+            return self.take_from_pool(i, req, call);
+        }
+
+        // 4. Sticky: the pod's previous address in this range, if still just released.
+        let sticky = call
+            .view
+            .values()
+            .filter(|l| {
+                matches!(l.state, LeaseState::Released { .. })
+                    && l.pod.same_name(&req.pod)
+                    && l.ifname == req.ifname
+                    && self.range_of(l) == Some(i)
+            })
+            .max_by_key(|l| (l.since, l.address))
+            .cloned();
+        if let Some(old) = sticky {
+            let new = self.new_lease(req, old.address, range.prefix_len(), i, now);
+            match self.claim(i, new, Some(old), true, call)? {
+                Claimed::Got(l) => return Ok(l),
+                Claimed::Lost | Claimed::InUse(_) => {}
+            }
+        }
+
+        // 5. The pool.
+        self.take_from_pool(i, req, call)
+    }
+
+    fn take_requested(
+        &self,
+        i: usize,
+        req: &AddRequest,
+        w: RequestedIp,
+        call: &mut Call<'_>,
+    ) -> Result<Lease, AllocError> {
+        let range = &self.ranges[i];
+        let prefix = w.prefix_len.unwrap_or(range.prefix_len());
+        for _ in 0..self.policy.max_attempts {
+            let now = self.clock.now();
+            let current = self.load(call, w.address)?;
+            let new = self.new_lease(req, w.address, prefix, i, now);
+            let outcome = match &current {
+                Some(l) if l.is_leased() => {
+                    if l.is_attachment(&req.container_id, &req.ifname) {
+                        return Ok(l.clone());
+                    }
+                    if !(l.pod.same_pod(&req.pod) && l.ifname == req.ifname) {
+                        return Err(AllocError::HeldByOther {
+                            address: w.address,
+                            holder: l.pod.to_string(),
+                            container_id: l.container_id.clone(),
+                            ifname: l.ifname.clone(),
+                        });
+                    }
+                    // Same pod, new sandbox: take it over without probing.
+                    self.claim(i, new, current, false, call)?
+                }
+                // Free, released or quarantined: an explicit request overrides cooldown and
+                // quarantine, but is probed.
+                _ => self.claim(i, new, current, true, call)?,
+            };
+            match outcome {
+                Claimed::Got(l) => return Ok(l),
+                Claimed::Lost => continue,
+                Claimed::InUse(mac) => {
+                    return Err(AllocError::RequestedInUse {
+                        address: w.address,
+                        mac,
+                        quarantine_s: self.policy.quarantine_s,
+                    });
+                }
+            }
+        }
+        Err(AllocError::Contention {
+            network: self.network.clone(),
+            address: w.address,
+            attempts: self.policy.max_attempts,
+        })
+    }
+
+    /// Restore what an ADD wrote, newest first. Returns the records that could not be
+    /// restored (still held by the attachment: GC, DEL or the reconciler release them).
+    fn rollback(&self, written: Vec<Written>) -> Vec<Lease> {
+        let mut stuck = Vec::new();
+        for w in written.into_iter().rev() {
+            let addr = w.now.address;
+            let res: Result<Option<Taken>, StoreError> = match w.prev {
+                Some(mut p) => {
+                    p.version = None;
+                    self.store.claim(p, Some(&w.now)).map(|r| r.err())
+                }
+                None => self.store.remove(&w.now).map(|r| r.err()),
+            };
+            match res {
+                Ok(None) => log::debug!("network {}: rolled back {addr}", self.network),
+                Ok(Some(t)) => {
+                    log::warn!("network {}: rollback of {addr} skipped: {t}", self.network)
+                }
+                Err(e) => {
+                    log::error!(
+                        "network {}: rollback of {addr} failed: {e}; GC or DEL will release it",
+                        self.network
+                    );
+                    stuck.push(w.now);
+                }
+            }
+        }
+        stuck
+    }
+
+    /// After a sandbox re-create took a lease over, the old sandbox's journal entry no longer
+    /// holds it.
+    fn forget_taken_over(&self, j: &Journaling<'_>) {
+        for old in &j.lookup.same_pod {
+            let kept: Vec<Lease> = old
+                .leases
+                .iter()
+                .filter(|l| !j.entry.leases.iter().any(|m| m.address == l.address))
+                .cloned()
+                .collect();
+            if kept.len() != old.leases.len() {
+                let mut e = old.clone();
+                e.leases = kept;
+                if let Err(err) = j.index.record(&self.network, &e) {
+                    log::warn!("network {}: {err}", self.network);
+                }
+            }
+        }
+    }
+
+    fn find(
+        &self,
+        view: &HashMap<IpAddr, Lease>,
+        i: usize,
+        pred: impl Fn(&Lease) -> bool,
+    ) -> Option<Lease> {
+        view.values()
+            .filter(|l| pred(l) && self.range_of(l) == Some(i))
+            .min_by_key(|l| l.address)
+            .cloned()
+    }
+
+    pub(super) fn new_lease(
+        &self,
+        req: &AddRequest,
+        address: IpAddr,
+        prefix_len: u8,
+        i: usize,
+        now: u64,
+    ) -> Lease {
+        Lease {
+            network: self.network.clone(),
+            address,
+            prefix_len,
+            range_index: Some(i),
+            container_id: req.container_id.clone(),
+            ifname: req.ifname.clone(),
+            pod: req.pod.clone(),
+            node: req.node.clone(),
+            state: LeaseState::Leased,
+            since: now,
+            version: None,
+        }
+    }
+}

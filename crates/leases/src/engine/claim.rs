@@ -1,0 +1,95 @@
+//! Taking one address: write it to the node journal first (point mode), claim it with
+//! compare-and-swap, probe it with no lock held, and quarantine it when something answers.
+
+use super::add::{Call, Written};
+use super::{AllocError, Allocator};
+use crate::model::{Lease, LeaseState};
+use crate::probe::ProbeOutcome;
+use crate::store::Taken;
+
+/// What became of one claim.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Claimed {
+    Got(Lease),
+    Lost,
+    InUse(String),
+}
+
+impl Allocator<'_> {
+    /// Claim one record; probe it (when `probe`) with no lock held; quarantine it on conflict.
+    /// With a journal, the address is recorded for this attachment before it is claimed.
+    pub(super) fn claim(
+        &self,
+        i: usize,
+        new: Lease,
+        expected: Option<Lease>,
+        probe: bool,
+        call: &mut Call<'_>,
+    ) -> Result<Claimed, AllocError> {
+        let address = new.address;
+        if let Some(j) = &mut call.journal
+            && !j.entry.leases.iter().any(|l| l.address == address)
+        {
+            j.entry.leases.push(new.clone());
+            j.index.record(&self.network, &j.entry)?;
+        }
+        call.seen.insert(address);
+        let got = match self.store.claim(new, expected.as_ref())? {
+            Ok(l) => l,
+            Err(Taken { current }) => {
+                match current {
+                    Some(c) => call.view.insert(address, c),
+                    None => call.view.remove(&address),
+                };
+                return Ok(Claimed::Lost);
+            }
+        };
+        call.view.insert(address, got.clone());
+        call.written.push(Written {
+            now: got.clone(),
+            prev: expected,
+        });
+        if !probe {
+            return Ok(Claimed::Got(got));
+        }
+        match self.prober.probe(address, &self.ranges[i]) {
+            Ok(ProbeOutcome::Free) => Ok(Claimed::Got(got)),
+            Ok(ProbeOutcome::InUse { mac }) => {
+                let at = self.clock.now();
+                log::warn!(
+                    "network {}: {} answered the conflict probe from MAC {}; quarantining it for {}s",
+                    self.network,
+                    address,
+                    mac,
+                    self.policy.quarantine_s
+                );
+                let mut q = got.clone();
+                q.state = LeaseState::Quarantined {
+                    mac: mac.clone(),
+                    at,
+                };
+                q.since = at;
+                q.version = None;
+                match self.store.update(q, &got)? {
+                    Ok(stored) => {
+                        call.view.insert(address, stored);
+                        call.written.pop(); // a quarantine record is evidence, not an allocation
+                    }
+                    Err(Taken { current }) => {
+                        log::warn!(
+                            "network {}: could not quarantine {address}: it changed meanwhile",
+                            self.network
+                        );
+                        match current {
+                            Some(c) => call.view.insert(address, c),
+                            None => call.view.remove(&address),
+                        };
+                        call.written.pop();
+                    }
+                }
+                Ok(Claimed::InUse(mac))
+            }
+            Err(source) => Err(AllocError::Probe { address, source }),
+        }
+    }
+}

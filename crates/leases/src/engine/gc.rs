@@ -1,0 +1,89 @@
+//! GC: release the leases of attachments the runtime no longer knows, forget them in the node
+//! journal, and prune old records; keep going past errors and report them all.
+
+use std::collections::HashSet;
+
+use super::{AllocError, Allocator};
+use crate::model::{Attachment, Lease};
+
+/// Result of GC.
+#[derive(Debug, Default)]
+pub struct GcReport {
+    /// Leases released because their attachment is not valid any more.
+    pub released: Vec<Lease>,
+    /// Old released/quarantine records deleted.
+    pub pruned: usize,
+    /// What failed (GC kept going).
+    pub errors: Vec<AllocError>,
+}
+
+impl GcReport {
+    /// `Err(AllocError::Gc)` listing every failure, if there was any.
+    pub fn into_result(self, network: &str) -> Result<GcReport, AllocError> {
+        if self.errors.is_empty() {
+            Ok(self)
+        } else {
+            Err(AllocError::Gc {
+                network: network.to_string(),
+                failures: self.errors.iter().map(|e| e.to_string()).collect(),
+            })
+        }
+    }
+}
+
+impl Allocator<'_> {
+    /// GC: release every Leased record this node may judge ([`LeaseStore::list_mine`]: all of a
+    /// node-local store, only this node's in a cluster-wide one) whose attachment is not in
+    /// `valid`, forget such attachments in the node journal, and delete this node's
+    /// released/quarantine records past their retention. Keeps going after errors; they are in
+    /// the report (`GcReport::into_result` turns them into one error). `Err` only when the store
+    /// cannot even be listed.
+    ///
+    /// [`LeaseStore::list_mine`]: crate::LeaseStore::list_mine
+    pub fn gc(&self, valid: &[Attachment]) -> Result<GcReport, AllocError> {
+        let now = self.clock.now();
+        let keep: HashSet<(&str, &str)> = valid
+            .iter()
+            .map(|a| (a.container_id.as_str(), a.ifname.as_str()))
+            .collect();
+        let all = self.store.list_mine(&self.network)?;
+        let mut report = GcReport::default();
+        for l in all.iter().filter(|l| l.is_leased()) {
+            if keep.contains(&(l.container_id.as_str(), l.ifname.as_str())) {
+                continue;
+            }
+            let (cid, ifn) = (l.container_id.clone(), l.ifname.clone());
+            match self.release_if_ours(l, now, |c| c.is_leased() && c.is_attachment(&cid, &ifn)) {
+                Ok(Some(r)) => {
+                    log::info!(
+                        "network {}: GC released {} of container {} interface {}",
+                        self.network,
+                        r.address,
+                        cid,
+                        ifn
+                    );
+                    report.released.push(r);
+                }
+                Ok(None) => {}
+                Err(e) => report.errors.push(e),
+            }
+        }
+        if let Some(ix) = self.store.index() {
+            match ix.entries(&self.network) {
+                Ok(entries) => {
+                    for mut e in entries {
+                        if !keep.contains(&(e.container_id.as_str(), e.ifname.as_str())) {
+                            e.leases.clear();
+                            if let Err(err) = ix.record(&self.network, &e) {
+                                report.errors.push(err.into());
+                            }
+                        }
+                    }
+                }
+                Err(e) => report.errors.push(e.into()),
+            }
+        }
+        report.pruned = self.prune(&all, now, usize::MAX, &mut report.errors);
+        Ok(report)
+    }
+}

@@ -1,0 +1,104 @@
+//! DEL: release exactly the attachment's leases (they become `Released` records that keep the
+//! pod's identity, for sticky addresses and the cooldown), never a record someone took since.
+
+use super::{AllocError, Allocator};
+use crate::model::{Lease, PodRef};
+use crate::store::Taken;
+
+impl Allocator<'_> {
+    /// DEL: release exactly the leases of (`container_id`, `ifname`) — they become
+    /// `Released { at: now }` records keeping the pod identity. Idempotent. Returns the
+    /// released records. Tries every lease even if one fails, then reports the first error.
+    ///
+    /// With a node journal: one conditional write per lease the journal lists (no read), and
+    /// nothing at all for an attachment it does not know.
+    pub fn del(&self, container_id: &str, ifname: &str) -> Result<Vec<Lease>, AllocError> {
+        let now = self.clock.now();
+        let ours = |c: &Lease| c.is_leased() && c.is_attachment(container_id, ifname);
+        let (candidates, all, entry) = match self.store.index() {
+            Some(ix) => {
+                let entry = ix
+                    .lookup(&self.network, container_id, ifname, &PodRef::default())?
+                    .mine;
+                let Some(entry) = entry else {
+                    return Ok(Vec::new());
+                };
+                let mut cands = Vec::new();
+                for l in &entry.leases {
+                    // A record written before its claim has no version: read what is there.
+                    let cur = match l.version {
+                        Some(_) => Some(l.clone()),
+                        None => self.store.get(&self.network, l.address)?,
+                    };
+                    cands.extend(cur.filter(|c| ours(c)));
+                }
+                (cands, Vec::new(), Some((ix, entry)))
+            }
+            None => {
+                let all = self.store.list(&self.network)?;
+                let cands = all.iter().filter(|l| ours(l)).cloned().collect();
+                (cands, all, None)
+            }
+        };
+        let mut released = Vec::new();
+        let mut first_err: Option<AllocError> = None;
+        for l in &candidates {
+            match self.release_if_ours(l, now, ours) {
+                Ok(Some(r)) => released.push(r),
+                Ok(None) => {}
+                Err(e) => {
+                    log::error!(
+                        "network {}: releasing {} failed: {e}",
+                        self.network,
+                        l.address
+                    );
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        if let Some((ix, mut entry)) = entry {
+            entry.leases.clear();
+            ix.record(&self.network, &entry)?;
+        }
+        for l in &released {
+            log::info!(
+                "network {}: released {} of container {} interface {}",
+                self.network,
+                l.address,
+                container_id,
+                ifname
+            );
+        }
+        let mut errs = Vec::new();
+        self.prune(&all, now, self.policy.prune_per_del, &mut errs);
+        for e in errs {
+            log::warn!("network {}: pruning old records: {e}", self.network);
+        }
+        Ok(released)
+    }
+
+    /// Release `l` if unchanged; on a lost race, retry while `still_ours(current)`.
+    pub(super) fn release_if_ours(
+        &self,
+        l: &Lease,
+        now: u64,
+        still_ours: impl Fn(&Lease) -> bool,
+    ) -> Result<Option<Lease>, AllocError> {
+        let mut cur = l.clone();
+        for _ in 0..self.policy.max_attempts {
+            match self.store.release(&cur, now)? {
+                Ok(r) => return Ok(Some(r)),
+                Err(Taken { current: Some(c) }) if still_ours(&c) => cur = c,
+                Err(_) => return Ok(None), // no longer ours: someone else's now, leave it
+            }
+        }
+        Err(AllocError::Contention {
+            network: self.network.clone(),
+            address: l.address,
+            attempts: self.policy.max_attempts,
+        })
+    }
+}

@@ -1,0 +1,325 @@
+//! Where a new address comes from: the pool walk from a hashed offset, by point reads (a store
+//! with a node journal) or over one snapshot, skipping leased, quarantined and cooling-down
+//! records, cooling-down ones used last; and the error when a range has nothing left.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use tether_pool::IpRange;
+
+use super::add::{AddRequest, Call};
+use super::claim::Claimed;
+use super::{AllocError, Allocator};
+use crate::hash::{fnv1a64, mix64};
+use crate::model::{Lease, LeaseState, PodRef};
+
+/// Probe conflicts met in one range during one ADD.
+#[derive(Default)]
+struct Conflicts {
+    in_use: Vec<(IpAddr, String)>,
+}
+
+impl Conflicts {
+    /// Count one; too many in a row means something else hands out this range.
+    fn add(
+        &mut self,
+        a: &Allocator<'_>,
+        range: &IpRange,
+        address: IpAddr,
+        mac: String,
+    ) -> Result<(), AllocError> {
+        self.in_use.push((address, mac.clone()));
+        if self.in_use.len() >= a.policy.max_probe_conflicts {
+            return Err(AllocError::TooManyConflicts {
+                network: a.network.clone(),
+                range: range.to_string(),
+                conflicts: self.in_use.len(),
+                last: address,
+                mac,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What an existing record of the range is to a new ADD: free to take, blocked (leased or
+/// quarantined), or cooling down (taken only when nothing else is free).
+#[derive(PartialEq, Eq)]
+enum Class {
+    Free,
+    Blocked,
+    Cooling,
+}
+
+impl Allocator<'_> {
+    /// The pool walk by point reads, for a store without cheap snapshots: O(1) requests in the
+    /// steady state, whatever the number of leases.
+    ///
+    /// Candidates come in an order derived from the pod's identity ([`walk_start`]), so a pod
+    /// that comes back (a StatefulSet pod on any node) meets its previous address early. Each
+    /// candidate is read once: no record → claim it at once; this pod's own `Released` record
+    /// (same namespace/name and ifname) → claim it (sticky); leased, quarantined → skip;
+    /// released by another pod within the cooldown → keep for last. A record released by
+    /// another pod longer ago is free, but the walk goes on for up to
+    /// [`Policy::sticky_horizon`] more reads looking for an address nobody had or this pod's
+    /// own, so that pod keeps its sticky address too. Then the free records in walk order,
+    /// then the cooling ones, longest released first.
+    ///
+    /// `Ok(None)` after [`Policy::max_point_reads`] reads without an address (a nearly full
+    /// range): the caller takes one snapshot and finishes like a node-local store. A range no
+    /// larger than that is read whole, so its exhaustion is reported with exact counts.
+    ///
+    /// [`Policy::sticky_horizon`]: super::Policy::sticky_horizon
+    /// [`Policy::max_point_reads`]: super::Policy::max_point_reads
+    pub(super) fn walk_points(
+        &self,
+        i: usize,
+        req: &AddRequest,
+        call: &mut Call<'_>,
+    ) -> Result<Option<Lease>, AllocError> {
+        let range = &self.ranges[i];
+        let prefix = range.prefix_len();
+        let now = self.clock.now();
+        let mut reads = 0usize;
+        let mut free: Vec<Lease> = Vec::new();
+        let mut cooling: Vec<Lease> = Vec::new();
+        let mut conflicts = Conflicts::default();
+        let mut whole = true;
+        for cand in range.candidates(walk_start(req, i)) {
+            if !free.is_empty() && reads >= self.policy.sticky_horizon {
+                whole = false;
+                break;
+            }
+            if reads >= self.policy.max_point_reads {
+                return Ok(None);
+            }
+            reads += 1;
+            let expected = match self.load(call, cand)? {
+                None => None,
+                Some(l)
+                    if matches!(l.state, LeaseState::Released { .. })
+                        && l.pod.same_name(&req.pod)
+                        && l.ifname == req.ifname =>
+                {
+                    Some(l)
+                }
+                Some(l) => match self.classify(&l, &req.pod, now) {
+                    // An expired quarantine is nobody's sticky address: as good as none.
+                    Class::Free if matches!(l.state, LeaseState::Quarantined { .. }) => Some(l),
+                    Class::Free => {
+                        if free.is_empty() {
+                            // From here on, the walk is bounded by the horizon.
+                            reads = 0;
+                        }
+                        free.push(l);
+                        continue;
+                    }
+                    Class::Cooling => {
+                        cooling.push(l);
+                        continue;
+                    }
+                    Class::Blocked => continue,
+                },
+            };
+            let new = self.new_lease(req, cand, prefix, i, self.clock.now());
+            match self.claim(i, new, expected, true, call)? {
+                Claimed::Got(l) => return Ok(Some(l)),
+                Claimed::Lost => {}
+                Claimed::InUse(mac) => conflicts.add(self, range, cand, mac)?,
+            }
+        }
+        cooling.sort_by_key(|l| (l.since, l.address));
+        if let Some(l) = self.claim_seen(
+            i,
+            req,
+            free.into_iter().chain(cooling),
+            now,
+            call,
+            &mut conflicts,
+        )? {
+            return Ok(Some(l));
+        }
+        if !whole {
+            return Ok(None);
+        }
+        // Every candidate of the range was read: the view holds the whole range.
+        Err(self.no_address(i, conflicts, &call.view))
+    }
+
+    pub(super) fn take_from_pool(
+        &self,
+        i: usize,
+        req: &AddRequest,
+        call: &mut Call<'_>,
+    ) -> Result<Lease, AllocError> {
+        let range = &self.ranges[i];
+        let now = self.clock.now();
+        let prefix = range.prefix_len();
+        let mut conflicts = Conflicts::default();
+        let mut cooling: Vec<Lease> = Vec::new();
+
+        // Every record in the range blocks at most one candidate, so if the blocking records
+        // cover the range the walk is pointless.
+        let blocking = call
+            .view
+            .values()
+            .filter(|l| range.contains(l.address) && self.classify(l, &req.pod, now) != Class::Free)
+            .count() as u128;
+        let walk = blocking < range.usable_count();
+
+        if walk {
+            let offset = start_offset(&req.container_id, &req.ifname, i);
+            for cand in range.candidates(offset) {
+                let expected = match call.view.get(&cand) {
+                    None => None,
+                    Some(l) => match self.classify(l, &req.pod, now) {
+                        Class::Blocked => continue,
+                        Class::Cooling => {
+                            cooling.push(l.clone());
+                            continue;
+                        }
+                        Class::Free => Some(l.clone()),
+                    },
+                };
+                let new = self.new_lease(req, cand, prefix, i, self.clock.now());
+                match self.claim(i, new, expected, true, call)? {
+                    Claimed::Got(l) => return Ok(l),
+                    Claimed::Lost => continue,
+                    Claimed::InUse(mac) => conflicts.add(self, range, cand, mac)?,
+                }
+            }
+        } else {
+            cooling = call
+                .view
+                .values()
+                .filter(|l| {
+                    range.contains(l.address) && self.classify(l, &req.pod, now) == Class::Cooling
+                })
+                .cloned()
+                .collect();
+        }
+
+        // Nothing else is free: reuse cooling-down addresses, longest released first.
+        cooling.sort_by_key(|l| (l.since, l.address));
+        if let Some(l) = self.claim_seen(i, req, cooling, now, call, &mut conflicts)? {
+            return Ok(l);
+        }
+        Err(self.no_address(i, conflicts, &call.view))
+    }
+
+    /// Claim the first of `seen` (records read earlier in this ADD, in order of preference) that
+    /// is still claimable; say so when it is a cooling-down one, reused because nothing else is.
+    fn claim_seen(
+        &self,
+        i: usize,
+        req: &AddRequest,
+        seen: impl IntoIterator<Item = Lease>,
+        now: u64,
+        call: &mut Call<'_>,
+        conflicts: &mut Conflicts,
+    ) -> Result<Option<Lease>, AllocError> {
+        let range = &self.ranges[i];
+        for old in seen {
+            // The view may have changed since the record was seen.
+            let Some(cur) = call.view.get(&old.address).cloned() else {
+                continue;
+            };
+            if self.classify(&cur, &req.pod, now) == Class::Blocked {
+                continue;
+            }
+            let new = self.new_lease(req, old.address, range.prefix_len(), i, self.clock.now());
+            match self.claim(i, new, Some(cur), true, call)? {
+                Claimed::Got(l) => {
+                    if matches!(old.state, LeaseState::Released { at } if now < at.saturating_add(self.policy.cooldown_s))
+                    {
+                        log::warn!(
+                            "network {}: range {} has no address outside its cooldown; reusing {} released at {}",
+                            self.network,
+                            range,
+                            l.address,
+                            old.since
+                        );
+                    }
+                    return Ok(Some(l));
+                }
+                Claimed::Lost => {}
+                Claimed::InUse(mac) => conflicts.add(self, range, old.address, mac)?,
+            }
+        }
+        Ok(None)
+    }
+
+    /// The error of a range with nothing left, with counts from `view` (which holds the range).
+    fn no_address(
+        &self,
+        i: usize,
+        conflicts: Conflicts,
+        view: &HashMap<IpAddr, Lease>,
+    ) -> AllocError {
+        let st = self.range_status(i, view.values(), self.clock.now());
+        if !conflicts.in_use.is_empty() {
+            // Say why: the last free candidates are used by someone else on the segment.
+            return AllocError::InUseOnSegment {
+                network: self.network.clone(),
+                range: st.range,
+                in_use: conflicts.in_use.into_boxed_slice(),
+                usable: st.usable,
+                leased: st.leased,
+                quarantined: st.quarantined,
+                cooling: st.cooling,
+            };
+        }
+        AllocError::Exhausted {
+            network: self.network.clone(),
+            range: st.range,
+            usable: st.usable,
+            leased: st.leased,
+            quarantined: st.quarantined,
+            cooling: st.cooling,
+        }
+    }
+
+    fn classify(&self, l: &Lease, pod: &PodRef, now: u64) -> Class {
+        match &l.state {
+            LeaseState::Leased => Class::Blocked,
+            LeaseState::Quarantined { at, .. } => {
+                if now < at.saturating_add(self.policy.quarantine_s) {
+                    Class::Blocked
+                } else {
+                    Class::Free
+                }
+            }
+            LeaseState::Released { at } => {
+                if now < at.saturating_add(self.policy.cooldown_s) && !l.pod.same_name(pod) {
+                    Class::Cooling
+                } else {
+                    Class::Free
+                }
+            }
+        }
+    }
+}
+
+/// Where the pool walk of range `index` starts for this attachment: a stable hash of the
+/// container ID (and ifname and range index), so concurrent ADDs rarely race for one address.
+pub fn start_offset(container_id: &str, ifname: &str, index: usize) -> u128 {
+    let mut key = Vec::with_capacity(container_id.len() + ifname.len() + 10);
+    key.extend_from_slice(container_id.as_bytes());
+    key.push(0);
+    key.extend_from_slice(ifname.as_bytes());
+    key.push(0);
+    key.extend_from_slice(&(index as u64).to_le_bytes());
+    let hi = mix64(fnv1a64(&key, 0));
+    let lo = mix64(fnv1a64(&key, 0x9e37_79b9_7f4a_7c15));
+    ((hi as u128) << 64) | lo as u128
+}
+
+/// Where the point-mode walk of range `index` starts for this ADD: a hash of the pod's
+/// namespace and name (or the container ID, when the runtime did not say) with the ifname, so
+/// the same pod meets the same candidates first on every node and after every restart.
+pub fn walk_start(req: &AddRequest, index: usize) -> u128 {
+    match (&req.pod.namespace, &req.pod.name) {
+        (Some(ns), Some(name)) => start_offset(&format!("{ns}/{name}"), &req.ifname, index),
+        _ => start_offset(&req.container_id, &req.ifname, index),
+    }
+}
