@@ -39,7 +39,7 @@ pub fn tether_binary(name: &str) -> PathBuf {
 
 /// CNI variables a direct invocation sets; everything else of ours is removed
 /// so the caller's environment cannot leak into the plugin.
-const CNI_VARS: &[&str] = &[
+pub const CNI_VARS: &[&str] = &[
     "CNI_COMMAND",
     "CNI_CONTAINERID",
     "CNI_NETNS",

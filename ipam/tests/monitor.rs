@@ -115,12 +115,7 @@ fn conflict_events(env: &Env, ns: &str, pod: &str) -> Vec<Value> {
 /// A reconciler of `node` serving metrics on a free port, monitoring every 200 ms; the sweeper
 /// (so the pool reporter) when `node` is the only agent node of this test.
 fn options(env: &Env, node: &str) -> Options {
-    let mut o = Options::new(node);
-    o.kube = Some(env.settings());
-    o.debounce = Duration::from_millis(50);
-    o.agent_namespace = env.agent_ns().to_string();
-    o.agent_selector = AGENT_LABEL.to_string();
-    o.sweep_dead_nodes = false;
+    let mut o = env.reconciler_options(node);
     o.metrics_addr = Some("127.0.0.1:0".parse().unwrap());
     o.monitor_interval = Duration::from_millis(200);
     o

@@ -20,16 +20,8 @@ use tether_leases::{FileStore, LeaseStore};
 
 const OLD: u64 = 3600; // seconds: well past any grace period
 
-/// Options of the reconciler of `node`. No dead-node sweep: a sweep judges the leases of the whole
-/// cluster, which tests running at the same time share (the sweep tests turn it on).
 fn options(env: &Env, node: &str) -> Options {
-    let mut o = Options::new(node);
-    o.kube = Some(env.settings());
-    o.debounce = Duration::from_millis(50);
-    o.agent_namespace = env.agent_ns().to_string();
-    o.agent_selector = AGENT_LABEL.to_string();
-    o.sweep_dead_nodes = false;
-    o
+    env.reconciler_options(node)
 }
 
 #[test]

@@ -167,6 +167,19 @@ impl Env {
         self.name("agents")
     }
 
+    /// Options of the reconciler of `node` on this server, reacting to pod events within 50 ms.
+    /// No dead-node sweep: a sweep judges the leases of the whole cluster, which tests running at
+    /// the same time share (the sweep tests turn it on).
+    pub fn reconciler_options(&self, node: &str) -> tether_ipam::operator::reconcile::Options {
+        let mut o = tether_ipam::operator::reconcile::Options::new(node);
+        o.kube = Some(self.settings());
+        o.debounce = Duration::from_millis(50);
+        o.agent_namespace = self.agent_ns().to_string();
+        o.agent_selector = AGENT_LABEL.to_string();
+        o.sweep_dead_nodes = false;
+        o
+    }
+
     pub fn settings(&self) -> KubeSettings {
         KubeSettings::with_kubeconfig(&self.kubeconfig)
     }
