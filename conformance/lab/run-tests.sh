@@ -11,10 +11,12 @@
 #
 # Each test binary runs with cwd = conformance/ (like cargo), TETHER_LAB=1,
 # `--include-ignored` (lab tests are #[ignore]d for plain `cargo test`) and
-# `--test-threads=$TETHER_LAB_TEST_THREADS` (default 1).
+# `--test-threads=$TETHER_LAB_TEST_THREADS`; unset, 1, or what the target's source declares on a
+# line `//! lab-test-threads: N` (a suite whose tests share nothing, e.g. lab_ipvlan: the VM has two
+# vCPUs, and one test at a time keeps only one of them busy).
 #
 # Env knobs:
-#   TETHER_LAB_TEST_THREADS  default 1
+#   TETHER_LAB_TEST_THREADS  every target's thread count (default: as above)
 #   TETHER_LAB_TEST_ARGS     extra args for every test binary (e.g. a name
 #                            filter, --nocapture), word-split
 #   TETHER_LAB_FORCE_VM=1    use the VM even if the host kernel has ipvlan
@@ -94,8 +96,13 @@ if [ ${#needs_peers[@]} -gt 0 ]; then
     fi
 fi
 
-threads=${TETHER_LAB_TEST_THREADS:-1}
-[[ "$threads" =~ ^[0-9]+$ ]] || die "TETHER_LAB_TEST_THREADS must be a number"
+[[ "${TETHER_LAB_TEST_THREADS:-1}" =~ ^[0-9]+$ ]] || die "TETHER_LAB_TEST_THREADS must be a number"
+# Test threads of one target (see the header).
+threads_of() {
+    local n
+    n=$(sed -n 's|^//! lab-test-threads: \([0-9][0-9]*\)$|\1|p' "$ROOT/conformance/tests/$1.rs" | head -n 1)
+    echo "${TETHER_LAB_TEST_THREADS:-${n:-1}}"
+}
 
 # The script that runs every executable and fails if any failed.
 script="cd $(printf '%q' "$ROOT/conformance") || exit 125
@@ -114,7 +121,7 @@ for exe in "${exes[@]}"; do
 "
     fi
     script+="echo \"==== \$(basename $q)\"
-$q $include --test-threads=$threads ${TETHER_LAB_TEST_ARGS:-} || failed+=(\"\$(basename $q)\")
+$q $include --test-threads=$(threads_of "$t") ${TETHER_LAB_TEST_ARGS:-} || failed+=(\"\$(basename $q)\")
 "
 done
 script+='if [ ${#failed[@]} -gt 0 ]; then echo "lab tests FAILED: ${failed[*]}"; exit 1; fi

@@ -1,8 +1,11 @@
 //! Lab tests of `tether-ipvlan` on a real kernel with ipvlan.
 //!
 //! Run with `conformance/lab/run-tests.sh lab_ipvlan` (boots the lab VM unless
-//! the running kernel has ipvlan); `TETHER_LAB_TEST_THREADS=N` runs N tests at
-//! once. Ignored by a plain `cargo test`; when run, every test FAILS (never
+//! the running kernel has ipvlan), two tests at a time (the line below);
+//! `TETHER_LAB_TEST_THREADS=N` runs N.
+//!
+//! lab-test-threads: 2
+//! Ignored by a plain `cargo test`; when run, every test FAILS (never
 //! skips) if ipvlan is unavailable.
 //!
 //! Lifecycle cases go through the real libcni (`target/libcni-driver`, run in
