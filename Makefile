@@ -188,6 +188,7 @@ bench:
 	  $(MAKE) --no-print-directory bench-attach | tee $(BENCH_OUT)/attach.txt && \
 	  $(MAKE) --no-print-directory bench-ipam | tee $(BENCH_OUT)/ipam.txt && \
 	  $(MAKE) --no-print-directory bench-kube | tee $(BENCH_OUT)/kube.txt && \
+	  $(MAKE) --no-print-directory bench-static | tee $(BENCH_OUT)/static.txt && \
 	  $(MAKE) --no-print-directory bench-probe | tee $(BENCH_OUT)/probe.txt
 	python3 conformance/bench/report.py
 

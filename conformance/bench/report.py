@@ -25,14 +25,16 @@ SECTIONS = [
      "probing every address it hands out (100 ms, one attempt), compared with the same reference that does not probe. "
      "IPv4: one range; dual: an IPv4 and an IPv6 range, where the reference and tether without probing wait out the "
      "kernel's IPv6 DAD and tether with probing adds the address it proved unused with `nodad`. \"attacher alone\" runs "
-     "tether-ipvlan over host-local. The exec cost is one `CNI_COMMAND=VERSION` round trip of each binary."),
+     "tether-ipvlan over host-local. The exec cost is one `CNI_COMMAND=VERSION` round trip of each binary. tether's "
+     "binaries are the static musl builds that ship (`make build`)."),
     ("ipam", "Node-local IPAM: tether-ipam (file store) vs host-local",
      "256 ADDs then 256 DELs at concurrency 1 and 32, fresh store per round, best of 3 rounds; probing off so the "
      "store is what is measured."),
     ("kube", "Cluster IPAM: tether-ipam's Kubernetes store vs whereabouts on a real API server",
      "`make bench-kube` (`conformance/src/bin/bench-kube.rs`) starts a kube-apiserver v1.36 + etcd 3.4 of its own "
      "from `../shared/peers` (loopback only, no controllers; stopped at the end) on this machine, so the server shares "
-     "its cores with the plugins. tether-ipam (`\"store\": \"kubernetes\"`, probing off) and whereabouts v0.9.3 run "
+     "its cores with the plugins. tether-ipam (the static build that ships; `\"store\": \"kubernetes\"`, probing off) "
+     "and whereabouts v0.9.3 run "
      "against it in the same run, one process per CNI call as a runtime execs them (Multus' CNI_ARGS), both on "
      "10.128.0.0/16. Rows: N ADDs for distinct pods at concurrency 1, 8 and 32, then a DEL of each; each row starts "
      "from empty stores and the plugins' order alternates by row. API requests per call are the server's own "
@@ -40,6 +42,10 @@ SECTIONS = [
      "on each plugin's resources (tether: ipleases; whereabouts: ippools, overlappingrangeipreservations, leases). "
      "The scale rows repeat tether's ADDs after 20,000 IPLease objects were created through the API, half of them on "
      "addresses of the measured range. The targets are issue 11's; a MISS does not fail the run.", "markdown"),
+    ("static", "Static (shipped) vs glibc builds of the plugins",
+     "`make bench-static`: the static musl binaries that `make build` ships next to glibc release builds of the same "
+     "code, interleaved in one run: the exec cost (`CNI_COMMAND=VERSION` round trips) and bench-ipam's file-store "
+     "ADD/DEL with each build. The attach and cluster benchmarks above measure the static binaries."),
     ("probe", "Conflict probing: added latency per ADD",
      "Sequential ADDs on a veth segment (this machine's kernel), probing off vs on with several budgets."),
 ]
