@@ -31,14 +31,7 @@ impl Allocator<'_> {
         for i in 0..self.ranges.len() {
             let st = self.range_status(i, all.iter(), now);
             if st.free == 0 {
-                return Err(AllocError::Exhausted {
-                    network: self.network.clone(),
-                    range: st.range,
-                    usable: st.usable,
-                    leased: st.leased,
-                    quarantined: st.quarantined,
-                    cooling: st.cooling,
-                });
+                return Err(self.exhausted(st));
             }
             out.push(st);
         }
@@ -53,6 +46,18 @@ impl Allocator<'_> {
         Ok((0..self.ranges.len())
             .map(|i| self.range_status(i, all.iter(), now))
             .collect())
+    }
+
+    /// The error of a range with nothing left to hand out, with its counts.
+    pub(super) fn exhausted(&self, st: RangeStatus) -> AllocError {
+        AllocError::Exhausted {
+            network: self.network.clone(),
+            range: st.range,
+            usable: st.usable,
+            leased: st.leased,
+            quarantined: st.quarantined,
+            cooling: st.cooling,
+        }
     }
 
     pub(super) fn range_status<'l>(

@@ -269,14 +269,7 @@ impl Allocator<'_> {
                 cooling: st.cooling,
             };
         }
-        AllocError::Exhausted {
-            network: self.network.clone(),
-            range: st.range,
-            usable: st.usable,
-            leased: st.leased,
-            quarantined: st.quarantined,
-            cooling: st.cooling,
-        }
+        self.exhausted(st)
     }
 
     fn classify(&self, l: &Lease, pod: &PodRef, now: u64) -> Class {
