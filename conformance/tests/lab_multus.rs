@@ -833,14 +833,19 @@ impl Daemon {
             log,
         };
         // Ready: the socket is there and the generated shim config (00-multus.conf, what kubelet
-        // finds first in /etc/cni/net.d) is written — after the pod and NAD caches synced.
+        // finds first in /etc/cni/net.d) is written — after the pod and NAD caches synced. Written
+        // in place, not renamed into place: it exists, empty, for a moment before its content.
         let sock = node.path("run/multus/multus.sock");
         let t = Instant::now();
         let ready = eventually(Duration::from_secs(600), || {
             if let Ok(Some(_)) = d.child.try_wait() {
                 return true;
             }
-            sock.exists() && conf.exists()
+            sock.exists()
+                && std::fs::read(&conf)
+                    .ok()
+                    .and_then(|c| serde_json::from_slice::<Value>(&c).ok())
+                    .is_some()
         });
         if !ready || d.child.try_wait().ok().flatten().is_some() {
             panic!(
