@@ -5,7 +5,7 @@
 //!   only after the address is configured.
 //!
 //! Sockets are AF_PACKET, opened for the call and closed after (see [`socket`]). Probes of several
-//! addresses run at the same time and cost one budget ([`Probe`], [`wait_all`]).
+//! addresses run at the same time on one socket and cost one budget ([`Probe`]).
 
 pub mod frame;
 pub mod socket;
@@ -50,53 +50,48 @@ impl Default for ProbeBudget {
 /// Probe `candidate` on interface `ifindex` whose MAC is `mac`. Listens for the whole budget unless a
 /// conflict shows up earlier.
 pub fn probe(ifindex: u32, mac: Mac, candidate: IpAddr, budget: ProbeBudget) -> Result<ProbeOutcome, WireError> {
-    Probe::start(ifindex, mac, candidate, budget)?.wait()
+    Probe::start(ifindex, mac, candidate, budget)?.wait().pop().expect("one address, one outcome")
 }
 
-/// A probe under way: its socket is open and queues every ARP or ICMPv6 frame from the moment it was
-/// started, so the caller may do other work (claim the next address, start the next probe) and wait
-/// later, and probes of several addresses share one budget ([`wait_all`]).
+/// Probes under way on one interface: one packet socket, opened when the first address is probed,
+/// queues every ARP or ICMPv6 frame from then on, so the caller may do other work (claim the next
+/// address) and add the next address ([`Probe::add`]) before waiting for all of them at once: the
+/// addresses of one ADD cost one budget and one socket, whatever their families. One socket matters:
+/// closing a packet socket waits for an RCU grace period (several ms).
 pub struct Probe {
     sock: PacketSocket,
     ifindex: u32,
     mac: Mac,
-    candidate: IpAddr,
+    filter: Filter,
+    candidates: Vec<Candidate>,
+}
+
+/// One address being probed.
+struct Candidate {
+    address: IpAddr,
     packet: Vec<u8>,
     start: Instant,
     /// Offsets from `start` of the sends still to do.
     sends: std::vec::IntoIter<Duration>,
     budget: Duration,
+    /// Set once a conflict is heard, the budget is over, or sending failed.
+    outcome: Option<Result<ProbeOutcome, WireError>>,
 }
 
-impl Probe {
-    /// Open the socket (in the calling thread's netns) and send the first probe.
-    pub fn start(ifindex: u32, mac: Mac, candidate: IpAddr, budget: ProbeBudget) -> Result<Probe, WireError> {
-        let (filter, packet) = match candidate {
-            IpAddr::V4(v4) => (Filter::Arp, frame::arp_probe(mac, v4)),
-            IpAddr::V6(v6) => (Filter::Icmpv6, frame::ndp_probe(mac, v6)),
-        };
-        let sock = PacketSocket::open(ifindex, filter).map_err(|source| WireError::Open { ifindex, source })?;
-        let mut p = Probe {
-            sock,
-            ifindex,
-            mac,
-            candidate,
-            packet,
-            start: Instant::now(),
-            sends: schedule(budget.timeout, budget.attempts).into_iter(),
-            budget: budget.timeout,
-        };
-        p.send_due()?;
-        Ok(p)
+fn filter_for(address: IpAddr) -> Filter {
+    match address {
+        IpAddr::V4(_) => Filter::Arp,
+        IpAddr::V6(_) => Filter::Icmpv6,
     }
+}
 
-    pub fn candidate(&self) -> IpAddr {
-        self.candidate
-    }
-
-    /// Wait out this probe alone.
-    pub fn wait(self) -> Result<ProbeOutcome, WireError> {
-        wait_all(vec![self]).pop().expect("one probe, one outcome")
+impl Candidate {
+    fn new(mac: Mac, address: IpAddr, budget: ProbeBudget) -> Candidate {
+        let packet = match address {
+            IpAddr::V4(v4) => frame::arp_probe(mac, v4),
+            IpAddr::V6(v6) => frame::ndp_probe(mac, v6),
+        };
+        Candidate { address, packet, start: Instant::now(), sends: schedule(budget.timeout, budget.attempts).into_iter(), budget: budget.timeout, outcome: None }
     }
 
     fn deadline(&self) -> Instant {
@@ -104,72 +99,110 @@ impl Probe {
     }
 
     /// Send every probe whose time has come; the next send's time, if any is left.
-    fn send_due(&mut self) -> Result<Option<Instant>, WireError> {
+    fn send_due(&mut self, sock: &PacketSocket, ifindex: u32) -> Result<Option<Instant>, WireError> {
         let now = Instant::now();
         while let Some(at) = self.sends.as_slice().first().map(|d| self.start + *d) {
             if at > now {
                 return Ok(Some(at));
             }
             self.sends.next();
-            self.sock.send(&self.packet).map_err(|source| WireError::Send { ifindex: self.ifindex, source })?;
+            sock.send(&self.packet).map_err(|source| WireError::Send { ifindex, source })?;
         }
         Ok(None)
     }
+}
 
-    /// Read what is queued; Some when it settles the probe.
-    fn drain(&self, buf: &mut [u8]) -> Result<Option<ProbeOutcome>, WireError> {
-        let deadline = self.deadline();
-        while let Some(n) = self.sock.try_recv(buf).map_err(|source| WireError::Recv { ifindex: self.ifindex, source })? {
-            if let Some(holder) = conflict(&buf[..n], self.mac, self.candidate) {
-                return Ok(Some(ProbeOutcome::InUse { mac: format_mac(&holder) }));
+impl Probe {
+    /// Open the socket (in the calling thread's netns) and send the first probe for `candidate`.
+    pub fn start(ifindex: u32, mac: Mac, candidate: IpAddr, budget: ProbeBudget) -> Result<Probe, WireError> {
+        let filter = filter_for(candidate);
+        let sock = PacketSocket::open(ifindex, filter).map_err(|source| WireError::Open { ifindex, source })?;
+        let mut p = Probe { sock, ifindex, mac, filter, candidates: Vec::new() };
+        p.add(candidate, budget)?;
+        Ok(p)
+    }
+
+    /// Probe one more address on the same socket, from now on, for its own full budget. Frames of its
+    /// family are let through from now on too.
+    pub fn add(&mut self, candidate: IpAddr, budget: ProbeBudget) -> Result<(), WireError> {
+        let ifindex = self.ifindex;
+        let wanted = self.filter.with(filter_for(candidate));
+        if wanted != self.filter {
+            self.sock.set_filter(wanted).map_err(|source| WireError::Open { ifindex, source })?;
+            self.filter = wanted;
+        }
+        let mut c = Candidate::new(self.mac, candidate, budget);
+        c.send_due(&self.sock, ifindex)?;
+        self.candidates.push(c);
+        Ok(())
+    }
+
+    /// The addresses probed, in the order they were added.
+    pub fn candidates(&self) -> Vec<IpAddr> {
+        self.candidates.iter().map(|c| c.address).collect()
+    }
+
+    /// Wait for every address: each listens for its full budget from its own start unless a conflict
+    /// settles it sooner. Outcomes come back in the order the addresses were added.
+    pub fn wait(mut self) -> Vec<Result<ProbeOutcome, WireError>> {
+        let mut buf = [0u8; 2048];
+        loop {
+            let mut wake: Option<Instant> = None;
+            for c in self.candidates.iter_mut().filter(|c| c.outcome.is_none()) {
+                match c.send_due(&self.sock, self.ifindex) {
+                    Ok(next) => {
+                        let at = next.map_or(c.deadline(), |n| n.min(c.deadline()));
+                        wake = Some(wake.map_or(at, |w| w.min(at)));
+                    }
+                    Err(e) => c.outcome = Some(Err(e)),
+                }
             }
-            // A flood of unrelated ARP must not keep the probe past its budget.
-            if Instant::now() >= deadline {
+            if let Err(source) = self.drain(&mut buf) {
+                self.fail_open(&source);
+                break;
+            }
+            if self.candidates.iter().all(|c| c.outcome.is_some()) {
+                break;
+            }
+            let Some(wake) = wake else { break };
+            let mut fds = [libc::pollfd { fd: self.sock.raw_fd(), events: libc::POLLIN, revents: 0 }];
+            if let Err(source) = socket::poll(&mut fds, wake.saturating_duration_since(Instant::now())) {
+                self.fail_open(&source);
                 break;
             }
         }
-        Ok((Instant::now() >= deadline).then_some(ProbeOutcome::Free))
+        self.candidates.into_iter().map(|c| c.outcome.unwrap_or(Ok(ProbeOutcome::Free))).collect()
     }
-}
 
-/// Wait for every probe, in one thread: each listens for its full budget from its own start unless a
-/// conflict settles it sooner. Outcomes come back in the order of `probes`.
-pub fn wait_all(probes: Vec<Probe>) -> Vec<Result<ProbeOutcome, WireError>> {
-    let mut out: Vec<Option<Result<ProbeOutcome, WireError>>> = probes.iter().map(|_| None).collect();
-    let mut buf = [0u8; 2048];
-    let mut probes: Vec<(usize, Probe)> = probes.into_iter().enumerate().collect();
-    loop {
-        let mut wake: Option<Instant> = None;
-        let mut i = 0;
-        while i < probes.len() {
-            let (slot, p) = &mut probes[i];
-            let step = p.send_due().and_then(|next| p.drain(&mut buf).map(|o| (next, o)));
-            match step {
-                Ok((next, None)) => {
-                    let at = next.map_or(p.deadline(), |n| n.min(p.deadline()));
-                    wake = Some(wake.map_or(at, |w| w.min(at)));
-                    i += 1;
-                }
-                Ok((_, Some(o))) => {
-                    out[*slot] = Some(Ok(o));
-                    probes.swap_remove(i);
-                }
-                Err(e) => {
-                    out[*slot] = Some(Err(e));
-                    probes.swap_remove(i);
-                }
-            }
-        }
-        let Some(wake) = wake else { break };
-        let mut fds: Vec<libc::pollfd> = probes.iter().map(|(_, p)| libc::pollfd { fd: p.sock.raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
-        if let Err(source) = socket::poll(&mut fds, wake.saturating_duration_since(Instant::now())) {
-            for (slot, p) in probes.drain(..) {
-                out[slot] = Some(Err(WireError::Recv { ifindex: p.ifindex, source: std::io::Error::new(source.kind(), source.to_string()) }));
-            }
-            break;
+    /// Receiving failed: every address still open fails with it.
+    fn fail_open(&mut self, source: &std::io::Error) {
+        let ifindex = self.ifindex;
+        for c in self.candidates.iter_mut().filter(|c| c.outcome.is_none()) {
+            c.outcome = Some(Err(WireError::Recv { ifindex, source: std::io::Error::new(source.kind(), source.to_string()) }));
         }
     }
-    out.into_iter().map(|o| o.expect("every probe settled")).collect()
+
+    /// Read what is queued, matching each frame against every address still open; then settle as Free
+    /// every address whose budget is over.
+    fn drain(&mut self, buf: &mut [u8]) -> std::io::Result<()> {
+        let last_deadline = self.candidates.iter().filter(|c| c.outcome.is_none()).map(Candidate::deadline).max();
+        while let Some(n) = self.sock.try_recv(buf)? {
+            for c in self.candidates.iter_mut().filter(|c| c.outcome.is_none()) {
+                if let Some(holder) = conflict(&buf[..n], self.mac, c.address) {
+                    c.outcome = Some(Ok(ProbeOutcome::InUse { mac: format_mac(&holder) }));
+                }
+            }
+            // A flood of unrelated ARP must not keep the probes past their budget.
+            if last_deadline.is_none_or(|d| Instant::now() >= d) {
+                break;
+            }
+        }
+        let now = Instant::now();
+        for c in self.candidates.iter_mut().filter(|c| c.outcome.is_none() && now >= c.deadline()) {
+            c.outcome = Some(Ok(ProbeOutcome::Free));
+        }
+        Ok(())
+    }
 }
 
 /// The MAC of whoever the frame shows using or claiming `candidate`, if anyone.

@@ -1,7 +1,7 @@
 //! An AF_PACKET socket on one interface, opened for one probe or announcement and closed after.
 //!
 //! It binds with ETH_P_ALL so it sees frames before any rx_handler (ipvlan, macvlan, bridge) can steer
-//! them to a slave, and a classic BPF filter keeps everything but ARP or ICMPv6 in the kernel, so a
+//! them to a slave, and a classic BPF filter keeps everything but ARP and/or ICMPv6 in the kernel, so a
 //! busy NIC does not flood it. It never sets promiscuous mode.
 
 use std::io;
@@ -11,10 +11,19 @@ use std::time::Duration;
 use crate::frame::{ETHERTYPE_ARP, ETHERTYPE_IPV6};
 
 /// Which frames the socket lets through.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Filter {
     Arp,
     Icmpv6,
+    /// Both: one socket probing IPv4 and IPv6 addresses.
+    ArpOrIcmpv6,
+}
+
+impl Filter {
+    /// The filter that lets through what `self` and `other` do.
+    pub fn with(self, other: Filter) -> Filter {
+        if self == other { self } else { Filter::ArpOrIcmpv6 }
+    }
 }
 
 pub struct PacketSocket {
@@ -43,7 +52,31 @@ fn bpf(filter: Filter) -> Vec<libc::sock_filter> {
             op(RET, 0, 0, 0xffff),
             op(RET, 0, 0, 0),
         ],
+        Filter::ArpOrIcmpv6 => vec![
+            op(LDH, 0, 0, 12),
+            op(JEQ, 3, 0, u32::from(ETHERTYPE_ARP)),
+            op(JEQ, 0, 3, u32::from(ETHERTYPE_IPV6)),
+            op(LDB, 0, 0, 20),
+            op(JEQ, 0, 1, 58),
+            op(RET, 0, 0, 0xffff),
+            op(RET, 0, 0, 0),
+        ],
     }
+}
+
+fn attach(fd: &OwnedFd, filter: Filter) -> io::Result<()> {
+    let prog = bpf(filter);
+    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut _ };
+    cvt(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            (&fprog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    })
+    .map(drop)
 }
 
 impl PacketSocket {
@@ -52,17 +85,7 @@ impl PacketSocket {
         // Protocol 0 receives nothing until bound, so no unfiltered frame is queued before the filter.
         let fd = cvt(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) })?;
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let prog = bpf(filter);
-        let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut _ };
-        cvt(unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_ATTACH_FILTER,
-                (&fprog as *const libc::sock_fprog).cast(),
-                std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
-            )
-        })?;
+        attach(&fd, filter)?;
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as u16;
         sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
@@ -71,6 +94,11 @@ impl PacketSocket {
             libc::bind(fd.as_raw_fd(), (&sll as *const libc::sockaddr_ll).cast(), std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t)
         })?;
         Ok(PacketSocket { fd, ifindex })
+    }
+
+    /// Let other frames through from now on (replaces the filter; frames already queued stay).
+    pub fn set_filter(&self, filter: Filter) -> io::Result<()> {
+        attach(&self.fd, filter)
     }
 
     /// Send one complete Ethernet frame.

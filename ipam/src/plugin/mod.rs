@@ -170,7 +170,7 @@ impl Plugin for Ipam {
         let leases = match ctx.cfg.probe {
             ProbeConfig::Disabled => ctx.allocator(&NoProbe).add(&add),
             ProbeConfig::Enabled { timeout_ms, attempts } => {
-                let Some(wire) = prober::WireProber::for_request(req, prober::budget(timeout_ms, attempts)) else {
+                let Some(wire) = prober::WireProber::for_request(req, &ctx.cfg.ranges, prober::budget(timeout_ms, attempts)) else {
                     return Err(CniError::invalid_config(
                         "conflict probing needs \"master\" in the config or a CNI_NETNS; set \"probe\": false to allocate without probing",
                     ));

@@ -13,9 +13,9 @@
 //! same time, so a down master is an error naming it.
 //!
 //! One budget for all families. The engine probes the ranges of an ADD one after the other. With
-//! [`add_probing`], the probe of every range but the last is only started (its socket queues every
-//! reply from then on) and provisionally answered Free; the last range's probe then waits for all of
-//! them together, so IPv4 + IPv6 cost one budget. If an earlier address turns out to be in use after
+//! [`add_probing`], the probe of every range but the last is only started (one packet socket for
+//! all of them queues every reply from then on) and provisionally answered Free; the last range's
+//! probe then waits for all of them together, so IPv4 + IPv6 cost one budget and one socket. If an earlier address turns out to be in use after
 //! all, the ADD fails inside the engine (which rolls it back) and is redone probing one address at a
 //! time, so the address is quarantined and another one handed out exactly as before.
 
@@ -29,7 +29,7 @@ use serde_json::Value;
 use tether_cni::{CniError, CniResult, Request};
 use tether_leases::{ProbeError, ProbeOutcome, Prober};
 use tether_link::{Link, NetNs, Netlink, NsThread};
-use tether_pool::{IpRange, PoolConfig};
+use tether_pool::IpRange;
 use tether_wire::{Probe, ProbeBudget};
 
 /// Where to look for the interface.
@@ -53,9 +53,13 @@ struct Iface {
 }
 
 impl Iface {
-    fn start(&self, address: IpAddr, budget: ProbeBudget) -> Result<Probe, ProbeError> {
+    /// Probe `address`: on `running`'s socket when earlier ranges' probes are under way, else on a new one.
+    fn start(&self, running: Option<Probe>, address: IpAddr, budget: ProbeBudget) -> Result<Probe, ProbeError> {
         let (index, mac) = (self.index, self.mac);
-        let start = move || Probe::start(index, mac, address, budget);
+        let start = move || match running {
+            Some(mut p) => p.add(address, budget).map(|()| p),
+            None => Probe::start(index, mac, address, budget),
+        };
         match &self.pod {
             None => start(),
             Some(t) => t.run(start).map_err(|e| ProbeError::Other(Box::new(e)))?,
@@ -87,14 +91,14 @@ pub struct WireProber {
     ranges: Vec<IpRange>,
     concurrent: bool,
     iface: OnceCell<Result<Iface, String>>,
-    /// Probes of earlier ranges of this ADD, started and not yet waited for.
-    pending: RefCell<Vec<Probe>>,
+    /// The probes of earlier ranges of this ADD, started and not yet waited for.
+    pending: RefCell<Option<Probe>>,
 }
 
 impl WireProber {
     /// The prober for this request; None when there is nothing to probe through (no master and no
     /// netns: e.g. cnitool against a runtime that gives no netns), which the caller treats as an error.
-    pub fn for_request(req: &Request, budget: ProbeBudget) -> Option<WireProber> {
+    pub fn for_request(req: &Request, ranges: &[IpRange], budget: ProbeBudget) -> Option<WireProber> {
         let v = &req.conf.value;
         let in_container = v.get("linkInContainer").and_then(Value::as_bool).unwrap_or(false);
         let netns = req.env.netns.clone();
@@ -103,9 +107,9 @@ impl WireProber {
             Some(m) => Target::Named { name: m.to_string(), netns: None },
             None => Target::PodInterface { ifname: req.env.ifname().to_string(), netns: netns? },
         };
-        let ranges = PoolConfig::from_slice(&req.conf.raw).map(|c| c.ranges).unwrap_or_default();
+        let ranges = ranges.to_vec();
         let concurrent = session(|s| s.concurrent) && ranges.len() > 1;
-        Some(WireProber { target, budget, ranges, concurrent, iface: OnceCell::new(), pending: RefCell::new(Vec::new()) })
+        Some(WireProber { target, budget, ranges, concurrent, iface: OnceCell::new(), pending: RefCell::new(None) })
     }
 
     fn resolve(&self) -> Result<Iface, String> {
@@ -179,12 +183,12 @@ fn master(link: Link, pod: Option<NsThread>) -> Result<Iface, String> {
     Ok(Iface { index: link.index, mac: ethernet(&link)?, name: link.name, pod, raised: None })
 }
 
-/// Wait for `probes` together and record what each found: unused (proved), or, for one that was
+/// Wait for every address of `probe` and record what each found: unused (proved), or, for one that was
 /// provisionally accepted (all but `last_is_ours`' last), in use after all: the ADD must be redone.
 /// The outcomes come back in order.
-fn wait_and_record(probes: Vec<Probe>, last_is_ours: bool) -> Vec<Result<tether_wire::ProbeOutcome, tether_wire::WireError>> {
-    let addrs: Vec<IpAddr> = probes.iter().map(Probe::candidate).collect();
-    let outcomes = tether_wire::wait_all(probes);
+fn wait_and_record(probe: Probe, last_is_ours: bool) -> Vec<Result<tether_wire::ProbeOutcome, tether_wire::WireError>> {
+    let addrs = probe.candidates();
+    let outcomes = probe.wait();
     let provisional = outcomes.len() - usize::from(last_is_ours);
     session(|s| {
         for (i, (a, o)) in addrs.iter().zip(&outcomes).enumerate() {
@@ -207,15 +211,14 @@ fn wire_error(e: tether_wire::WireError) -> ProbeError {
 impl Prober for WireProber {
     fn probe(&self, address: IpAddr, range: &IpRange) -> Result<ProbeOutcome, ProbeError> {
         let iface = self.iface.get_or_init(|| self.resolve()).as_ref().map_err(|e| ProbeError::Failed(e.clone()))?;
-        let started = iface.start(address, self.budget)?;
+        let running = self.pending.borrow_mut().take();
+        let started = iface.start(running, address, self.budget)?;
         if self.concurrent && !self.is_last(range) {
             log::debug!("probe {address} on {}: started; answered with the last range's", iface.name);
-            self.pending.borrow_mut().push(started);
+            *self.pending.borrow_mut() = Some(started);
             return Ok(ProbeOutcome::Free);
         }
-        let mut probes = std::mem::take(&mut *self.pending.borrow_mut());
-        probes.push(started);
-        let mut outcomes = wait_and_record(probes, true);
+        let mut outcomes = wait_and_record(started, true);
         let mine = outcomes.pop().expect("our own probe");
         for o in outcomes {
             o.map_err(wire_error)?;
@@ -237,8 +240,7 @@ impl Drop for WireProber {
     fn drop(&mut self) {
         // Probes the engine never waited for (it probed no later range): settle them now, while the
         // interface is still as it was during the probe.
-        let pending = std::mem::take(self.pending.get_mut());
-        if !pending.is_empty() {
+        if let Some(pending) = self.pending.get_mut().take() {
             for o in wait_and_record(pending, false) {
                 if let Err(e) = o {
                     session(|s| s.redo.get_or_insert_with(|| format!("a conflict probe failed: {e}")).clone());
