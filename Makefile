@@ -76,12 +76,14 @@ driver:
 # for the whole run: started before the test phases, TETHER_TEST_KUBECONFIG exported to them,
 # stopped at the end, also on failure.
 # Each phase is timed (conformance/phases.sh); the times are printed at the end, also on failure.
+# The static release build runs beside the conformance phase (the lab VM) at the lowest priority:
+# on 2 cores the VM leaves about half a core idle, and the build is the longest host-only phase.
 PHASES := target/phases.txt
 test:
 	@rm -f $(PHASES)
 	@status=0; \
 	  conformance/phases.sh deps driver bins && \
-	  $(KUBE) conformance/phases.sh clippy unit fuzz-regressions manifests build static-check image conformance || status=$$?; \
+	  $(KUBE) conformance/phases.sh clippy unit fuzz-regressions manifests conformance+build static-check image || status=$$?; \
 	  conformance/phases.sh --report; exit $$status
 
 bins:
@@ -99,8 +101,7 @@ KUBE_SKIP := --skip rss_with_5000_pods
 unit:
 	@mkdir -p $(LOGS)
 	$(KUBE) bash -c 'set -o pipefail; args=(); [ -n "$${TETHER_TEST_KUBECONFIG:-}" ] && args=(--include-ignored $(KUBE_SKIP)); \
-	  $(CARGO) test --locked --workspace --exclude tether-conformance -- "$${args[@]}" 2>&1 | tee $(LOGS)/unit.log'
-	$(CARGO) test --locked -p tether-conformance --lib
+	  $(CARGO) test --locked --workspace -- "$${args[@]}" 2>&1 | tee $(LOGS)/unit.log'
 
 # The API server alone, e.g. to run single tests against it by hand:
 #   make kube-up && export TETHER_TEST_KUBECONFIG=$PWD/target/peers-k8s/kubeconfig
@@ -113,11 +114,13 @@ kube-down:
 
 host-tests:
 	@mkdir -p $(LOGS)
-	set -o pipefail; $(CARGO) test --locked -p tether-conformance $(addprefix --test ,$(HOST_TESTS)) 2>&1 | tee $(LOGS)/host.log
+	set -o pipefail; $(CARGO) test --locked --workspace $(addprefix --test ,$(HOST_TESTS)) 2>&1 | tee $(LOGS)/host.log
 
-# Saved fuzz inputs (crashes found by `make fuzz`, edge cases) replayed on stable Rust.
+# Saved fuzz inputs (crashes found by `make fuzz`, edge cases) replayed on stable Rust. The fuzz
+# crate is a workspace of its own; building it in the workspace's target dir reuses the debug
+# builds of the dependencies they share instead of compiling them again.
 fuzz-regressions:
-	$(CARGO) test --locked --manifest-path conformance/fuzz/Cargo.toml --test regressions
+	CARGO_TARGET_DIR=$(CURDIR)/target $(CARGO) test --locked --manifest-path conformance/fuzz/Cargo.toml --test regressions
 
 # Each cargo-fuzz target for FUZZ_SECONDS (not in CI). A crash is copied into
 # conformance/fuzz/regressions/<target>/ so it becomes a regression test, and the run fails.
