@@ -7,6 +7,7 @@ apt_pkgs=(
   iproute2 iputils-ping kmod jq
   tcpdump python3                 # probe tests capture on the master and run small ARP/NDP responders
   qemu-system-x86                 # the lab VM (ipvlan is not in this machine's kernel)
+  socat                           # the VM's one forwarded port to the host's API server (lab/run.sh)
   golang-go golang-github-appc-cni-dev  # the libcni driver, built against Debian's real libcni
   containernetworking-plugins     # reference ipvlan/macvlan/host-local, the baseline we test against
   curl openssl                    # the real API server of the tests (conformance/kube/up.sh; etcd-server

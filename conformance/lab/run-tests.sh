@@ -26,8 +26,9 @@
 #   plus run.sh's and kernel.sh's knobs.
 #
 # Targets whose tests need a real Kubernetes API server (their #[ignore] reason says "needs a real
-# API server", e.g. lab_multus: Multus and kube-apiserver from ../shared/peers, started inside the
-# VM): with the peers present, they are unpacked here on the host (xz is slow under TCG) and the VM
+# API server", e.g. lab_multus: Multus and kube-apiserver from ../shared/peers; in the VM, Multus
+# runs inside and kube-apiserver here on the host (conformance/multus/host-api.sh), reached over
+# one forwarded port; TETHER_LAB_HOST_API=0 starts it inside the VM instead, as on a host kernel): with the peers present, they are unpacked here on the host (xz is slow under TCG) and the VM
 # gets TETHER_LAB_MEMORY=3G and TETHER_LAB_TIMEOUT=3600 unless set; without them those targets run
 # WITHOUT --include-ignored, so their tests show as "ignored" — NOT RUN, never passed — with a
 # banner, which fails the run only with TETHER_REQUIRE_KUBE=1 (CI).
@@ -57,7 +58,9 @@ fi
 
 test_args=()
 for t in "$@"; do test_args+=(--test "$t"); done
-json=$(cargo test -p tether-conformance "${test_args[@]}" "${profile[@]}" \
+# --workspace, not -p tether-conformance: the dependencies keep the features they have in every
+# other build of the workspace, so nothing is compiled a second time (conformance/Cargo.toml).
+json=$(cargo test --workspace "${test_args[@]}" "${profile[@]}" \
         --no-run --message-format=json) || die "building the test targets failed"
 
 exes=()
@@ -134,6 +137,17 @@ if [ "${TETHER_LAB_FORCE_VM:-0}" != 1 ] && "$HERE/has-ipvlan.sh"; then
     bash -c "$script" || status=$?
 else
     log "running kernel $(uname -r) lacks ipvlan (or TETHER_LAB_FORCE_VM=1): running in the lab VM"
+    # The API server of the tests that need one runs here, natively (under TCG it took minutes to
+    # start and then shared the emulated CPUs with the tests); the VM reaches it through one
+    # forwarded port (conformance/multus/host-api.sh).
+    api_dir=
+    if [ ${#needs_peers[@]} -gt ${#not_run[@]} ] && [ "${TETHER_LAB_HOST_API:-1}" = 1 ]; then
+        api_dir=$ROOT/target/lab/multus-api
+        port=${TETHER_MULTUS_API_PORT:-46443}
+        "$ROOT/conformance/multus/host-api.sh" up "$api_dir" "$port" || die "the host's API server for the VM did not start"
+        trap '"$ROOT/conformance/multus/host-api.sh" down "$api_dir"' EXIT
+        export TETHER_LAB_FORWARD=$port TETHER_MULTUS_API_DIR=$api_dir
+    fi
     "$HERE/run.sh" "$script" || status=$?
 fi
 [ ${#not_run[@]} -eq 0 ] || not_run_banner

@@ -22,9 +22,14 @@
 # Environment passed into the VM: PATH, HOME, USER, LANG, TERM and every
 # TETHER_*, RUST_*, CARGO_* variable (TETHER_LAB=1 is always set).
 #
+# The VM has no network to the outside. With TETHER_LAB_FORWARD=<port> it has one NIC (qemu user
+# networking with restrict=on) on which exactly one thing is reachable: 10.0.2.100:<port>, each
+# connection relayed (socat) to 127.0.0.1:<port> on the host. The guest configures that NIC
+# itself (see conformance/multus/up.sh: a server the host runs natively instead of under TCG).
+#
 # Knobs: TETHER_LAB_TIMEOUT (s, default 1800), TETHER_LAB_MEMORY (default 2G),
 # TETHER_LAB_CPUS (default: all host cpus), TETHER_LAB_KVM (default 0),
-# TETHER_LAB_VERBOSE=1 (print the kernel boot log), plus kernel.sh's.
+# TETHER_LAB_VERBOSE=1 (print the kernel boot log), TETHER_LAB_FORWARD, plus kernel.sh's.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -57,6 +62,15 @@ vng_args=(--run "$VMLINUZ" --force-9p --memory "${TETHER_LAB_MEMORY:-2G}"
 # but qemu aborts with it ("failed to set MSR 0x10a", nested virt). TCG boots
 # in ~7 s anyway. TETHER_LAB_KVM=1 opts in where KVM really works.
 [ "${TETHER_LAB_KVM:-0}" = 1 ] || vng_args+=(--disable-kvm)
+# vng hands --qemu-opts to a shell: the relay is a script, so the option has no spaces.
+if [ -n "${TETHER_LAB_FORWARD:-}" ]; then
+    [[ "$TETHER_LAB_FORWARD" =~ ^[0-9]+$ ]] || die "TETHER_LAB_FORWARD must be a port number"
+    command -v socat >/dev/null || die "TETHER_LAB_FORWARD needs socat (apt-get install socat)"
+    relay="$RUN/forward-$TETHER_LAB_FORWARD.sh"
+    printf '#!/bin/sh\nexec socat - TCP:127.0.0.1:%s\n' "$TETHER_LAB_FORWARD" >"$relay"
+    chmod +x "$relay"
+    vng_args+=("--qemu-opts=-netdev user,id=fwd,restrict=on,guestfwd=tcp:10.0.2.100:$TETHER_LAB_FORWARD-cmd:$relay -device virtio-net-pci,netdev=fwd")
+fi
 
 # Environment for the guest (the guest init starts from a near-empty env).
 {

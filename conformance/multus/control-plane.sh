@@ -9,6 +9,8 @@
 # again on the same data, where the roles created so far already exist (up to 4 attempts).
 #
 #   control-plane.sh DIR API_PORT ETCD_PORT ETCD_PEER_PORT BIN_DIR READY_TIMEOUT LOG_DIR
+#
+# TETHER_MULTUS_API_SAN: more subjectAltNames for the serving certificate (host-api.sh: IP:10.0.2.100).
 set -euo pipefail
 DIR=$1 API_PORT=$2 ETCD_PORT=$3 ETCD_PEER_PORT=$4 BIN=$5 READY_TIMEOUT=$6 LOGS=$7
 TOKEN=peers-admin-token
@@ -36,7 +38,7 @@ cat >"$PKI/apiserver.ext" <<EOF
 basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
+subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local${TETHER_MULTUS_API_SAN:+,$TETHER_MULTUS_API_SAN}
 EOF
 openssl x509 -req -in "$PKI/apiserver.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
   -days 365 -sha256 -extfile "$PKI/apiserver.ext" -out "$PKI/apiserver.crt" 2>/dev/null

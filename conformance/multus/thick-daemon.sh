@@ -82,5 +82,5 @@ log "pod filesystem ready; starting multus-daemon (node $NODE)"
 
 exec env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   MULTUS_NODE_NAME="$NODE" NODE_NAME="$NODE" \
-  KUBERNETES_SERVICE_HOST=127.0.0.1 KUBERNETES_SERVICE_PORT="$API_PORT" \
+  KUBERNETES_SERVICE_HOST="${API_HOST:-127.0.0.1}" KUBERNETES_SERVICE_PORT="$API_PORT" \
   "$DIR/bin/multus-daemon" -config "$POD/daemon-config.json"

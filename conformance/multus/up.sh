@@ -41,6 +41,12 @@
 # --owner PID: a watchdog runs down.sh when PID exits (the test process that started the node), so
 # the node lives exactly as long as the tests that share it.
 #
+# TETHER_MULTUS_API_DIR=<dir> (set by run-tests.sh in the lab VM): no control plane in the node;
+# the API server is the one host-api.sh runs natively on the host, with the CRDs and identities
+# already in it (<dir>/tokens.json, <dir>/k8s/pki/ca.crt). The VM's one NIC (run.sh's
+# TETHER_LAB_FORWARD) moves into the node as api0, 10.0.2.15/24, and the node's clients use
+# https://10.0.2.100:$API_PORT. Under TCG this saves the 2–3 minutes kube-apiserver took to start.
+#
 # Exit status: 0 ready; 3 ../shared/peers is absent (NOT RUN banner on stderr); 1 anything else.
 # Knobs: TETHER_PEERS (default <repo>/../shared/peers), TETHER_MULTUS_DIR, TETHER_MULTUS_API_PORT
 # (46443), TETHER_MULTUS_ETCD_PORT (43790), TETHER_MULTUS_ETCD_PEER_PORT (43800),
@@ -57,6 +63,13 @@ API_PORT=${TETHER_MULTUS_API_PORT:-46443}
 PROXY_PORT=${TETHER_MULTUS_PROXY_PORT:-46001}
 TOKEN=peers-admin-token
 export PATH="$PATH:/usr/sbin:/sbin"
+API_DIR=${TETHER_MULTUS_API_DIR:-}
+if [ -n "$API_DIR" ]; then
+  API_HOST=10.0.2.100 CA=$API_DIR/k8s/pki/ca.crt
+else
+  API_HOST=127.0.0.1 CA=$DIR/k8s/pki/ca.crt
+fi
+BASE=https://$API_HOST:$API_PORT
 
 log() { echo "multus/up: $(date +%T) $*" >&2; }
 die() { echo "multus/up: FAILED: $*" >&2; exit 1; }
@@ -80,12 +93,12 @@ EOF
 fi
 
 api() { # curl against the API server, from inside the node's netns, as the admin
-  ip netns exec "$NODE_NS" curl -sS --max-time 60 --cacert "$DIR/k8s/pki/ca.crt" \
+  ip netns exec "$NODE_NS" curl -sS --max-time 60 --cacert "$CA" \
     -H "Authorization: Bearer $TOKEN" "$@"
 }
 ready() {
   [ -s "$DIR/env" ] && [ -e "/run/netns/$NODE_NS" ] &&
-    [ "$(api "https://127.0.0.1:$API_PORT/readyz" 2>/dev/null)" = ok ]
+    [ "$(api "$BASE/readyz" 2>/dev/null)" = ok ]
 }
 
 # On 9p (the lab VM's root, and the overlays on it) or not.
@@ -145,8 +158,11 @@ trap '[ $ok = 1 ] || "$HERE/down.sh" --quiet' EXIT
 # on the host before booting the VM, where xz is fast).
 SRC=$("$PEERS/unpack.sh" "$ROOT/target/lab/peers-bin" 2>&1 | tail -n 1)
 [ -x "$SRC/multus" ] || die "unpacking the peers failed: $SRC"
-for b in kube-apiserver multus multus-daemon multus-shim; do place "$SRC/$b" "$DIR/bin/$b"; done
-place /usr/bin/etcd "$DIR/bin/etcd"
+for b in multus multus-daemon multus-shim; do place "$SRC/$b" "$DIR/bin/$b"; done
+if [ -z "$API_DIR" ]; then
+  place "$SRC/kube-apiserver" "$DIR/bin/kube-apiserver"
+  place /usr/bin/etcd "$DIR/bin/etcd"
+fi
 # kubectl, for `kubectl proxy` (below). The machine's may be google-cloud-sdk's dispatcher, which
 # execs a versioned kubectl beside it: take the newest of those directly.
 KUBECTL=$(readlink -f "$(command -v kubectl)" 2>/dev/null) || die "kubectl is missing"
@@ -170,23 +186,49 @@ cable() { # node-nic switch-port host-address
 cable enp5s0 mgmt-port 10.20.30.1/24
 cable enp6s0 compute-port 192.168.100.1/24
 
-# ---- the control plane, inside the node ------------------------------------------------------
-# Both run detached (setsid nohup) and keep the node's netns.
+# ---- the control plane: inside the node, or the host's (TETHER_MULTUS_API_DIR) ----------------
 t1=$(date +%s)
-mkdir -p "$DIR/k8s"
-ip netns exec "$NODE_NS" "$HERE/control-plane.sh" "$DIR/k8s" "$API_PORT" \
-  "${TETHER_MULTUS_ETCD_PORT:-43790}" "${TETHER_MULTUS_ETCD_PEER_PORT:-43800}" "$DIR/bin" \
-  "${TETHER_MULTUS_READY_TIMEOUT:-900}" "$LOGS" || die "the API server did not start (see above)"
-ln -sf k8s/kubeconfig "$DIR/admin.kubeconfig"
-log "kube-apiserver ready on the node's loopback :$API_PORT ($(( $(date +%s) - t1 )) s)"
+if [ -z "$API_DIR" ]; then
+  # Both run detached (setsid nohup) and keep the node's netns.
+  mkdir -p "$DIR/k8s"
+  ip netns exec "$NODE_NS" "$HERE/control-plane.sh" "$DIR/k8s" "$API_PORT" \
+    "${TETHER_MULTUS_ETCD_PORT:-43790}" "${TETHER_MULTUS_ETCD_PEER_PORT:-43800}" "$DIR/bin" \
+    "${TETHER_MULTUS_READY_TIMEOUT:-900}" "$LOGS" || die "the API server did not start (see above)"
+  ln -sf k8s/kubeconfig "$DIR/admin.kubeconfig"
+  log "kube-apiserver ready on the node's loopback :$API_PORT ($(( $(date +%s) - t1 )) s)"
 
-BASE=https://127.0.0.1:$API_PORT
-# ---- CRDs (NetworkAttachmentDefinition, IPLease), Multus' and tether's identities --------------
-t2=$(date +%s)
-ip netns exec "$NODE_NS" python3 "$HERE/setup-api.py" "$BASE" "$DIR/k8s/pki/ca.crt" "$TOKEN" \
-  "$PEERS/nad-crd.yaml" "$ROOT/deploy/crds/ipleases.yaml" "$ROOT/deploy/base/rbac.yaml" >"$DIR/tokens.json" ||
-  die "installing the CRDs and identities failed"
-log "CRDs established, ServiceAccounts multus and tether with their RBAC ($(( $(date +%s) - t2 )) s)"
+  # ---- CRDs (NetworkAttachmentDefinition, IPLease), Multus' and tether's identities ------------
+  t2=$(date +%s)
+  ip netns exec "$NODE_NS" python3 "$HERE/setup-api.py" "$BASE" "$CA" "$TOKEN" \
+    "$PEERS/nad-crd.yaml" "$ROOT/deploy/crds/ipleases.yaml" "$ROOT/deploy/base/rbac.yaml" >"$DIR/tokens.json" ||
+    die "installing the CRDs and identities failed"
+  log "CRDs established, ServiceAccounts multus and tether with their RBAC ($(( $(date +%s) - t2 )) s)"
+else
+  [ -s "$API_DIR/tokens.json" ] && [ -s "$CA" ] || die "$API_DIR has no tokens.json or CA (conformance/multus/host-api.sh up)"
+  cp "$API_DIR/tokens.json" "$DIR/tokens.json"
+  # The VM's only NIC (virtio-net, a module in the lab kernel) is the way to the host's server.
+  modprobe virtio_net 2>/dev/null || true
+  nic=
+  for _ in $(seq 1 100); do
+    for d in /sys/class/net/*; do
+      if [ "$(basename "$(readlink -f "$d/device/driver" 2>/dev/null)")" = virtio_net ]; then nic=$(basename "$d"); break 2; fi
+    done
+    sleep 0.1
+  done
+  [ -n "$nic" ] || die "no virtio NIC to the host's API server: boot the VM with TETHER_LAB_FORWARD=$API_PORT (run-tests.sh does)"
+  ip link set "$nic" netns "$NODE_NS"
+  ip -n "$NODE_NS" link set "$nic" name api0
+  ip -n "$NODE_NS" addr add 10.0.2.15/24 dev api0
+  ip -n "$NODE_NS" link set api0 up
+  up=0
+  for _ in $(seq 1 60); do
+    if [ "$(api "$BASE/readyz" 2>/dev/null)" = ok ]; then up=1; break; fi
+    sleep 0.5
+  done
+  [ $up = 1 ] || die "the host's API server is not reachable at $BASE from the node"
+  log "using the host's kube-apiserver at $BASE, CRDs and identities in place ($(( $(date +%s) - t1 )) s)"
+fi
+
 kubeconfig() { # user token -> kubeconfig on stdout
   cat <<EOF
 apiVersion: v1
@@ -195,7 +237,7 @@ clusters:
 - name: lab
   cluster:
     server: $BASE
-    certificate-authority-data: $(base64 -w0 <"$DIR/k8s/pki/ca.crt")
+    certificate-authority-data: $(base64 -w0 <"$CA")
 users:
 - name: $1
   user:
@@ -215,6 +257,10 @@ chmod 700 "$R/etc/cni/net.d/tether.d" "$R/var/lib/cni/tether"
 kubeconfig multus "$mt" >"$DIR/multus-sa.kubeconfig"
 kubeconfig tether "$tt" >"$R/etc/cni/net.d/tether.d/tether.kubeconfig"
 chmod 600 "$DIR/multus-sa.kubeconfig" "$R/etc/cni/net.d/tether.d/tether.kubeconfig"
+if [ -n "$API_DIR" ]; then
+  kubeconfig admin "$TOKEN" >"$DIR/admin.kubeconfig"
+  chmod 600 "$DIR/admin.kubeconfig"
+fi
 
 # ---- Multus' way to the API server: kubectl proxy ---------------------------------------------
 # The thin plugin gives its pod GET 250 ms per attempt (2.5 s in all: pkg/multus shortPollDuration,
@@ -258,12 +304,13 @@ cat >"$R/etc/cni/net.d/10-cluster.conf" <<EOF
 EOF
 # The thick daemon's in-cluster credentials (what kubelet projects into its pod).
 printf '%s' "$mt" >"$DIR/sa/multus/token"
-cp "$DIR/k8s/pki/ca.crt" "$DIR/sa/multus/ca.crt"
+cp "$CA" "$DIR/sa/multus/ca.crt"
 printf kube-system >"$DIR/sa/multus/namespace"
 
 cat >"$DIR/env" <<EOF
 NODE_NS=$NODE_NS
 SWITCH_NS=$SWITCH_NS
+API_HOST=$API_HOST
 API_PORT=$API_PORT
 PROXY_PORT=$PROXY_PORT
 ROOT=$R
@@ -274,5 +321,5 @@ MGMT_HOST=10.20.30.1
 COMPUTE_HOST=192.168.100.1
 EOF
 ok=1
-log "node ready in $(( $(date +%s) - t0 )) s: netns $NODE_NS, API https://127.0.0.1:$API_PORT, dir $DIR"
+log "node ready in $(( $(date +%s) - t0 )) s: netns $NODE_NS, API $BASE, dir $DIR"
 echo "$DIR"
