@@ -60,6 +60,8 @@ for target in "$@"; do
         fi
         wait "$bgpid"
         bgrc=$?
+        # Stopped because A failed: reported as "stopped", not as a failure of its own.
+        [ "$rc" = 0 ] || bgrc=143
         bgend=$(now)
         record "$bg" "$bgstart" "$bgend" "$bgrc" bg
         record "$bg(waited)" "$end" "$bgend" "$bgrc"
