@@ -1,10 +1,11 @@
 //! Lab tests of `tether-ipvlan` on a real kernel with ipvlan.
 //!
 //! Run with `conformance/lab/run-tests.sh lab_ipvlan` (boots the lab VM unless
-//! the running kernel has ipvlan), two tests at a time (the line below);
+//! the running kernel has ipvlan), four tests at a time (the line below: the VM has two vCPUs, and
+//! a test waits for the kernel or a child much of its time; 322 s instead of 360 s with two);
 //! `TETHER_LAB_TEST_THREADS=N` runs N.
 //!
-//! lab-test-threads: 2
+//! lab-test-threads: 4
 //! Ignored by a plain `cargo test`; when run, every test FAILS (never
 //! skips) if ipvlan is unavailable.
 //!
