@@ -28,8 +28,9 @@
 # Targets whose tests need a real Kubernetes API server (their #[ignore] reason says "needs a real
 # API server", e.g. lab_multus: Multus and kube-apiserver from ../shared/peers; in the VM, Multus
 # runs inside and kube-apiserver here on the host (conformance/multus/host-api.sh), reached over
-# one forwarded port; TETHER_LAB_HOST_API=0 starts it inside the VM instead, as on a host kernel): with the peers present, they are unpacked here on the host (xz is slow under TCG) and the VM
-# gets TETHER_LAB_MEMORY=3G and TETHER_LAB_TIMEOUT=3600 unless set; without them those targets run
+# one forwarded port; TETHER_LAB_HOST_API=0 starts it inside the VM instead, as on a host kernel):
+# with the peers present, they are unpacked here on the host (xz is slow under TCG) and the VM gets
+# TETHER_LAB_MEMORY=3G and TETHER_LAB_TIMEOUT=3600 unless set; without them those targets run
 # WITHOUT --include-ignored, so their tests show as "ignored" — NOT RUN, never passed — with a
 # banner, which fails the run only with TETHER_REQUIRE_KUBE=1 (CI).
 set -euo pipefail
@@ -148,8 +149,8 @@ else
         trap '"$ROOT/conformance/multus/host-api.sh" down "$api_dir"' EXIT
         export TETHER_LAB_FORWARD=$port TETHER_MULTUS_API_DIR=$api_dir
     fi
-    # The VM's root is 9p without a page cache: every exec of a 170 MB debug binary from it pages
-    # it in again (1–1.6 s per exec of tether-ipam under TCG, 0.1 s from RAM). So the suites run
+    # The VM's root is 9p without a page cache: every exec of a debug binary (70–170 MB) from it
+    # pages it in again (1–1.6 s per exec of tether-ipam under TCG, about 0.1 s from RAM). So the suites run
     # copies without debug info (stripped here, natively) that the guest puts in its RAM first.
     src=${TETHER_BIN_DIR:-$ROOT/target/$([[ " ${profile[*]} " == *" --release "* ]] && echo release || echo debug)}
     lab_bin=$ROOT/target/lab/bin
