@@ -15,9 +15,11 @@
 //! One budget for all families. The engine probes the ranges of an ADD one after the other. With
 //! [`add_probing`], the probe of every range but the last is only started (one packet socket for
 //! all of them queues every reply from then on) and provisionally answered Free; the last range's
-//! probe then waits for all of them together, so IPv4 + IPv6 cost one budget and one socket. If an earlier address turns out to be in use after
-//! all, the ADD fails inside the engine (which rolls it back) and is redone probing one address at a
-//! time, so the address is quarantined and another one handed out exactly as before.
+//! probe then waits for all of them together, so IPv4 + IPv6 cost one budget and one socket. If an
+//! earlier address turns out to be in use after all, the ADD fails inside the engine (which rolls
+//! it back) and is redone probing one address at a time, so the address is quarantined and another
+//! one handed out exactly as before. If adding an address to the running probe fails, the earlier
+//! ones are dropped unproved, but the probe error fails the whole ADD, so none is handed out.
 
 use std::cell::{OnceCell, RefCell};
 use std::net::IpAddr;
