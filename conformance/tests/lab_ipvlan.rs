@@ -984,8 +984,14 @@ fn item23_ipam_binary_missing_fails_and_removes_the_link() {
 /// ADD through a fake IPAM answering ADD with `add_answer`: fails, IPAM DEL
 /// follows the IPAM ADD, and nothing is left.
 fn assert_ipam_answer_rolled_back(tag: &str, add_answer: Value) -> Value {
+    assert_ipam_rolled_back(tag, FakeIpam::print(&add_answer))
+}
+
+/// ADD through a fake IPAM answering ADD with the shell `add_snippet`: fails,
+/// IPAM DEL follows the IPAM ADD, and nothing is left.
+fn assert_ipam_rolled_back(tag: &str, add_snippet: String) -> Value {
     let lab = Lab::new(tag);
-    let fake = FakeIpam::new("fake-ipam").answer("ADD", FakeIpam::print(&add_answer));
+    let fake = FakeIpam::new("fake-ipam").answer("ADD", add_snippet);
     let before = lab.snapshot();
     let a = lab
         .att(lab.conf("1.0.0", json!({"ipam": {"type": fake.name()}})))
@@ -1028,6 +1034,40 @@ fn route_add_failure_rolls_back_link_and_lease() {
                "ips": [{"address": "10.1.2.77/24"}],
                "routes": [{"dst": "10.9.0.0/16", "gw": "192.168.99.1"}]}),
     );
+}
+
+#[test]
+#[ignore = "lab: run via conformance/lab/run-tests.sh lab_ipvlan"]
+fn ipam_failing_after_printing_its_result_rolls_back_link_and_lease() {
+    // tether-ipvlan acts on the Result at EOF and checks the exit status after
+    // configuring the link: a nonzero status still undoes everything.
+    let add = FakeIpam::print(&json!({"cniVersion": "1.0.0", "ips": [{"address": "10.1.2.77/24"}]}));
+    let e = assert_ipam_rolled_back("failafter", format!("{add}; exec >&- 2>&-; sleep 0.2; exit 4"));
+    assert!(e["msg"].as_str().unwrap().contains("exit status: 4"), "{e}");
+}
+
+#[test]
+#[ignore = "lab: run via conformance/lab/run-tests.sh lab_ipvlan"]
+fn ipam_result_is_used_as_soon_as_the_ipam_closes_its_output() {
+    // The fake IPAM prints its Result, closes its output, and exits only once
+    // it sees its address on the pod's interface (or gives up after 20 s and
+    // fails): an attacher that waited for the IPAM's exit would fail here.
+    let lab = Lab::new("earlyres");
+    let add = FakeIpam::print(&json!({"cniVersion": "1.0.0", "ips": [{"address": "10.1.2.77/24"}]}));
+    let wait = r#"exec >&- 2>&-
+i=0
+until nsenter --net="$CNI_NETNS" ip -o addr show dev "$CNI_IFNAME" 2>/dev/null | grep -q ' 10.1.2.77/'; do
+  i=$((i + 1)); [ $i -lt 200 ] || exit 7; sleep 0.1
+done
+exit 0"#;
+    let fake = FakeIpam::new("fake-ipam").answer("ADD", format!("{add}\n{wait}"));
+    let a = lab
+        .att(lab.conf("1.0.0", json!({"ipam": {"type": fake.name()}})))
+        .var("CNI_PATH", fake.dir().to_str().unwrap());
+    let out = a.add_ok();
+    assert_eq!(out["ips"][0]["address"], "10.1.2.77/24", "{out}");
+    assert_eq!(fake.verbs(), ["ADD"]);
+    assert_silent_ok(&a.del());
 }
 
 #[test]

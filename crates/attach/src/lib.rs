@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use tether_cni::result::{Interface, Route as CniRoute};
-use tether_cni::delegate::Running;
+use tether_cni::delegate::{Exit, Running};
 use tether_cni::{CniError, CniResult, Command, Request, code};
 use tether_link::netlink::EEXIST;
 use tether_link::{IpvlanMode, Link, NetNs, Netlink, NetnsError, NsThread, Route, sysctl};
@@ -88,6 +88,8 @@ struct Undo<'a> {
     ipam: Option<String>,
     /// The IPAM ADD, when it runs while the link is made: waited for before its DEL.
     running: Option<Running>,
+    /// The IPAM ADD whose Result is in, until it has exited: its DEL must not overlap it.
+    exit: Option<Exit>,
     armed: bool,
 }
 
@@ -95,6 +97,9 @@ impl Drop for Undo<'_> {
     fn drop(&mut self) {
         if let Some(r) = self.running.take() {
             let _ = r.wait();
+        }
+        if let Some(e) = self.exit.take() {
+            let _ = e.check();
         }
         if !self.armed {
             return;
@@ -149,7 +154,7 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
         return Err(AttachError::MtuTooLarge { mtu, master: master.name.clone(), master_mtu });
     }
 
-    let mut undo = Undo { req, pod: &pod, link: None, ipam: None, running: None, armed: true };
+    let mut undo = Undo { req, pod: &pod, link: None, ipam: None, running: None, exit: None, armed: true };
     if let Some(plugin) = &cfg.ipam_type
         && ipam_needs_no_link(&cfg, plugin)
     {
@@ -182,23 +187,32 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
     })?;
     set_sysctls(&in_pod, ifname)?;
 
-    let (mut result, probed) = match (&cfg.ipam_type, undo.running.take()) {
-        (_, Some(running)) => {
-            let (r, raw) = running.result().map_err(AttachError::Cni)?;
-            (r, tether_cni::result::probed_addresses(&raw))
-        }
+    // The IPAM's Result is used as soon as it is printed; its exit is checked once the link is
+    // configured (tether-ipam closes its probe sockets in between, see `Running::early_result`).
+    let running = match (&cfg.ipam_type, undo.running.take()) {
+        (_, Some(running)) => Some(running),
         (Some(plugin), None) => {
             undo.ipam = Some(plugin.clone());
-            let (r, raw) = req.delegation().add_raw(plugin).map_err(AttachError::Cni)?;
+            Some(req.delegation().spawn(plugin, Command::Add).map_err(AttachError::Cni)?)
+        }
+        (None, None) => None,
+    };
+    let (mut result, probed) = match running {
+        Some(running) => {
+            let (r, raw, exit) = running.early_result().map_err(AttachError::Cni)?;
+            undo.exit = Some(exit);
             (r, tether_cni::result::probed_addresses(&raw))
         }
-        (None, None) => (prev.cloned().unwrap_or_default(), Vec::new()),
+        None => (prev.cloned().unwrap_or_default(), Vec::new()),
     };
     if result.ips.is_empty() {
         return Err(AttachError::NoAddresses { plugin: cfg.ipam_type.clone().unwrap_or_else(|| "prevResult".into()) });
     }
 
     configure(&in_pod, &pod, &link, ifname, &result, &probed)?;
+    if let Some(exit) = undo.exit.take() {
+        exit.check().map_err(AttachError::Cni)?;
+    }
 
     result.interfaces = vec![Interface {
         name: ifname.to_string(),

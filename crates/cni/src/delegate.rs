@@ -70,12 +70,7 @@ impl Delegation<'_> {
 
     /// ADD through the delegate, reading its Result in whatever layout it printed.
     pub fn add(&self, plugin: &str) -> Result<CniResult, CniError> {
-        self.add_raw(plugin).map(|(r, _)| r)
-    }
-
-    /// ADD, with the delegate's Result also as printed (for keys the model does not carry).
-    pub fn add_raw(&self, plugin: &str) -> Result<(CniResult, serde_json::Value), CniError> {
-        self.spawn(plugin, Command::Add)?.result()
+        self.spawn(plugin, Command::Add)?.result().map(|(r, _)| r)
     }
 }
 
@@ -91,35 +86,128 @@ pub struct Running {
 impl Running {
     /// Wait for the plugin; Ok holds its stdout, Err its error object (or why it could not run).
     pub fn wait(self) -> Result<Vec<u8>, CniError> {
-        let Running { child, bin, plugin, command } = self;
-        let out = child
-            .wait_with_output()
-            .map_err(|e| CniError::new(code::DELEGATE_FAILED, format!("waiting for {}: {e}", bin.display())))?;
-        // The delegate's log lines stay logs: ours go to stderr too.
-        relog::relog(&plugin, command.as_str(), &out.stderr);
-        if out.status.success() {
-            return Ok(out.stdout);
-        }
-        // The delegate's error object goes back unchanged: its code and message are the useful part.
-        if let Ok(e) = serde_json::from_slice::<CniError>(&out.stdout) {
-            return Err(e);
-        }
-        let text = if out.stdout.is_empty() { &out.stderr } else { &out.stdout };
-        Err(CniError::new(
-            code::DELEGATE_FAILED,
-            format!("{plugin} {} failed ({})", command.as_str(), out.status),
-        )
-        .with_details(String::from_utf8_lossy(text).trim().to_string()))
+        self.replied()?.exited()
     }
 
     /// Wait for an ADD and read its Result, also as printed (for keys the model does not carry).
     pub fn result(self) -> Result<(CniResult, serde_json::Value), CniError> {
-        let plugin = self.plugin.clone();
-        let stdout = self.wait()?;
-        let unreadable = |e: serde_json::Error| CniError::new(code::DELEGATE_FAILED, format!("{plugin} ADD printed an unreadable result: {e}"));
-        let raw: serde_json::Value = serde_json::from_slice(&stdout).map_err(unreadable)?;
-        Ok((CniResult::from_value(&raw).map_err(unreadable)?, raw))
+        let (r, raw, exit) = self.early_result()?;
+        exit.check()?;
+        Ok((r, raw))
     }
+
+    /// An ADD's Result as soon as the plugin has closed its output, which tether-ipam does before
+    /// its last chores (closing probe sockets waits out an RCU grace period); other plugins close it
+    /// when they exit. The caller acts on the Result, then checks the exit status with
+    /// [`Exit::check`] and undoes its work if that fails. An error is returned only once the plugin
+    /// has exited, with its exit status considered.
+    pub fn early_result(self) -> Result<(CniResult, serde_json::Value, Exit), CniError> {
+        let replied = self.replied()?;
+        let plugin = replied.running.plugin.clone();
+        let parsed: Option<serde_json::Value> = serde_json::from_slice(&replied.stdout).ok();
+        // An error object, or nothing readable: the exit status decides what to report.
+        let Some(raw) = parsed.filter(|v| v.get("code").is_none()) else {
+            let stdout = replied.exited()?;
+            let e = serde_json::from_slice::<serde_json::Value>(&stdout).err().map_or_else(|| "an error object with exit status 0".to_string(), |e| e.to_string());
+            return Err(CniError::new(code::DELEGATE_FAILED, format!("{plugin} ADD printed an unreadable result: {e}")));
+        };
+        let result = CniResult::from_value(&raw)
+            .map_err(|e| CniError::new(code::DELEGATE_FAILED, format!("{plugin} ADD printed an unreadable result: {e}")))?;
+        Ok((result, raw, Exit(replied)))
+    }
+
+    /// Read stdout and stderr until the plugin closes both (at exit, or earlier), without waiting for
+    /// it to exit. Both are read together, so a chatty stderr cannot block the plugin.
+    fn replied(mut self) -> Result<Replied, CniError> {
+        let (Some(out), Some(err)) = (self.child.stdout.take(), self.child.stderr.take()) else {
+            unreachable!("spawn pipes stdout and stderr")
+        };
+        let (stdout, stderr) = read_both(out, err)
+            .map_err(|e| CniError::new(code::DELEGATE_FAILED, format!("reading the output of {}: {e}", self.bin.display())))?;
+        // The delegate's log lines stay logs: ours go to stderr too.
+        relog::relog(&self.plugin, self.command.as_str(), &stderr);
+        Ok(Replied { running: self, stdout, stderr })
+    }
+}
+
+/// A delegate that has closed its output; it may still be running.
+#[derive(Debug)]
+struct Replied {
+    running: Running,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+impl Replied {
+    /// Reap the plugin; Ok holds its stdout when it exited 0, Err its error object (or why it failed).
+    fn exited(self) -> Result<Vec<u8>, CniError> {
+        let Replied { running: Running { mut child, bin, plugin, command }, stdout, stderr } = self;
+        let status = child.wait().map_err(|e| CniError::new(code::DELEGATE_FAILED, format!("waiting for {}: {e}", bin.display())))?;
+        if status.success() {
+            return Ok(stdout);
+        }
+        // The delegate's error object goes back unchanged: its code and message are the useful part.
+        if let Ok(e) = serde_json::from_slice::<CniError>(&stdout) {
+            return Err(e);
+        }
+        let text = if stdout.is_empty() { &stderr } else { &stdout };
+        Err(CniError::new(code::DELEGATE_FAILED, format!("{plugin} {} failed ({status})", command.as_str()))
+            .with_details(String::from_utf8_lossy(text).trim().to_string()))
+    }
+}
+
+/// The exit of a delegate whose Result was read early ([`Running::early_result`]). Dropping it
+/// unchecked leaves the plugin to finish on its own.
+#[derive(Debug)]
+pub struct Exit(Replied);
+
+impl Exit {
+    /// Wait for the plugin to exit: Err when it failed after printing its Result.
+    pub fn check(self) -> Result<(), CniError> {
+        self.0.exited().map(drop)
+    }
+}
+
+/// One read from a ready pipe into `into`; false at its end.
+fn read_some(pipe: &mut impl std::io::Read, buf: &mut [u8], into: &mut Vec<u8>) -> std::io::Result<bool> {
+    match pipe.read(buf) {
+        Ok(0) => Ok(false),
+        Ok(n) => {
+            into.extend_from_slice(&buf[..n]);
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(true),
+        Err(e) => Err(e),
+    }
+}
+
+/// Read two pipes to their ends at once.
+fn read_both(mut out: std::process::ChildStdout, mut err: std::process::ChildStderr) -> std::io::Result<(Vec<u8>, Vec<u8>)> {
+    use std::os::fd::AsRawFd;
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let (mut out_open, mut err_open) = (true, true);
+    let mut buf = [0u8; 8192];
+    while out_open || err_open {
+        let mut fds = [
+            libc::pollfd { fd: if out_open { out.as_raw_fd() } else { -1 }, events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: if err_open { err.as_raw_fd() } else { -1 }, events: libc::POLLIN, revents: 0 },
+        ];
+        // SAFETY: two valid pollfd entries (a negative fd is ignored by poll).
+        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if out_open && fds[0].revents != 0 {
+            out_open = read_some(&mut out, &mut buf, &mut stdout)?;
+        }
+        if err_open && fds[1].revents != 0 {
+            err_open = read_some(&mut err, &mut buf, &mut stderr)?;
+        }
+    }
+    Ok((stdout, stderr))
 }
 
 fn is_executable(p: &Path) -> bool {
@@ -190,6 +278,51 @@ mod tests {
         let e = Delegation { path: &path, vars: &vars, stdin: b"{}" }.exec("crash", Command::Del).unwrap_err();
         assert_eq!(e.code, code::DELEGATE_FAILED);
         assert!(e.details.contains("boom"));
+    }
+
+    #[test]
+    fn early_result_comes_at_eof_and_the_exit_is_checked_after() {
+        let d = tempdir("early");
+        let done = d.join("exited");
+        // Prints its Result, closes its output, and only exits when the caller lets it (a fifo), so
+        // the Result cannot have been waited for with the exit.
+        let gate = d.join("gate");
+        assert!(Process::new("mkfifo").arg(&gate).status().unwrap().success());
+        let body = format!(
+            r#"cat >/dev/null; echo '{{"cniVersion":"1.1.0","ips":[{{"address":"10.0.0.2/24"}}]}}'; exec >&- 2>&-; read x <'{}'; touch '{}'; exit "$x""#,
+            gate.display(),
+            done.display()
+        );
+        script(&d, "fake", &body);
+        let vars = HashMap::new();
+        let path = vec![d.clone()];
+        for (status, ok) in [("0", true), ("4", false)] {
+            let _ = std::fs::remove_file(&done);
+            let running = Delegation { path: &path, vars: &vars, stdin: b"{}" }.spawn("fake", Command::Add).unwrap();
+            let (r, _, exit) = running.early_result().unwrap();
+            assert_eq!(r.ips[0].address.to_string(), "10.0.0.2/24");
+            assert!(!done.exists(), "the Result came before the plugin exited");
+            std::fs::write(&gate, format!("{status}\n")).unwrap();
+            let checked = exit.check();
+            assert!(done.exists());
+            match checked {
+                Ok(()) => assert!(ok),
+                Err(e) => assert!(!ok && e.code == code::DELEGATE_FAILED && e.msg.contains("exit status: 4"), "{e:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn early_result_of_a_failed_add_is_its_error() {
+        let d = tempdir("earlyerr");
+        script(&d, "fake", r#"cat >/dev/null; echo '{"cniVersion":"1.1.0","code":102,"msg":"exhausted"}'; exit 1"#);
+        script(&d, "garbage", "cat >/dev/null; echo not-json");
+        let vars = HashMap::new();
+        let path = vec![d.clone()];
+        let e = Delegation { path: &path, vars: &vars, stdin: b"{}" }.spawn("fake", Command::Add).unwrap().early_result().unwrap_err();
+        assert_eq!((e.code, e.msg.as_str()), (102, "exhausted"));
+        let e = Delegation { path: &path, vars: &vars, stdin: b"{}" }.spawn("garbage", Command::Add).unwrap().early_result().unwrap_err();
+        assert!(e.code == code::DELEGATE_FAILED && e.msg.contains("unreadable result"), "{e:?}");
     }
 
     #[test]

@@ -41,6 +41,10 @@ pub trait Plugin {
     fn result_extras(&self) -> serde_json::Map<String, serde_json::Value> {
         serde_json::Map::new()
     }
+    /// Called by [`run_main`] once the reply is written and stdout and stderr are closed, just before
+    /// the process exits: work that need not delay the caller (tether-ipam closes its probe sockets
+    /// here; tether-ipvlan acts on the Result as soon as it reads EOF). Nothing it logs is seen.
+    fn after_reply(&self) {}
 }
 
 /// Run as a CNI plugin with the process's environment and standard streams, then exit.
@@ -50,7 +54,21 @@ pub fn run_main<P: Plugin>(plugin: &P) -> ! {
     std::panic::set_hook(Box::new(|info| log::error!("internal error: {info}")));
     let vars: HashMap<String, String> = std::env::vars().collect();
     let status = dispatch(plugin, &vars, &mut std::io::stdin().lock(), &mut std::io::stdout().lock(), &mut std::io::stderr());
+    close_output();
+    plugin.after_reply();
     std::process::exit(status)
+}
+
+/// Point stdout and stderr at /dev/null, so the caller reads EOF now rather than at exit. (A plugin that
+/// spawned children would have to close their copies too; tether's do not.)
+fn close_output() {
+    let _ = std::io::stdout().flush();
+    let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") else { return };
+    for fd in [libc::STDOUT_FILENO, libc::STDERR_FILENO] {
+        // SAFETY: dup2 onto the standard descriptors, which std keeps no state about beyond the flushed
+        // buffer; `null` stays open across the calls.
+        unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), fd) };
+    }
 }
 
 /// Everything [`run_main`] does, with injectable streams so it is unit-tested. Returns the exit status.

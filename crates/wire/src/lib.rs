@@ -20,6 +20,8 @@ use socket::{Filter, PacketSocket, schedule};
 pub enum WireError {
     #[error("cannot open a packet socket on interface #{ifindex}: {source}")]
     Open { ifindex: u32, source: std::io::Error },
+    #[error("cannot widen the packet filter on interface #{ifindex} to another address family: {source}")]
+    Filter { ifindex: u32, source: std::io::Error },
     #[error("sending on interface #{ifindex}: {source}")]
     Send { ifindex: u32, source: std::io::Error },
     #[error("receiving on interface #{ifindex}: {source}")]
@@ -128,7 +130,7 @@ impl Probe {
         let ifindex = self.ifindex;
         let wanted = self.filter.with(filter_for(candidate));
         if wanted != self.filter {
-            self.sock.set_filter(wanted).map_err(|source| WireError::Open { ifindex, source })?;
+            self.sock.set_filter(wanted).map_err(|source| WireError::Filter { ifindex, source })?;
             self.filter = wanted;
         }
         let mut c = Candidate::new(self.mac, candidate, budget);
@@ -143,8 +145,10 @@ impl Probe {
     }
 
     /// Wait for every address: each listens for its full budget from its own start unless a conflict
-    /// settles it sooner. Outcomes come back in the order the addresses were added.
-    pub fn wait(mut self) -> Vec<Result<ProbeOutcome, WireError>> {
+    /// settles it sooner. Outcomes come back in the order the addresses were added, and the addresses
+    /// leave the probe. The socket stays open until the probe is dropped: closing it waits out an RCU
+    /// grace period, which a caller with a reply to send can pay after sending it.
+    pub fn wait(&mut self) -> Vec<Result<ProbeOutcome, WireError>> {
         let mut buf = [0u8; 2048];
         loop {
             let mut wake: Option<Instant> = None;
@@ -158,7 +162,7 @@ impl Probe {
                 }
             }
             if let Err(source) = self.drain(&mut buf) {
-                self.fail_open(&source);
+                self.fail_unsettled(&source);
                 break;
             }
             if self.candidates.iter().all(|c| c.outcome.is_some()) {
@@ -167,15 +171,15 @@ impl Probe {
             let Some(wake) = wake else { break };
             let mut fds = [libc::pollfd { fd: self.sock.raw_fd(), events: libc::POLLIN, revents: 0 }];
             if let Err(source) = socket::poll(&mut fds, wake.saturating_duration_since(Instant::now())) {
-                self.fail_open(&source);
+                self.fail_unsettled(&source);
                 break;
             }
         }
-        self.candidates.into_iter().map(|c| c.outcome.unwrap_or(Ok(ProbeOutcome::Free))).collect()
+        std::mem::take(&mut self.candidates).into_iter().map(|c| c.outcome.unwrap_or(Ok(ProbeOutcome::Free))).collect()
     }
 
-    /// Receiving failed: every address still open fails with it.
-    fn fail_open(&mut self, source: &std::io::Error) {
+    /// Receiving failed: every address not yet settled fails with it.
+    fn fail_unsettled(&mut self, source: &std::io::Error) {
         let ifindex = self.ifindex;
         for c in self.candidates.iter_mut().filter(|c| c.outcome.is_none()) {
             c.outcome = Some(Err(WireError::Recv { ifindex, source: std::io::Error::new(source.kind(), source.to_string()) }));

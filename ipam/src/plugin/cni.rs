@@ -39,6 +39,9 @@ impl Plugin for Cni {
     fn gc(&self, req: &Request) -> Result<(), CniError> {
         Ipam.gc(req)
     }
+    fn after_reply(&self) {
+        prober::close_spent();
+    }
     fn result_extras(&self) -> Map<String, Value> {
         let probed = self.probed.borrow();
         if probed.is_empty() {

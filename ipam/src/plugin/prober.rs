@@ -78,9 +78,13 @@ struct Session {
     proved: Vec<IpAddr>,
     /// Set when a provisionally accepted address was answered after all: the ADD must be redone.
     redo: Option<String>,
+    /// Probes waited for, their sockets still open: closing one waits out an RCU grace period (6-8 ms
+    /// natively, more in a VM), so they are closed by [`close_spent`] once the reply is out, while the
+    /// caller is already configuring the pod. A new session closes any left by an earlier one.
+    spent: Vec<Probe>,
 }
 
-static SESSION: Mutex<Session> = Mutex::new(Session { concurrent: false, proved: Vec::new(), redo: None });
+static SESSION: Mutex<Session> = Mutex::new(Session { concurrent: false, proved: Vec::new(), redo: None, spent: Vec::new() });
 
 fn session<T>(f: impl FnOnce(&mut Session) -> T) -> T {
     f(&mut SESSION.lock().unwrap_or_else(|p| p.into_inner()))
@@ -188,7 +192,7 @@ fn master(link: Link, pod: Option<NsThread>) -> Result<Iface, String> {
 /// Wait for every address of `probe` and record what each found: unused (proved), or, for one that was
 /// provisionally accepted (all but `last_is_ours`' last), in use after all: the ADD must be redone.
 /// The outcomes come back in order.
-fn wait_and_record(probe: Probe, last_is_ours: bool) -> Vec<Result<tether_wire::ProbeOutcome, tether_wire::WireError>> {
+fn wait_and_record(mut probe: Probe, last_is_ours: bool) -> Vec<Result<tether_wire::ProbeOutcome, tether_wire::WireError>> {
     let addrs = probe.candidates();
     let outcomes = probe.wait();
     let provisional = outcomes.len() - usize::from(last_is_ours);
@@ -202,6 +206,7 @@ fn wait_and_record(probe: Probe, last_is_ours: bool) -> Vec<Result<tether_wire::
                 _ => {}
             }
         }
+        s.spent.push(probe);
     });
     outcomes
 }
@@ -262,7 +267,7 @@ impl Drop for WireProber {
 /// engine, `del` releases what a wrongly accepted ADD got. Returns the Result and the addresses of it
 /// that were probed and found unused.
 pub fn add_probing(add: impl Fn() -> Result<CniResult, CniError>, del: impl Fn() -> Result<(), CniError>) -> Result<(CniResult, Vec<IpAddr>), CniError> {
-    let begin = |concurrent: bool| session(|s| *s = Session { concurrent, proved: Vec::new(), redo: None });
+    let begin = |concurrent: bool| session(|s| *s = Session { concurrent, proved: Vec::new(), redo: None, spent: Vec::new() });
     let end = |r: &CniResult| {
         let proved = session(|s| std::mem::take(&mut s.proved));
         r.ips.iter().map(|ip| ip.address.addr()).filter(|a| proved.contains(a)).collect::<Vec<_>>()
@@ -285,6 +290,12 @@ pub fn add_probing(add: impl Fn() -> Result<CniResult, CniError>, del: impl Fn()
     let r = add()?;
     let p = end(&r);
     Ok((r, p))
+}
+
+/// Close the sockets of this process's probes: call once the reply is written and the output closed.
+pub fn close_spent() {
+    let spent = session(|s| std::mem::take(&mut s.spent));
+    drop(spent);
 }
 
 /// The probe budget from the config's `probe` section.
