@@ -167,3 +167,55 @@ pub fn schedule(budget: Duration, attempts: u32) -> Vec<Duration> {
     let attempts = attempts.max(1);
     (0..attempts).map(|i| budget * i / attempts).collect()
 }
+
+/// A link as a probe needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interface {
+    pub index: u32,
+    /// None unless the link is Ethernet.
+    pub mac: Option<crate::frame::Mac>,
+    /// Administratively up (IFF_UP).
+    pub up: bool,
+}
+
+/// Look up the link `name` in the calling thread's netns; None if there is none. Three ioctls on a
+/// throwaway AF_UNIX socket, where an rtnetlink request would open a netlink socket and build and
+/// parse a full link message: this is on the path of every probing ADD.
+pub fn interface(name: &str) -> io::Result<Option<Interface>> {
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    if name.is_empty() || name.len() >= req.ifr_name.len() || name.contains('\0') {
+        return Ok(None);
+    }
+    for (dst, src) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *dst = src as libc::c_char;
+    }
+    // SAFETY: plain socket(2); the fd is owned at once.
+    let fd = unsafe { OwnedFd::from_raw_fd(cvt(libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0))?) };
+    // SAFETY: each request fills the member of `ifr_ifru` that is read after it.
+    let ioctl = |req: &mut libc::ifreq, request| cvt(unsafe { libc::ioctl(fd.as_raw_fd(), request as _, req as *mut libc::ifreq) });
+    match ioctl(&mut req, libc::SIOCGIFINDEX) {
+        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => return Ok(None),
+        r => r?,
+    };
+    let index = unsafe { req.ifr_ifru.ifru_ifindex } as u32;
+    ioctl(&mut req, libc::SIOCGIFFLAGS)?;
+    let up = unsafe { req.ifr_ifru.ifru_flags } as libc::c_int & libc::IFF_UP != 0;
+    ioctl(&mut req, libc::SIOCGIFHWADDR)?;
+    let hw = unsafe { req.ifr_ifru.ifru_hwaddr };
+    let mac = (hw.sa_family == libc::ARPHRD_ETHER).then(|| std::array::from_fn(|i| hw.sa_data[i] as u8));
+    Ok(Some(Interface { index, mac, up }))
+}
+
+#[cfg(test)]
+mod interface_tests {
+    use super::*;
+
+    #[test]
+    fn loopback_and_absent_links() {
+        let lo = interface("lo").unwrap().expect("every netns has lo");
+        assert_eq!((lo.index, lo.mac), (1, None));
+        assert_eq!(interface("tether-none0").unwrap(), None);
+        assert_eq!(interface("").unwrap(), None);
+        assert_eq!(interface("a-name-longer-than-ifnamsiz").unwrap(), None);
+    }
+}

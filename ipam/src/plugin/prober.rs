@@ -32,6 +32,7 @@ use tether_cni::{CniError, CniResult, Request};
 use tether_leases::{ProbeError, ProbeOutcome, Prober};
 use tether_link::{Link, NetNs, Netlink, NsThread};
 use tether_pool::IpRange;
+use tether_wire::socket::Interface;
 use tether_wire::{Probe, ProbeBudget};
 
 /// Where to look for the interface.
@@ -127,14 +128,13 @@ impl WireProber {
         };
         match &self.target {
             Target::Named { name, netns: None } => {
-                let host = Netlink::current().map_err(|e| s(&e))?;
-                let link = host.link_by_name(name).map_err(|e| s(&e))?.ok_or_else(|| format!("master {name:?} not found for probing"))?;
-                master(link, None)
+                let link = tether_wire::socket::interface(name).map_err(|e| s(&e))?.ok_or_else(|| format!("master {name:?} not found for probing"))?;
+                master(name, &link, None)
             }
             Target::Named { name, netns: Some(p) } => {
                 let (t, pod) = in_pod(p)?;
                 let link = pod.link_by_name(name).map_err(|e| s(&e))?.ok_or_else(|| format!("master {name:?} not found in {} for probing", p.display()))?;
-                master(link, Some(t))
+                master(&link.name, &found(&link), Some(t))
             }
             Target::PodInterface { ifname, netns } => {
                 let (t, pod) = in_pod(netns)?;
@@ -144,11 +144,11 @@ impl WireProber {
                     (Some("ipvlan"), Some(parent)) => {
                         let host = Netlink::current().map_err(|e| s(&e))?;
                         match host.link_by_index(parent).map_err(|e| s(&e))? {
-                            Some(m) => master(m, None),
+                            Some(m) => master(&m.name, &found(&m), None),
                             // The parent is not in the host netns (linkInContainer): it is next to the slave.
                             None => {
                                 let m = pod.link_by_index(parent).map_err(|e| s(&e))?.ok_or_else(|| format!("the master of {ifname} was not found"))?;
-                                master(m, Some(t))
+                                master(&m.name, &found(&m), Some(t))
                             }
                         }
                     }
@@ -177,16 +177,21 @@ fn ethernet(link: &Link) -> Result<[u8; 6], String> {
     link.mac.as_deref().and_then(|m| m.try_into().ok()).ok_or_else(|| format!("{} has no Ethernet address to probe with", link.name))
 }
 
+/// A link found over netlink, as [`master`] takes it.
+fn found(link: &Link) -> Interface {
+    Interface { index: link.index, mac: link.mac.as_deref().and_then(|m| m.try_into().ok()), up: link.up }
+}
+
 /// A master to probe through: used as it is, never raised (see the module doc).
-fn master(link: Link, pod: Option<NsThread>) -> Result<Iface, String> {
+fn master(name: &str, link: &Interface, pod: Option<NsThread>) -> Result<Iface, String> {
     if !link.up {
         return Err(format!(
-            "cannot probe through {:?}: the link is down, and a probe through a down link proves nothing; \
-             bring {} up (tether never changes the state of a master) or set \"probe\": false",
-            link.name, link.name
+            "cannot probe through {name:?}: the link is down, and a probe through a down link proves nothing; \
+             bring {name} up (tether never changes the state of a master) or set \"probe\": false"
         ));
     }
-    Ok(Iface { index: link.index, mac: ethernet(&link)?, name: link.name, pod, raised: None })
+    let mac = link.mac.ok_or_else(|| format!("{name} has no Ethernet address to probe with"))?;
+    Ok(Iface { index: link.index, mac, name: name.to_string(), pod, raised: None })
 }
 
 /// Wait for every address of `probe` and record what each found: unused (proved), or, for one that was
