@@ -17,12 +17,8 @@ TOKEN=peers-admin-token
 ATTEMPTS=4
 log() { echo "control-plane: $(date +%T) $*" >&2; }
 
-alive() { # pidfile expected-binary-basename
-  local pid
-  [ -s "$1" ] || return 1
-  pid=$(cat "$1")
-  [ -d "/proc/$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | awk '{print $1}' | grep -q "$2"
-}
+. "$(dirname "${BASH_SOURCE[0]}")/pids.sh"
+alive() { ours "$@" >/dev/null; } # PIDFILE WORD
 
 mkdir -p "$DIR/pki" "$DIR/etcd"
 chmod 700 "$DIR/etcd"

@@ -15,18 +15,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 say() { [ "${1:-}" = --quiet ] || echo "multus/down: $*" >&2; }
 Q=${1:-}
 
-# pid-file expected-word: the pid if it is alive and its command line has that word
-ours() {
-  local pid
-  [ -s "$1" ] || return 1
-  pid=$(cat "$1")
-  [ "$pid" != "$$" ] && [ -d "/proc/$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$2" && echo "$pid"
-}
-stop() { # pid
-  kill -TERM "$1" 2>/dev/null || return 0
-  for _ in $(seq 1 20); do [ -d "/proc/$1" ] || return 0; sleep 0.25; done
-  kill -KILL "$1" 2>/dev/null || true
-}
+. "$HERE/pids.sh"
 
 if pid=$(ours "$DIR/watchdog.pid" watchdog); then stop "$pid"; fi
 for f in "$DIR"/*.daemon.pid; do

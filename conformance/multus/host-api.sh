@@ -23,27 +23,22 @@ die() { echo "multus/host-api: FAILED: $*" >&2; exit 1; }
 cmd=${1:?usage: host-api.sh up DIR PORT | down DIR}
 DIR=${2:?usage: host-api.sh up DIR PORT | down DIR}
 
-stop() {
+. "$HERE/pids.sh"
+stop_servers() {
   local n pid
   for n in kube-apiserver etcd; do
-    [ -s "$DIR/k8s/$n.pid" ] || continue
-    pid=$(cat "$DIR/k8s/$n.pid")
-    if [ -d "/proc/$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$n"; then
-      kill -TERM "$pid" 2>/dev/null || true
-      for _ in $(seq 1 20); do [ -d "/proc/$pid" ] || break; sleep 0.25; done
-      kill -KILL "$pid" 2>/dev/null || true
-    fi
+    if pid=$(ours "$DIR/k8s/$n.pid" "$n"); then stop "$pid"; fi
   done
 }
 
 case $cmd in
   down)
-    stop
+    stop_servers
     log "stopped"
     ;;
   up)
     PORT=${3:?usage: host-api.sh up DIR PORT}
-    [ ! -d "$DIR" ] || stop
+    [ ! -d "$DIR" ] || stop_servers
     rm -rf "$DIR"
     mkdir -p "$DIR/bin" "$DIR/logs"
     t0=$(date +%s)
@@ -53,10 +48,10 @@ case $cmd in
     ln -s "$(command -v etcd || echo /usr/bin/etcd)" "$DIR/bin/etcd"
     TETHER_MULTUS_API_SAN=IP:10.0.2.100 "$HERE/control-plane.sh" "$DIR/k8s" "$PORT" \
       "${TETHER_MULTUS_HOST_ETCD_PORT:-46379}" "${TETHER_MULTUS_HOST_ETCD_PEER_PORT:-46380}" \
-      "$DIR/bin" 120 "$DIR/logs" || { stop; die "the API server did not start (see above)"; }
+      "$DIR/bin" 120 "$DIR/logs" || { stop_servers; die "the API server did not start (see above)"; }
     python3 "$HERE/setup-api.py" "https://127.0.0.1:$PORT" "$DIR/k8s/pki/ca.crt" "$TOKEN" \
       "$PEERS/nad-crd.yaml" "$ROOT/deploy/crds/ipleases.yaml" "$ROOT/deploy/base/rbac.yaml" \
-      >"$DIR/tokens.json" || { stop; die "installing the CRDs and identities failed"; }
+      >"$DIR/tokens.json" || { stop_servers; die "installing the CRDs and identities failed"; }
     log "kube-apiserver on 127.0.0.1:$PORT with the CRDs and identities, ready in $(( $(date +%s) - t0 )) s ($DIR)"
     ;;
   *) die "unknown command $cmd" ;;

@@ -108,8 +108,10 @@ impl Running {
         // An error object, or nothing readable: the exit status decides what to report.
         let Some(raw) = parsed.filter(|v| v.get("code").is_none()) else {
             let stdout = replied.exited()?;
-            let e = serde_json::from_slice::<serde_json::Value>(&stdout).err().map_or_else(|| "an error object with exit status 0".to_string(), |e| e.to_string());
-            return Err(CniError::new(code::DELEGATE_FAILED, format!("{plugin} ADD printed an unreadable result: {e}")));
+            // Exit status 0 after all: an error object is still the error; anything else is unreadable.
+            return Err(serde_json::from_slice::<CniError>(&stdout).unwrap_or_else(|e| {
+                CniError::new(code::DELEGATE_FAILED, format!("{plugin} ADD printed an unreadable result: {e}"))
+            }));
         };
         let result = CniResult::from_value(&raw)
             .map_err(|e| CniError::new(code::DELEGATE_FAILED, format!("{plugin} ADD printed an unreadable result: {e}")))?;
@@ -317,10 +319,13 @@ mod tests {
         let d = tempdir("earlyerr");
         script(&d, "fake", r#"cat >/dev/null; echo '{"cniVersion":"1.1.0","code":102,"msg":"exhausted"}'; exit 1"#);
         script(&d, "garbage", "cat >/dev/null; echo not-json");
+        script(&d, "zero", r#"cat >/dev/null; echo '{"cniVersion":"1.1.0","code":11,"msg":"try later"}'"#);
         let vars = HashMap::new();
         let path = vec![d.clone()];
         let e = Delegation { path: &path, vars: &vars, stdin: b"{}" }.spawn("fake", Command::Add).unwrap().early_result().unwrap_err();
         assert_eq!((e.code, e.msg.as_str()), (102, "exhausted"));
+        let e = Delegation { path: &path, vars: &vars, stdin: b"{}" }.spawn("zero", Command::Add).unwrap().early_result().unwrap_err();
+        assert_eq!((e.code, e.msg.as_str()), (11, "try later"), "an error object with exit status 0 is still the error");
         let e = Delegation { path: &path, vars: &vars, stdin: b"{}" }.spawn("garbage", Command::Add).unwrap().early_result().unwrap_err();
         assert!(e.code == code::DELEGATE_FAILED && e.msg.contains("unreadable result"), "{e:?}");
     }
