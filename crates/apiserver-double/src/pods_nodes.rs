@@ -1,12 +1,13 @@
 //! Pods and nodes: read-only to clients, written by the test (in-process or through the control
 //! endpoints).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 
 use crate::object_meta::{now_rfc3339, uuid4};
-use crate::objects::{Event, Kind, Stored, key, meta_str};
+use crate::objects::{Event, Kind, State, Stored, key, meta_str};
 use crate::server::{ApiServerDouble, Shared};
 
 impl ApiServerDouble {
@@ -53,77 +54,59 @@ impl ApiServerDouble {
     }
 }
 
-pub(crate) fn upsert_pod(sh: &Shared, mut pod: Value) -> Result<Value, String> {
-    let ns = meta_str(&pod, "namespace")
-        .ok_or("pod needs metadata.namespace")?
-        .to_string();
-    let name = meta_str(&pod, "name")
-        .ok_or("pod needs metadata.name")?
-        .to_string();
-    let mut st = sh.state();
-    let k = key(Some(&ns), &name);
-    let old = st.pods.get(&k).cloned();
-    let rv = st.next_rv();
-    pod["apiVersion"] = json!("v1");
-    pod["kind"] = json!("Pod");
-    let meta = pod["metadata"]
-        .as_object_mut()
-        .ok_or("pod metadata is not an object")?;
-    if !meta.contains_key("uid") {
-        let uid = old
-            .as_ref()
-            .and_then(|o| meta_str(&o.value, "uid").map(str::to_string))
-            .unwrap_or_else(uuid4);
-        meta.insert("uid".into(), json!(uid));
-    }
-    if !meta.contains_key("creationTimestamp") {
-        meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
-    }
-    meta.insert("resourceVersion".into(), json!(rv.to_string()));
-    let stored = Stored::new(pod);
-    st.pods.insert(k, stored.clone());
-    let type_ = if old.is_some() { "MODIFIED" } else { "ADDED" };
-    let ev = Arc::new(Event {
-        kind: Kind::Pod,
-        type_,
-        rv,
-        obj: stored.clone(),
-    });
-    st.record(ev, &sh.events);
-    Ok(stored.value.clone())
+pub(crate) fn upsert_pod(sh: &Shared, pod: Value) -> Result<Value, String> {
+    upsert(sh, Kind::Pod, pod)
 }
 
 pub(crate) fn delete_pod(sh: &Shared, ns: &str, name: &str) -> bool {
-    let mut st = sh.state();
-    let Some(old) = st.pods.remove(&key(Some(ns), name)) else {
-        return false;
-    };
-    let rv = st.next_rv();
-    let mut gone = old.value.clone();
-    gone["metadata"]["resourceVersion"] = json!(rv.to_string());
-    let ev = Arc::new(Event {
-        kind: Kind::Pod,
-        type_: "DELETED",
-        rv,
-        obj: Stored::new(gone),
-    });
-    st.record(ev, &sh.events);
-    true
+    delete(sh, Kind::Pod, &key(Some(ns), name))
 }
 
-pub(crate) fn upsert_node(sh: &Shared, mut node: Value) -> Result<Value, String> {
-    let name = meta_str(&node, "name")
-        .ok_or("node needs metadata.name")?
+pub(crate) fn upsert_node(sh: &Shared, node: Value) -> Result<Value, String> {
+    upsert(sh, Kind::Node, node)
+}
+
+pub(crate) fn delete_node(sh: &Shared, name: &str) -> bool {
+    delete(sh, Kind::Node, name)
+}
+
+/// The map holding `kind`: pods keyed `namespace/name`, nodes by name.
+fn objects(st: &mut State, kind: Kind) -> &mut BTreeMap<String, Arc<Stored>> {
+    match kind {
+        Kind::Pod => &mut st.pods,
+        Kind::Node => &mut st.nodes,
+        Kind::Lease => unreachable!("leases are written through the API (leases.rs)"),
+    }
+}
+
+/// Create or replace a pod or node: `apiVersion`, `kind`, `uid` (kept across replacements),
+/// `creationTimestamp` and `resourceVersion` set as the API server would; watchers notified.
+fn upsert(sh: &Shared, kind: Kind, mut obj: Value) -> Result<Value, String> {
+    let (what, api_kind) = match kind {
+        Kind::Pod => ("pod", "Pod"),
+        _ => ("node", "Node"),
+    };
+    let name = meta_str(&obj, "name")
+        .ok_or(format!("{what} needs metadata.name"))?
         .to_string();
+    let k = match kind {
+        Kind::Pod => key(
+            Some(meta_str(&obj, "namespace").ok_or("pod needs metadata.namespace")?),
+            &name,
+        ),
+        _ => name,
+    };
     let mut st = sh.state();
-    let old = st.nodes.get(&name).cloned();
+    let old = objects(&mut st, kind).get(&k).cloned();
     let rv = st.next_rv();
-    node["apiVersion"] = json!("v1");
-    node["kind"] = json!("Node");
-    let meta = node["metadata"]
+    obj["apiVersion"] = json!("v1");
+    obj["kind"] = json!(api_kind);
+    let meta = obj["metadata"]
         .as_object_mut()
-        .ok_or("node metadata is not an object")?;
-    meta.remove("namespace");
+        .ok_or(format!("{what} metadata is not an object"))?;
+    if kind == Kind::Node {
+        meta.remove("namespace");
+    }
     if !meta.contains_key("uid") {
         let uid = old
             .as_ref()
@@ -135,33 +118,38 @@ pub(crate) fn upsert_node(sh: &Shared, mut node: Value) -> Result<Value, String>
         meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
     }
     meta.insert("resourceVersion".into(), json!(rv.to_string()));
-    let stored = Stored::new(node);
-    st.nodes.insert(name, stored.clone());
+    let stored = Stored::new(obj);
+    objects(&mut st, kind).insert(k, stored.clone());
     let type_ = if old.is_some() { "MODIFIED" } else { "ADDED" };
-    let ev = Arc::new(Event {
-        kind: Kind::Node,
-        type_,
-        rv,
-        obj: stored.clone(),
-    });
-    st.record(ev, &sh.events);
+    st.record(
+        Arc::new(Event {
+            kind,
+            type_,
+            rv,
+            obj: stored.clone(),
+        }),
+        &sh.events,
+    );
     Ok(stored.value.clone())
 }
 
-pub(crate) fn delete_node(sh: &Shared, name: &str) -> bool {
+/// Delete the pod or node stored under `k`; false if there is none.
+fn delete(sh: &Shared, kind: Kind, k: &str) -> bool {
     let mut st = sh.state();
-    let Some(old) = st.nodes.remove(name) else {
+    let Some(old) = objects(&mut st, kind).remove(k) else {
         return false;
     };
     let rv = st.next_rv();
     let mut gone = old.value.clone();
     gone["metadata"]["resourceVersion"] = json!(rv.to_string());
-    let ev = Arc::new(Event {
-        kind: Kind::Node,
-        type_: "DELETED",
-        rv,
-        obj: Stored::new(gone),
-    });
-    st.record(ev, &sh.events);
+    st.record(
+        Arc::new(Event {
+            kind,
+            type_: "DELETED",
+            rv,
+            obj: Stored::new(gone),
+        }),
+        &sh.events,
+    );
     true
 }
