@@ -6,11 +6,7 @@
 #   --quiet   say nothing about what was stopped
 set -u
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-PEERS=${TETHER_PEERS:-$ROOT/../shared/peers}
-DIR=${TETHER_MULTUS_DIR:-/tmp/tether-multus}
-NODE_NS=tether-multus-node
-SWITCH_NS=tether-multus-switch
+. "$HERE/node.sh"
 export PATH="$PATH:/usr/sbin:/sbin"
 say() { [ "${1:-}" = --quiet ] || echo "multus/down: $*" >&2; }
 Q=${1:-}

@@ -54,11 +54,7 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-PEERS=${TETHER_PEERS:-$ROOT/../shared/peers}
-DIR=${TETHER_MULTUS_DIR:-/tmp/tether-multus}
-NODE_NS=tether-multus-node
-SWITCH_NS=tether-multus-switch
+. "$HERE/node.sh"
 API_PORT=${TETHER_MULTUS_API_PORT:-46443}
 PROXY_PORT=${TETHER_MULTUS_PROXY_PORT:-46001}
 TOKEN=peers-admin-token
