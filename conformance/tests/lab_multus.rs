@@ -705,6 +705,34 @@ fn in_pool(addr: &str) -> bool {
 /// Multus' network-status: the cluster network on eth0 (default), then one entry per attachment
 /// with the NAD's namespaced name, the interface, its address and MAC.
 #[track_caller]
+/// What the runtime gets back from Multus is the cluster network's Result (eth0).
+fn assert_cluster_result(res: &Value) {
+    assert!(
+        res["interfaces"]
+            .as_array()
+            .is_some_and(|i| i.iter().any(|i| i["name"] == "eth0")),
+        "the runtime gets the cluster network's Result: {res}"
+    );
+}
+
+/// The seed's trainer-0 after its ADD: net1 holds the fixed management address and net2 a compute
+/// address, each an ipvlan of its master, and Multus' network-status on the pod says so. Returns
+/// the compute address.
+fn assert_trainer0(node: &Node, t0: &Pod) -> String {
+    assert_ipvlan(t0, "net1", FIXED, &node.mgmt_mac);
+    let c0 = addr_of(t0, "net2");
+    assert_ipvlan(t0, "net2", &c0, &node.compute_mac);
+    assert_network_status(
+        node,
+        t0,
+        &[
+            ("mgmt-fixed", "net1", FIXED, &node.mgmt_mac),
+            ("compute", "net2", &c0, &node.compute_mac),
+        ],
+    );
+    c0
+}
+
 fn assert_network_status(node: &Node, pod: &Pod, want: &[(&str, &str, &str, &str)]) {
     let st = node.network_status(pod);
     let ctx = format!(
@@ -932,41 +960,24 @@ fn multus_thin_seed_pods_get_net1_net2_and_network_status_and_del_releases() {
 
     // ADD: what the runtime gets back is the cluster network's result (eth0).
     for p in [&t0, &t1] {
-        let res = multus.add_ok(p);
-        assert!(
-            res["interfaces"]
-                .as_array()
-                .is_some_and(|i| i.iter().any(|i| i["name"] == "eth0")),
-            "the runtime gets the cluster network's Result: {res}"
-        );
+        assert_cluster_result(&multus.add_ok(p));
         assert!(
             p.netns.has_link("eth0"),
             "eth0 from the cluster network: {:?}",
             p.links()
         );
     }
-    assert_ipvlan(&t0, "net1", FIXED, &node.mgmt_mac);
+    let c0 = assert_trainer0(node, &t0);
     let pool_addr = addr_of(&t1, "net1");
     assert!(
         in_pool(&pool_addr),
         "trainer-1 net1 {pool_addr} is from the pool .241-.250"
     );
     assert_ipvlan(&t1, "net1", &pool_addr, &node.mgmt_mac);
-    let c0 = addr_of(&t0, "net2");
     let c1 = addr_of(&t1, "net2");
     assert_ne!(c0, c1);
-    assert_ipvlan(&t0, "net2", &c0, &node.compute_mac);
     assert_ipvlan(&t1, "net2", &c1, &node.compute_mac);
-
     // Multus wrote what it attached onto the pod object.
-    assert_network_status(
-        node,
-        &t0,
-        &[
-            ("mgmt-fixed", "net1", FIXED, &node.mgmt_mac),
-            ("compute", "net2", &c0, &node.compute_mac),
-        ],
-    );
     assert_network_status(
         node,
         &t1,
@@ -1207,24 +1218,8 @@ fn multus_thick_chroot_daemon_attaches_seed_pod_with_no_extra_mounts() {
     let _cleanup = OnFailure(|| {
         let _ = shim.call("DEL", &t0);
     });
-    let res = shim.add_ok(&t0);
-    assert!(
-        res["interfaces"]
-            .as_array()
-            .is_some_and(|i| i.iter().any(|i| i["name"] == "eth0")),
-        "{res}"
-    );
-    assert_ipvlan(&t0, "net1", FIXED, &node.mgmt_mac);
-    let c0 = addr_of(&t0, "net2");
-    assert_ipvlan(&t0, "net2", &c0, &node.compute_mac);
-    assert_network_status(
-        node,
-        &t0,
-        &[
-            ("mgmt-fixed", "net1", FIXED, &node.mgmt_mac),
-            ("compute", "net2", &c0, &node.compute_mac),
-        ],
-    );
+    assert_cluster_result(&shim.add_ok(&t0));
+    let c0 = assert_trainer0(node, &t0);
     // The delegates inherit the daemon's environment: NODE_NAME reaches tether-ipam.
     assert_leased(node, "mgmt-fixed", FIXED, &t0, "net1", NODE_NAME);
     assert_leased(node, "compute", &c0, &t0, "net2", NODE_NAME);
