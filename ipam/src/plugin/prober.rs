@@ -153,7 +153,7 @@ impl WireProber {
                         }
                     }
                     _ => {
-                        let mac = ethernet(&link)?;
+                        let mac = ethernet(&link.name, &found(&link))?;
                         // The pod's own interface, down until its plugin configures it after IPAM.
                         let raised = if link.up {
                             None
@@ -173,8 +173,9 @@ impl WireProber {
     }
 }
 
-fn ethernet(link: &Link) -> Result<[u8; 6], String> {
-    link.mac.as_deref().and_then(|m| m.try_into().ok()).ok_or_else(|| format!("{} has no Ethernet address to probe with", link.name))
+/// The MAC to probe with: `link` must be Ethernet.
+fn ethernet(name: &str, link: &Interface) -> Result<[u8; 6], String> {
+    link.mac.ok_or_else(|| format!("{name} has no Ethernet address to probe with"))
 }
 
 /// A link found over netlink, as [`master`] takes it.
@@ -190,8 +191,7 @@ fn master(name: &str, link: &Interface, pod: Option<NsThread>) -> Result<Iface, 
              bring {name} up (tether never changes the state of a master) or set \"probe\": false"
         ));
     }
-    let mac = link.mac.ok_or_else(|| format!("{name} has no Ethernet address to probe with"))?;
-    Ok(Iface { index: link.index, mac, name: name.to_string(), pod, raised: None })
+    Ok(Iface { index: link.index, mac: ethernet(name, link)?, name: name.to_string(), pod, raised: None })
 }
 
 /// Wait for every address of `probe` and record what each found: unused (proved), or, for one that was
