@@ -19,6 +19,12 @@ IMAGE     ?= tether:0.1.0
 # Building FROM scratch as root here: vfs storage (no overlay mount needed), chroot isolation.
 BUILDAH   ?= buildah --storage-driver vfs
 
+# The real peers (kube-apiserver, kubelet, controllers, kubectl, Multus, whereabouts, cnitool), built from
+# published Go modules by .ci/deps.sh (conformance/peers/build.sh). Every script and test finds them here,
+# and uses that kubectl (the machine's own may be missing, or of another version than the API server).
+export PEERS_BIN_DIR ?= /var/cache/tether-peers/bin
+export KUBECTL ?= $(PEERS_BIN_DIR)/kubectl
+
 # Conformance tests are split by what they need: host_* run on this kernel (netns, veth, macvlan),
 # lab_* need ipvlan and run on a kernel that has it — here, or in the lab VM (conformance/lab/).
 HOST_TESTS := $(sort $(basename $(notdir $(wildcard conformance/tests/host_*.rs))))
@@ -26,7 +32,7 @@ LAB_TESTS  := $(sort $(basename $(notdir $(wildcard conformance/tests/lab_*.rs))
 
 BENCH_BIN := $(CARGO) run --release --locked -p tether-conformance --bin
 
-.PHONY: bins bench bench-attach bench-kube bench-ipam bench-probe bench-static all build install image render static-check test unit kube-up kube-down host-tests lab-tests conformance manifests fuzz-regressions fuzz driver deps demo fmt clippy clean
+.PHONY: peers bins bench bench-attach bench-kube bench-ipam bench-probe bench-static all build install image render static-check test unit kube-up kube-down host-tests lab-tests conformance manifests fuzz-regressions fuzz driver deps demo fmt clippy clean
 
 all: build
 
@@ -45,6 +51,10 @@ install: build
 
 deps:
 	.ci/deps.sh
+
+# The peers alone (what deps does last): rebuilds a module whose go.mod/go.sum changed.
+peers:
+	conformance/peers/build.sh
 
 # The shipped binaries are static: no INTERP, ET_EXEC, no dynamic section, no GLIBC_ symbol
 # versions, ldd agrees, and each runs in an empty root. Then the check's self-test: it must refuse

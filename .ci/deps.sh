@@ -10,8 +10,8 @@ apt_pkgs=(
   socat                           # the VM's one forwarded port to the host's API server (lab/run.sh)
   golang-go golang-github-appc-cni-dev  # the libcni driver, built against Debian's real libcni
   containernetworking-plugins     # reference ipvlan/macvlan/host-local, the baseline we test against
-  curl openssl                    # the real API server of the tests (conformance/kube/up.sh; etcd-server
-                                  # and xz-utils are installed by ../shared/peers/unpack.sh)
+  curl openssl                    # the real API server of the tests (conformance/kube/up.sh)
+  etcd-server                     # its store (Debian's etcd 3.4; the Kubernetes peers are built below)
   musl-tools                      # musl-gcc: ring's C for the static musl build (make build)
   binutils                        # readelf: make static-check
   buildah                         # make image: FROM scratch, offline
@@ -25,6 +25,10 @@ if ((${#missing[@]})); then
   echo "deps: installing ${missing[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Debian starts an etcd service on install; the tests start their own on their own ports.
+  if [[ " ${missing[*]} " == *" etcd-server "* && -d /run/systemd/system ]]; then
+    systemctl disable --now etcd >/dev/null 2>&1 || true
+  fi
 fi
 if ! command -v vng >/dev/null; then
   echo "deps: installing virtme-ng (pip)"
@@ -34,13 +38,13 @@ if ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
   echo "deps: installing kubernetes-validate (pip; manifest schemas, offline)"
   pip install --quiet kubernetes-validate==1.37.0
 fi
-# kubectl is not a Debian package; the machine image has it (/usr/bin/kubectl, with kustomize).
-# `make manifests` needs it (the deploy/tether.yaml render check, the server-side dry-runs);
-# conformance/kube/up.sh falls back to curl without it.
-command -v kubectl >/dev/null || echo "deps: WARNING: no kubectl: \`make manifests\` will fail (render check, server-side dry-run)"
 command -v cargo >/dev/null || { echo "deps: cargo is required (rustup toolchain)"; exit 1; }
 # The shipped binaries are static musl builds (make build): the toolchain needs the target's std.
 if ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then
   echo "deps: adding the x86_64-unknown-linux-musl target (rustup)"
   rustup target add x86_64-unknown-linux-musl
 fi
+# The real peers (kube-apiserver, kubelet, kube-controller-manager, kube-scheduler, kubectl, Multus,
+# whereabouts, cnitool), built from the published Go modules pinned under conformance/peers/ into
+# PEERS_BIN_DIR (default /var/cache/tether-peers/bin); a no-op when nothing changed.
+conformance/peers/build.sh

@@ -32,7 +32,10 @@ DEPLOY = ROOT / "deploy"
 BASE = DEPLOY / "base"
 RENDERED = DEPLOY / "tether.yaml"
 TETHER = ROOT / "target" / "debug" / "tether"
-KUBECTL = os.environ.get("KUBECTL", "/usr/bin/kubectl")
+# The kubectl built with the other peers (.ci/deps.sh), of the same version as the API server.
+KUBECTL = os.environ.get(
+    "KUBECTL", os.path.join(os.environ.get("PEERS_BIN_DIR", "/var/cache/tether-peers/bin"), "kubectl")
+)
 PEERS = pathlib.Path(os.environ.get("TETHER_PEERS", ROOT.parent / "shared" / "peers"))
 NAD_CRD = PEERS / "nad-crd.yaml"
 IPLEASE_CRD = DEPLOY / "crds" / "ipleases.yaml"

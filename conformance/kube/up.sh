@@ -21,7 +21,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 PEERS=${TETHER_PEERS:-$ROOT/../shared/peers}
 NOT_RUN=3
-KUBECTL=${KUBECTL:-/usr/bin/kubectl}
+KUBECTL=${KUBECTL:-${PEERS_BIN_DIR:-/var/cache/tether-peers/bin}/kubectl}
 CRD=$ROOT/deploy/crds/ipleases.yaml
 CRD_NAME=ipleases.ipam.tether.dev
 

@@ -29,7 +29,8 @@
 # API server", e.g. lab_multus: Multus and kube-apiserver from ../shared/peers; in the VM, Multus
 # runs inside and kube-apiserver here on the host (conformance/multus/host-api.sh), reached over
 # one forwarded port; TETHER_LAB_HOST_API=0 starts it inside the VM instead, as on a host kernel):
-# with the peers present, they are unpacked here on the host (xz is slow under TCG) and the VM gets
+# with the peers present, their binaries are copied here on the host (conformance/peers/build.sh
+# built them into PEERS_BIN_DIR) and the VM gets
 # TETHER_LAB_MEMORY=3G and TETHER_LAB_TIMEOUT=3600 unless set; without them those targets run
 # WITHOUT --include-ignored, so their tests show as "ignored" — NOT RUN, never passed — with a
 # banner, which fails the run only with TETHER_REQUIRE_KUBE=1 (CI).

@@ -107,9 +107,9 @@ fn call_on(node: &str, verb: &str, cid: &str, conf: &Value) -> (i32, Value) {
 fn gc_on_one_node_releases_only_that_nodes_stale_leases() {
     let env = Env::real("kgc");
     let net = env.name("gc");
-    let bin = std::env::var_os("TETHER_PEERS_BIN").map(std::path::PathBuf::from).unwrap_or_else(|| "/var/cache/tether-peers/bin".into());
-    let cnitool = bin.join("cnitool-v1.3.0");
-    assert!(cnitool.is_file(), "NOT RUN: {} missing (conformance/kube/up.sh unpacks ../shared/peers)", cnitool.display());
+    let bin = std::env::var_os("PEERS_BIN_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| "/var/cache/tether-peers/bin".into());
+    let cnitool = bin.join("cnitool");
+    assert!(cnitool.is_file(), "{} missing: .ci/deps.sh builds it (conformance/peers/build.sh)", cnitool.display());
     let ipam = |node: &str| {
         json!({"type": "tether-ipam", "range": "10.20.31.0/24", "probe": false,
                "dataDir": env.dir.join(node), "kubernetes": {"kubeconfig": env.kubeconfig}})

@@ -229,7 +229,7 @@ impl Server {
     }
 
     fn kubectl(&self, args: &[&str]) -> Result<String, String> {
-        let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "/usr/bin/kubectl".into());
+        let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| format!("{}/kubectl", peers_bin_dir()));
         let out = capture(
             Command::new(&kubectl)
                 .arg("--kubeconfig")
@@ -755,6 +755,11 @@ struct ScaleRow {
     collisions: usize,
 }
 
+/// Where .ci/deps.sh builds the peers (conformance/peers/build.sh).
+fn peers_bin_dir() -> String {
+    std::env::var("PEERS_BIN_DIR").unwrap_or_else(|_| "/var/cache/tether-peers/bin".into())
+}
+
 fn peers_dir() -> PathBuf {
     match std::env::var_os("TETHER_PEERS").filter(|d| !d.is_empty()) {
         Some(d) => PathBuf::from(d),
@@ -790,8 +795,7 @@ fn main() {
 fn run(o: &Opts, peers: &Path) -> Result<(), String> {
     let t0 = Instant::now();
     let tether_bin = tether_binary("tether-ipam");
-    let bin_dir =
-        std::env::var("PEERS_BIN_DIR").unwrap_or_else(|_| "/var/cache/tether-peers/bin".into());
+    let bin_dir = peers_bin_dir();
     eprintln!(
         "bench-kube: starting etcd + kube-apiserver ({})",
         peers.display()
@@ -799,7 +803,10 @@ fn run(o: &Opts, peers: &Path) -> Result<(), String> {
     let server = Server::start(peers, o.keep)?;
     let wb_bin = Path::new(&bin_dir).join("whereabouts");
     if !wb_bin.is_file() {
-        return Err(format!("{} missing after unpack.sh", wb_bin.display()));
+        return Err(format!(
+            "{} missing: .ci/deps.sh builds it (conformance/peers/build.sh)",
+            wb_bin.display()
+        ));
     }
     server.kubectl(&[
         "apply",

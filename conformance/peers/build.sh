@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Build the real peers the tests run (kube-apiserver, kubelet, kube-controller-manager,
+# kube-scheduler, kubectl, Multus thin and thick, whereabouts, cnitool) from the published Go modules,
+# with this machine's Go through the module registry, into PEERS_BIN_DIR
+# (default /var/cache/tether-peers/bin, where ../shared/peers looks for them).
+#
+# Each directory beside this script is one small build module whose committed go.mod/go.sum pin
+# exactly what is built; nothing else of it is committed. A module is rebuilt only when its go.mod,
+# go.sum, the flags below or the Go version changed (a stamp per module in the bin dir), so a second
+# run with nothing changed takes a second. Binaries are static (CGO off), -trimpath, and replace the
+# old ones only once the whole module built (a runtime never sees half a set).
+#
+#   conformance/peers/build.sh            # build what is missing or stale, print what and how long
+#   conformance/peers/build.sh --check    # exit 1 naming what is missing or stale, build nothing
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+BIN=${PEERS_BIN_DIR:-/var/cache/tether-peers/bin}
+log() { echo "peers: $*" >&2; }
+
+# module directory | binary=package ... | ldflags. The -X flags put the released version where each
+# program reports it (kubelet registers its version with the node; `multus --version`).
+K8S=v1.36.3 MULTUS=v4.3.0 WHEREABOUTS=v0.9.2 CNI=v1.3.0
+kv=k8s.io/component-base/version
+mv=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/pkg/multus
+wv=github.com/k8snetworkplumbingwg/whereabouts/pkg/version
+MODULES=(
+  "kubernetes|kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kubelet=k8s.io/kubernetes/cmd/kubelet kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler kubectl=k8s.io/kubernetes/cmd/kubectl|-X $kv.gitVersion=$K8S -X $kv.gitMajor=1 -X $kv.gitMinor=36 -X $kv.gitTreeState=clean"
+  "multus|multus=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus multus-daemon=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-daemon multus-shim=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-shim|-X $mv.version=$MULTUS -X $mv.releaseStatus=,released"
+  "whereabouts|whereabouts=github.com/k8snetworkplumbingwg/whereabouts/cmd|-X $wv.Version=$WHEREABOUTS -X $wv.ReleaseStatus=released"
+  "cni|cnitool=github.com/containernetworking/cni/cnitool|"
+)
+
+command -v go >/dev/null || { log "Go is required (the machine's toolchain builds the peers)"; exit 1; }
+# The machine's own Go, never one fetched because a go.mod asks for a newer one.
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-trimpath -buildvcs=false -mod=readonly"
+GOVERSION=$(go env GOVERSION)
+
+stamp_of() { # module-dir ldflags binaries
+  { cat "$HERE/$1/go.mod" "$HERE/$1/go.sum"; echo "$GOVERSION|$GOFLAGS|$2|$3"; } | sha256sum | cut -c1-16
+}
+
+check=0
+[ "${1:-}" = --check ] && check=1
+mkdir -p "$BIN"
+total=$(date +%s)
+stale=()
+for entry in "${MODULES[@]}"; do
+  IFS='|' read -r dir pairs ldflags <<<"$entry"
+  names=() pkgs=()
+  for p in $pairs; do names+=("${p%%=*}"); pkgs+=("${p#*=}"); done
+  stamp=$(stamp_of "$dir" "$ldflags" "$pairs")
+  fresh=1
+  [ "$(cat "$BIN/.$dir.stamp" 2>/dev/null)" = "$stamp" ] || fresh=0
+  for n in "${names[@]}"; do [ -x "$BIN/$n" ] || fresh=0; done
+  if [ $fresh = 1 ]; then log "$dir: up to date (${names[*]})"; continue; fi
+  if [ $check = 1 ]; then stale+=("$dir (${names[*]})"); continue; fi
+
+  log "$dir: building ${names[*]} with $GOVERSION"
+  t0=$(date +%s)
+  tmp=$(mktemp -d "$BIN/.build.XXXXXX")
+  trap 'rm -rf "$tmp"' EXIT
+  # One `go build` for the whole module: the packages its programs share compile once, and the links
+  # run side by side. Each lands under its package's last element ("cmd" for whereabouts).
+  (cd "$HERE/$dir" && go build -ldflags "-s -w $ldflags" -o "$tmp/" "${pkgs[@]}") ||
+    { log "$dir: FAILED building ${names[*]} (go build ${pkgs[*]})"; exit 1; }
+  for i in "${!names[@]}"; do
+    built=$tmp/${pkgs[$i]##*/}
+    [ "$built" = "$tmp/${names[$i]}" ] || mv "$built" "$tmp/${names[$i]}"
+  done
+  for n in "${names[@]}"; do mv -f "$tmp/$n" "$BIN/$n"; done
+  echo "$stamp" >"$BIN/.$dir.stamp"
+  rm -rf "$tmp"
+  trap - EXIT
+  log "$dir: built in $(( $(date +%s) - t0 )) s"
+done
+if [ $check = 1 ] && ((${#stale[@]})); then log "missing or stale in $BIN: ${stale[*]}"; exit 1; fi
+log "all peers in $BIN ($(( $(date +%s) - total )) s)"
