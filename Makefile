@@ -210,7 +210,10 @@ bench:
 fmt:
 	$(CARGO) fmt --all
 
+# The style gate of `make test`: formatting first (cheap), then clippy with warnings as errors.
 clippy:
+	$(CARGO) fmt --all --check
+	$(CARGO) fmt --all --check --manifest-path conformance/fuzz/Cargo.toml
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
 clean:

@@ -41,10 +41,16 @@ pub fn quantile(v: &[Duration], q: f64) -> Duration {
 /// Keep a batch's latencies for the distribution chart in BENCHMARKS.md: when `BENCH_SAMPLES_DIR`
 /// is set (by `make bench`), write them there as `<bench>__<label>.txt`, one millisecond value a line.
 pub fn record_samples(bench: &str, label: &str, b: &Batch) {
-    let Some(dir) = std::env::var_os("BENCH_SAMPLES_DIR") else { return };
+    let Some(dir) = std::env::var_os("BENCH_SAMPLES_DIR") else {
+        return;
+    };
     let dir = std::path::PathBuf::from(dir);
     let _ = std::fs::create_dir_all(&dir);
-    let text: String = b.latencies.iter().map(|d| format!("{:.3}\n", ms(*d))).collect();
+    let text: String = b
+        .latencies
+        .iter()
+        .map(|d| format!("{:.3}\n", ms(*d)))
+        .collect();
     let name = format!("{bench}__{}.txt", label.replace(['/', ' '], "_"));
     if let Err(e) = std::fs::write(dir.join(&name), text) {
         eprintln!("cannot keep samples {name}: {e}");

@@ -10,7 +10,13 @@ fn doctor(seg: &Segment, conf: &serde_json::Value, dir: &TempDir) -> tether_conf
     let path = dir.join("nad.json");
     std::fs::write(&path, conf.to_string()).unwrap();
     let mut c = seg.node.command(tether_binary("tether").to_str().unwrap());
-    c.args(["doctor", "--config", path.to_str().unwrap(), "--max-probes", "16"]);
+    c.args([
+        "doctor",
+        "--config",
+        path.to_str().unwrap(),
+        "--max-probes",
+        "16",
+    ]);
     tether_conformance::capture(&mut c)
 }
 
@@ -24,11 +30,25 @@ fn doctor_reports_a_rogue_answering_for_a_pool_address_and_a_missing_master() {
                       "ipam": {"type": "tether-ipam", "range": "10.1.2.2-10.1.2.9/24", "dataDir": dir.join("leases")}});
     let out = doctor(&seg, &conf, &dir);
     assert_eq!(out.code(), Some(1), "a conflict is a problem: {out}");
-    let fail: Vec<&str> = out.stdout.lines().filter(|l| l.starts_with("FAIL")).collect();
+    let fail: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("FAIL"))
+        .collect();
     assert_eq!(fail.len(), 1, "{out}");
-    assert!(fail[0].contains("conflicts") && fail[0].contains("10.1.2.5") && fail[0].contains(&seg.rogue_mac()), "{out}");
+    assert!(
+        fail[0].contains("conflicts")
+            && fail[0].contains("10.1.2.5")
+            && fail[0].contains(&seg.rogue_mac()),
+        "{out}"
+    );
     for check in ["config", "master", "store", "pool"] {
-        assert!(out.stdout.lines().any(|l| l.starts_with("OK") && l.contains(check)), "{check} not OK: {out}");
+        assert!(
+            out.stdout
+                .lines()
+                .any(|l| l.starts_with("OK") && l.contains(check)),
+            "{check} not OK: {out}"
+        );
     }
 
     // The rogue leaves: all clean.
@@ -41,6 +61,13 @@ fn doctor_reports_a_rogue_answering_for_a_pool_address_and_a_missing_master() {
     bad["master"] = json!("enp99s0");
     let out = doctor(&seg, &bad, &dir);
     assert_eq!(out.code(), Some(1), "{out}");
-    let line = out.stdout.lines().find(|l| l.starts_with("FAIL") && l.contains("master")).unwrap_or_else(|| panic!("{out}"));
-    assert!(line.contains("enp99s0") && line.contains("ip -br link"), "{line}");
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("FAIL") && l.contains("master"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        line.contains("enp99s0") && line.contains("ip -br link"),
+        "{line}"
+    );
 }

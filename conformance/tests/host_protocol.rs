@@ -29,7 +29,12 @@ fn item1_version_echoes_input_and_lists_supported_without_attachment_env() {
         out.assert_success();
         let v = out.json();
         assert_eq!(v["cniVersion"], "1.1.0", "{b}");
-        let list: Vec<&str> = v["supportedVersions"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+        let list: Vec<&str> = v["supportedVersions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap())
+            .collect();
         for s in SUPPORTED {
             assert!(list.contains(&s), "{b} lacks {s}: {list:?}");
         }
@@ -39,7 +44,10 @@ fn item1_version_echoes_input_and_lists_supported_without_attachment_env() {
 #[test]
 fn item2_version_under_libcni_dummy_env_and_empty_stdin() {
     for b in BINARIES {
-        let e = PluginExec::new(tether_binary(b)).var("CNI_NETNS", "dummy").var("CNI_IFNAME", "dummy").var("CNI_PATH", "dummy");
+        let e = PluginExec::new(tether_binary(b))
+            .var("CNI_NETNS", "dummy")
+            .var("CNI_IFNAME", "dummy")
+            .var("CNI_PATH", "dummy");
         for stdin in [&b""[..], br#"{"cniVersion":"1.1.0"}"#] {
             let out = e.call("VERSION", stdin);
             out.assert_success();
@@ -56,7 +64,10 @@ fn item3_unset_command_prints_about_on_stderr_and_unknown_is_code_4() {
         let out = tether_conformance::cmd::capture_with_stdin(&mut c, Some(b""));
         out.assert_success();
         assert!(out.stdout.is_empty(), "{b}: stdout must stay empty: {out}");
-        assert!(out.stderr.contains(b) && out.stderr.contains("1.1.0"), "{b}: {out}");
+        assert!(
+            out.stderr.contains(b) && out.stderr.contains("1.1.0"),
+            "{b}: {out}"
+        );
         assert_cni_error(&exec(b).call_json("FOO", &conf("1.1.0")), Some(4));
     }
 }
@@ -111,10 +122,20 @@ fn item7_add_without_each_variable_is_code_4_naming_it() {
 fn item8_bad_ifname_and_container_id_are_code_4() {
     for b in BINARIES {
         for ifname in ["sixteen-bytes-xx", "a/b", "a:b", "a b", ".", ".."] {
-            assert_cni_error(&exec(b).var("CNI_IFNAME", ifname).call_json("ADD", &conf("1.1.0")), Some(4));
+            assert_cni_error(
+                &exec(b)
+                    .var("CNI_IFNAME", ifname)
+                    .call_json("ADD", &conf("1.1.0")),
+                Some(4),
+            );
         }
         for id in ["-x", "a b", "a/b", "_x"] {
-            assert_cni_error(&exec(b).var("CNI_CONTAINERID", id).call_json("ADD", &conf("1.1.0")), Some(4));
+            assert_cni_error(
+                &exec(b)
+                    .var("CNI_CONTAINERID", id)
+                    .call_json("ADD", &conf("1.1.0")),
+                Some(4),
+            );
         }
     }
 }
@@ -132,7 +153,10 @@ fn item9_every_error_is_one_object_with_numeric_code() {
             let out = exec(b).call(verb, stdin.as_bytes());
             let e = assert_cni_error(&out, None);
             assert!(e["cniVersion"].is_string(), "{b} {verb}: {e}");
-            assert!(!out.stdout.contains("\"ips\""), "{b} {verb}: a failed call printed a result: {out}");
+            assert!(
+                !out.stdout.contains("\"ips\""),
+                "{b} {verb}: a failed call printed a result: {out}"
+            );
         }
     }
 }
@@ -142,21 +166,40 @@ fn item10_unknown_keys_accepted_and_ipam_gets_the_exact_bytes() {
     // GC reaches the IPAM without touching the kernel, so the delegation path is observable here.
     let dir = TempDir::new("protocol-bytes");
     let rec = dir.join("recorder");
-    std::fs::write(&rec, format!("#!/bin/sh\ncat > {}/stdin.$CNI_COMMAND\n", dir.path().display())).unwrap();
+    std::fs::write(
+        &rec,
+        format!(
+            "#!/bin/sh\ncat > {}/stdin.$CNI_COMMAND\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
     std::fs::set_permissions(&rec, std::fs::Permissions::from_mode(0o755)).unwrap();
     // Odd spacing, key order and unknown keys: all must arrive untouched.
     let stdin = r#"{ "cniVersion":"1.1.0", "name":"mgmt","type":"tether-ipvlan","deviceID":"0000:3b:00.0","pciBusID":"0000:3b:00.0",
       "args":{"cni":{"ips":["10.1.2.9"],"labels":[{"k":"v"}]}}, "cni.dev/foo":{"x":1}, "zz_unknown": [1, 2.50, "x"],
       "ipam": {"type":"recorder"}, "cni.dev/valid-attachments": [] }"#;
-    let out = PluginExec::new(tether_binary("tether-ipvlan")).var("CNI_PATH", dir.path().display().to_string()).call("GC", stdin.as_bytes());
+    let out = PluginExec::new(tether_binary("tether-ipvlan"))
+        .var("CNI_PATH", dir.path().display().to_string())
+        .call("GC", stdin.as_bytes());
     out.assert_success();
-    assert_eq!(std::fs::read_to_string(dir.join("stdin.GC")).unwrap(), stdin);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("stdin.GC")).unwrap(),
+        stdin
+    );
 }
 
 #[test]
 fn item48_54_57_verb_version_gates_are_code_1() {
     for b in BINARIES {
-        for (verb, v) in [("CHECK", "0.3.0"), ("CHECK", "0.3.1"), ("STATUS", "1.0.0"), ("STATUS", "0.4.0"), ("GC", "1.0.0"), ("GC", "0.3.1")] {
+        for (verb, v) in [
+            ("CHECK", "0.3.0"),
+            ("CHECK", "0.3.1"),
+            ("STATUS", "1.0.0"),
+            ("STATUS", "0.4.0"),
+            ("GC", "1.0.0"),
+            ("GC", "0.3.1"),
+        ] {
             assert_cni_error(&exec(b).call_json(verb, &conf(v)), Some(1));
         }
     }

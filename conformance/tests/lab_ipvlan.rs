@@ -1041,8 +1041,12 @@ fn route_add_failure_rolls_back_link_and_lease() {
 fn ipam_failing_after_printing_its_result_rolls_back_link_and_lease() {
     // tether-ipvlan acts on the Result at EOF and checks the exit status after
     // configuring the link: a nonzero status still undoes everything.
-    let add = FakeIpam::print(&json!({"cniVersion": "1.0.0", "ips": [{"address": "10.1.2.77/24"}]}));
-    let e = assert_ipam_rolled_back("failafter", format!("{add}; exec >&- 2>&-; sleep 0.2; exit 4"));
+    let add =
+        FakeIpam::print(&json!({"cniVersion": "1.0.0", "ips": [{"address": "10.1.2.77/24"}]}));
+    let e = assert_ipam_rolled_back(
+        "failafter",
+        format!("{add}; exec >&- 2>&-; sleep 0.2; exit 4"),
+    );
     assert!(e["msg"].as_str().unwrap().contains("exit status: 4"), "{e}");
 }
 
@@ -1053,7 +1057,8 @@ fn ipam_result_is_used_as_soon_as_the_ipam_closes_its_output() {
     // it sees its address on the pod's interface (or gives up after 20 s and
     // fails): an attacher that waited for the IPAM's exit would fail here.
     let lab = Lab::new("earlyres");
-    let add = FakeIpam::print(&json!({"cniVersion": "1.0.0", "ips": [{"address": "10.1.2.77/24"}]}));
+    let add =
+        FakeIpam::print(&json!({"cniVersion": "1.0.0", "ips": [{"address": "10.1.2.77/24"}]}));
     let wait = r#"exec >&- 2>&-
 i=0
 until nsenter --net="$CNI_NETNS" ip -o addr show dev "$CNI_IFNAME" 2>/dev/null | grep -q ' 10.1.2.77/'; do

@@ -568,7 +568,10 @@ impl Runtime<'_> {
     fn call(&self, verb: &str, pod: &Pod) -> CmdOutput {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.node.ns]).arg(&self.plugin);
-        for v in tether_conformance::plugin::CNI_VARS.iter().chain(&["NODE_NAME"]) {
+        for v in tether_conformance::plugin::CNI_VARS
+            .iter()
+            .chain(&["NODE_NAME"])
+        {
             c.env_remove(v);
         }
         c.env("CNI_COMMAND", verb)

@@ -306,6 +306,12 @@ fn ipv6_skips_dad_only_when_tether_ipam_probed_it() {
     );
     // DAD ran in a short window; the interface's neighbour timing is the kernel's again afterwards.
     let sysctl = |path: &str| pod2.exec_ok("cat", &[path]).stdout.trim().to_string();
-    assert_eq!(sysctl("/proc/sys/net/ipv6/neigh/net1/retrans_time_ms"), "1000");
-    assert_eq!(sysctl("/proc/sys/net/ipv6/conf/net1/router_solicitation_delay"), "1");
+    assert_eq!(
+        sysctl("/proc/sys/net/ipv6/neigh/net1/retrans_time_ms"),
+        "1000"
+    );
+    assert_eq!(
+        sysctl("/proc/sys/net/ipv6/conf/net1/router_solicitation_delay"),
+        "1"
+    );
 }

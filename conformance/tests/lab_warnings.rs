@@ -10,7 +10,8 @@
 use serde_json::json;
 use tether_conformance::segment::{hold, result_ips};
 use tether_conformance::{
-    LeaseState, NetNs, PluginExec, Segment, TempDir, first_candidates, lab, tether_bin_dir, tether_binary,
+    LeaseState, NetNs, PluginExec, Segment, TempDir, first_candidates, lab, tether_bin_dir,
+    tether_binary,
 };
 
 const NET: &str = "labwarn";
@@ -46,33 +47,57 @@ fn a_conflict_warning_of_tether_ipam_is_a_warning_of_tether_ipvlan() {
         .var("CNI_IFNAME", "net1")
         .var("CNI_NETNS", pod.path().to_str().unwrap())
         .var("CNI_PATH", tether_bin_dir().to_str().unwrap())
-        .var("CNI_ARGS", "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID=u-1");
+        .var(
+            "CNI_ARGS",
+            "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID=u-1",
+        );
     let out = ipvlan.call_json("ADD", &conf);
     out.assert_success();
     assert_ne!(result_ips(&out)[0], held, "{out}");
 
     let rogue = seg.rogue_mac();
     let warns = ipvlan_lines(&out.stderr, "WARN");
-    let conflict = warns.iter().find(|l| l.contains(&format!("{held} answered the conflict probe from MAC {rogue}")));
-    let conflict = conflict.unwrap_or_else(|| panic!("no WARN line of tether-ipvlan names {held} and {rogue}: {out}"));
-    assert!(conflict.contains(&format!("tether-ipam ADD: network {NET}: ")), "{conflict}");
-    assert!(!out.stderr.contains(" DEBUG "), "debug records at the default log_level: {out}");
+    let conflict = warns.iter().find(|l| {
+        l.contains(&format!(
+            "{held} answered the conflict probe from MAC {rogue}"
+        ))
+    });
+    let conflict = conflict
+        .unwrap_or_else(|| panic!("no WARN line of tether-ipvlan names {held} and {rogue}: {out}"));
+    assert!(
+        conflict.contains(&format!("tether-ipam ADD: network {NET}: ")),
+        "{conflict}"
+    );
+    assert!(
+        !out.stderr.contains(" DEBUG "),
+        "debug records at the default log_level: {out}"
+    );
 
     // log_level error: the same conflict for another pod, and tether-ipvlan's own level filters it.
     let mut quiet = conf.clone();
     quiet["log_level"] = json!("error");
     ipvlan.call_json("DEL", &quiet).assert_success();
-    let cid2 = (2..).map(|n| format!("warn-{n}")).find(|c| first_candidates(&ipam, c, "net1")[0] != held).unwrap();
+    let cid2 = (2..)
+        .map(|n| format!("warn-{n}"))
+        .find(|c| first_candidates(&ipam, c, "net1")[0] != held)
+        .unwrap();
     hold(&seg.rogue, "r0", first_candidates(&ipam, &cid2, "net1")[0]);
     let pod2 = NetNs::new("lw-pod2");
     // Another pod: the first one's released address would be its sticky choice.
     let ipvlan2 = ipvlan
         .var("CNI_CONTAINERID", &cid2)
         .var("CNI_NETNS", pod2.path().to_str().unwrap())
-        .var("CNI_ARGS", "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p2;K8S_POD_UID=u-2");
+        .var(
+            "CNI_ARGS",
+            "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p2;K8S_POD_UID=u-2",
+        );
     let out = ipvlan2.call_json("ADD", &quiet);
     out.assert_success();
-    assert_eq!(LeaseState::new(data.path(), NET).quarantined().len(), 2, "the second ADD met a conflict too");
+    assert_eq!(
+        LeaseState::new(data.path(), NET).quarantined().len(),
+        2,
+        "the second ADD met a conflict too"
+    );
     assert!(ipvlan_lines(&out.stderr, "WARN").is_empty(), "{out}");
     ipvlan2.call_json("DEL", &quiet).assert_success();
 }

@@ -12,8 +12,15 @@ fn setup(tag: &str) -> (TempDir, FileStore, String) {
     let data = dir.join("data");
     let fs = FileStore::new(&data);
     let t = now() - 600;
-    fs.claim(lease("net-a", "10.3.0.10", Some(("ns", "p1", "u1")), "n1", t), None).unwrap().unwrap();
-    fs.claim(lease("net-a", "10.3.0.11", None, "n1", t), None).unwrap().unwrap();
+    fs.claim(
+        lease("net-a", "10.3.0.10", Some(("ns", "p1", "u1")), "n1", t),
+        None,
+    )
+    .unwrap()
+    .unwrap();
+    fs.claim(lease("net-a", "10.3.0.11", None, "n1", t), None)
+        .unwrap()
+        .unwrap();
     let mut rel = lease("net-b", "10.4.0.5", Some(("ns", "old", "u0")), "n1", t);
     rel.state = LeaseState::Released { at: t };
     fs.claim(rel, None).unwrap().unwrap();
@@ -28,51 +35,149 @@ fn leases_table_and_json() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines[0].split_whitespace().collect::<Vec<_>>(), ["NETWORK", "ADDRESS", "POD", "NODE", "STATE", "AGE"]);
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        ["NETWORK", "ADDRESS", "POD", "NODE", "STATE", "AGE"]
+    );
     assert_eq!(lines.len(), 4, "{out}");
-    assert!(lines[1].starts_with("net-a") && lines[1].contains("10.3.0.10/24") && lines[1].contains("ns/p1") && lines[1].contains("leased") && lines[1].contains("10m"), "{out}");
+    assert!(
+        lines[1].starts_with("net-a")
+            && lines[1].contains("10.3.0.10/24")
+            && lines[1].contains("ns/p1")
+            && lines[1].contains("leased")
+            && lines[1].contains("10m"),
+        "{out}"
+    );
     assert!(lines[2].contains("(container ctr-10.3.0.1)"), "{out}");
-    assert!(lines[3].starts_with("net-b") && lines[3].contains("released"), "{out}");
+    assert!(
+        lines[3].starts_with("net-b") && lines[3].contains("released"),
+        "{out}"
+    );
 
-    let o = tether(&["leases", "--data-dir", &data, "--network", "net-b", "-o", "json"]);
+    let o = tether(&[
+        "leases",
+        "--data-dir",
+        &data,
+        "--network",
+        "net-b",
+        "-o",
+        "json",
+    ]);
     assert_eq!(o.status.code(), Some(0));
     let v = json_out(&o);
     assert_eq!(v.as_array().unwrap().len(), 1);
     assert_eq!(v[0]["address"], "10.4.0.5");
     assert_eq!(v[0]["state"], "released");
-    assert_eq!(v[0]["pod"], json!({"namespace": "ns", "name": "old", "uid": "u0"}));
+    assert_eq!(
+        v[0]["pod"],
+        json!({"namespace": "ns", "name": "old", "uid": "u0"})
+    );
     assert_eq!(v[0]["node"], "n1");
 
     let empty = TempDir::new("leases-empty");
-    let o = tether(&["leases", "--data-dir", empty.path().to_str().unwrap(), "-o", "json"]);
+    let o = tether(&[
+        "leases",
+        "--data-dir",
+        empty.path().to_str().unwrap(),
+        "-o",
+        "json",
+    ]);
     assert_eq!((o.status.code(), json_out(&o)), (Some(0), json!([])));
 }
 
 #[test]
 fn release_refuses_leased_without_api_and_force_overrides() {
     let (_dir, fs, data) = setup("release");
-    let o = tether(&["release", "10.3.0.10", "--network", "net-a", "--data-dir", &data]);
+    let o = tether(&[
+        "release",
+        "10.3.0.10",
+        "--network",
+        "net-a",
+        "--data-dir",
+        &data,
+    ]);
     assert_eq!(o.status.code(), Some(3), "refused");
-    assert!(stderr(&o).contains("--force") && stderr(&o).contains("ns/p1"), "{}", stderr(&o));
-    assert!(fs.list("net-a").unwrap().iter().any(|l| l.address.to_string() == "10.3.0.10" && l.is_leased()));
+    assert!(
+        stderr(&o).contains("--force") && stderr(&o).contains("ns/p1"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        fs.list("net-a")
+            .unwrap()
+            .iter()
+            .any(|l| l.address.to_string() == "10.3.0.10" && l.is_leased())
+    );
 
-    let o = tether(&["release", "10.3.0.10", "--network", "net-a", "--data-dir", &data, "--force", "-o", "json"]);
+    let o = tether(&[
+        "release",
+        "10.3.0.10",
+        "--network",
+        "net-a",
+        "--data-dir",
+        &data,
+        "--force",
+        "-o",
+        "json",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v = json_out(&o);
     assert_eq!(v["released"], "10.3.0.10");
     assert_eq!(v["was"]["state"], "leased");
-    assert!(!fs.list("net-a").unwrap().iter().any(|l| l.address.to_string() == "10.3.0.10"));
+    assert!(
+        !fs.list("net-a")
+            .unwrap()
+            .iter()
+            .any(|l| l.address.to_string() == "10.3.0.10")
+    );
 
     // A Released record: removing it ends its cooldown; no --force needed.
-    let o = tether(&["release", "10.4.0.5", "--network", "net-b", "--data-dir", &data]);
+    let o = tether(&[
+        "release",
+        "10.4.0.5",
+        "--network",
+        "net-b",
+        "--data-dir",
+        &data,
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).contains("cooldown ends now"), "{}", stdout(&o));
     assert!(fs.list("net-b").unwrap().is_empty());
 
     // Unknown address: failed (1); bad address: usage (2).
-    assert_eq!(tether(&["release", "10.3.0.99", "--network", "net-a", "--data-dir", &data]).status.code(), Some(1));
-    assert_eq!(tether(&["release", "not-an-ip", "--network", "net-a", "--data-dir", &data]).status.code(), Some(2));
-    assert_eq!(tether(&["release", "10.3.0.11", "--data-dir", &data]).status.code(), Some(2), "--network is required");
+    assert_eq!(
+        tether(&[
+            "release",
+            "10.3.0.99",
+            "--network",
+            "net-a",
+            "--data-dir",
+            &data
+        ])
+        .status
+        .code(),
+        Some(1)
+    );
+    assert_eq!(
+        tether(&[
+            "release",
+            "not-an-ip",
+            "--network",
+            "net-a",
+            "--data-dir",
+            &data
+        ])
+        .status
+        .code(),
+        Some(2)
+    );
+    assert_eq!(
+        tether(&["release", "10.3.0.11", "--data-dir", &data])
+            .status
+            .code(),
+        Some(2),
+        "--network is required"
+    );
 }
 
 #[test]
@@ -91,12 +196,25 @@ fn doctor_happy_path_on_lo_exits_0() {
     let out = stdout(&o);
     assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
     for check in ["config", "master", "store", "pool", "conflicts"] {
-        assert_eq!(findings(&out, "OK", check).len().min(1), 1, "OK {check}: {out}");
+        assert_eq!(
+            findings(&out, "OK", check).len().min(1),
+            1,
+            "OK {check}: {out}"
+        );
     }
-    assert!(out.lines().skip(1).all(|l| l.starts_with("OK ")), "one finding per line, status first: {out}");
+    assert!(
+        out.lines().skip(1).all(|l| l.starts_with("OK ")),
+        "one finding per line, status first: {out}"
+    );
     let o = tether(&["doctor", "--config", nad.to_str().unwrap(), "-o", "json"]);
     assert_eq!(o.status.code(), Some(0));
-    assert!(json_out(&o).as_array().unwrap().iter().all(|f| f["ok"] == true));
+    assert!(
+        json_out(&o)
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["ok"] == true)
+    );
 
     // A master that does not exist: FAIL naming what to do, exit 1.
     std::fs::write(
@@ -109,7 +227,12 @@ fn doctor_happy_path_on_lo_exits_0() {
     let o = tether(&["doctor", "--config", nad.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     let out = stdout(&o);
-    assert!(findings(&out, "FAIL", "master").iter().any(|l| l.contains("does not exist")), "{out}");
+    assert!(
+        findings(&out, "FAIL", "master")
+            .iter()
+            .any(|l| l.contains("does not exist")),
+        "{out}"
+    );
 }
 
 #[test]
@@ -119,23 +242,60 @@ fn validate_version_help_and_usage() {
     std::fs::write(&nad, r#"{"cniVersion":"1.0.0","name":"v","type":"tether-ipvlan","ipam":{"type":"tether-ipam","range":"10.6.0.0/29"}}"#).unwrap();
     let o = tether(&["validate", "--config", nad.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(stdout(&o).contains("network v: 10.6.0.0/29"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("network v: 10.6.0.0/29"),
+        "{}",
+        stdout(&o)
+    );
     std::fs::write(&nad, r#"{"name":"v","ipam":{"type":"tether-ipam"}}"#).unwrap();
-    assert_eq!(tether(&["validate", "--config", nad.to_str().unwrap()]).status.code(), Some(1));
+    assert_eq!(
+        tether(&["validate", "--config", nad.to_str().unwrap()])
+            .status
+            .code(),
+        Some(1)
+    );
     let o = tether(&["version"]);
     assert_eq!(o.status.code(), Some(0));
     assert!(stdout(&o).starts_with("tether "));
     let o = tether(&["--help"]);
     assert_eq!(o.status.code(), Some(0));
-    for cmd in ["leases", "release", "doctor", "validate", "reconcile", "node-agent", "version"] {
+    for cmd in [
+        "leases",
+        "release",
+        "doctor",
+        "validate",
+        "reconcile",
+        "node-agent",
+        "version",
+    ] {
         assert!(stdout(&o).contains(cmd), "--help lists {cmd}");
     }
     let o = tether(&["reconcile", "--help"]);
-    for flag in ["--kubeconfig", "--node", "--data-dir", "--grace-s", "--interval-s", "--once", "--agent-namespace", "--agent-selector"] {
-        assert!(stdout(&o).contains(flag), "reconcile --help lists {flag}: {}", stdout(&o));
+    for flag in [
+        "--kubeconfig",
+        "--node",
+        "--data-dir",
+        "--grace-s",
+        "--interval-s",
+        "--once",
+        "--agent-namespace",
+        "--agent-selector",
+    ] {
+        assert!(
+            stdout(&o).contains(flag),
+            "reconcile --help lists {flag}: {}",
+            stdout(&o)
+        );
     }
     let o = tether(&["node-agent", "--help"]);
-    for flag in ["--grace-s", "--interval-s", "--node", "--no-reconcile", "--agent-namespace", "--agent-selector"] {
+    for flag in [
+        "--grace-s",
+        "--interval-s",
+        "--node",
+        "--no-reconcile",
+        "--agent-namespace",
+        "--agent-selector",
+    ] {
         assert!(stdout(&o).contains(flag), "node-agent --help lists {flag}");
     }
     assert_eq!(tether(&["frobnicate"]).status.code(), Some(2));
@@ -151,7 +311,11 @@ fn the_plugin_binary_points_operator_commands_to_tether() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(o.stdout.is_empty(), "nothing on stdout: {}", stdout(&o));
-    assert!(stderr(&o).contains("run `tether leases --data-dir /nonexistent`"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("run `tether leases --data-dir /nonexistent`"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// A NAD is used on every node: with the node-local file store each node would hand out the range
@@ -165,43 +329,94 @@ fn validate_warns_when_file_stores_would_share_a_range_across_nodes() {
     let kc = r#""kubernetes":{"kubeconfig":"/etc/cni/net.d/tether.d/tether.kubeconfig"}"#;
     let file_conf = r#"{"cniVersion":"1.0.0","name":"mgmt","type":"tether-ipvlan","ipam":{"type":"tether-ipam","range":"10.20.30.241-10.20.30.250/24"}}"#;
 
-    for conf in [file_conf.to_string(), file_conf.replace(r#""range""#, r#""store":"file","range""#)] {
+    for conf in [
+        file_conf.to_string(),
+        file_conf.replace(r#""range""#, r#""store":"file","range""#),
+    ] {
         std::fs::write(&nad, &conf).unwrap();
         let o = tether(&["validate", "--config", p]);
-        assert_eq!(o.status.code(), Some(0), "a warning is not an error: {}", stderr(&o));
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "a warning is not an error: {}",
+            stderr(&o)
+        );
         let err = stderr(&o);
-        assert!(err.contains("warning") && err.contains("network mgmt") && err.contains("file store"), "{err}");
-        assert!(err.contains("10.20.30.241-10.20.30.250/24") && err.contains("\"kubernetes\"") && err.contains("--node-local"), "{err}");
+        assert!(
+            err.contains("warning") && err.contains("network mgmt") && err.contains("file store"),
+            "{err}"
+        );
+        assert!(
+            err.contains("10.20.30.241-10.20.30.250/24")
+                && err.contains("\"kubernetes\"")
+                && err.contains("--node-local"),
+            "{err}"
+        );
         let o = tether(&["validate", "--strict", "--config", p]);
-        assert_eq!(o.status.code(), Some(1), "--strict fails on the warning: {}", stderr(&o));
+        assert_eq!(
+            o.status.code(),
+            Some(1),
+            "--strict fails on the warning: {}",
+            stderr(&o)
+        );
         let o = tether(&["validate", "--strict", "--node-local", "--config", p]);
-        assert_eq!((o.status.code(), stderr(&o)), (Some(0), String::new()), "--node-local: the range belongs to one node");
+        assert_eq!(
+            (o.status.code(), stderr(&o)),
+            (Some(0), String::new()),
+            "--node-local: the range belongs to one node"
+        );
     }
 
     // The cluster store, asked for either way: no warning, --strict passes.
-    for ipam_keys in [kc.to_string(), format!(r#""store":"kubernetes",{kc}"#), r#""store":"kubernetes""#.to_string()] {
+    for ipam_keys in [
+        kc.to_string(),
+        format!(r#""store":"kubernetes",{kc}"#),
+        r#""store":"kubernetes""#.to_string(),
+    ] {
         std::fs::write(&nad, format!(r#"{{"cniVersion":"1.0.0","name":"mgmt","type":"tether-ipvlan","ipam":{{"type":"tether-ipam","range":"10.20.30.0/24",{ipam_keys}}}}}"#))
             .unwrap();
         let o = tether(&["validate", "--strict", "--config", p]);
-        assert_eq!((o.status.code(), stderr(&o)), (Some(0), String::new()), "{ipam_keys}");
+        assert_eq!(
+            (o.status.code(), stderr(&o)),
+            (Some(0), String::new()),
+            "{ipam_keys}"
+        );
         assert!(stdout(&o).contains("Kubernetes store"), "{}", stdout(&o));
     }
 
     // The NAD object itself (`kubectl get net-attach-def -o json`): spec.config, with the NAD's name.
     let wrap = |config: &str| {
-        serde_json::to_string(&json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
-            "metadata": {"name": "pool-a", "namespace": "default"}, "spec": {"config": config}}))
+        serde_json::to_string(
+            &json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+            "metadata": {"name": "pool-a", "namespace": "default"}, "spec": {"config": config}}),
+        )
         .unwrap()
     };
     std::fs::write(&nad, wrap(&file_conf.replace(r#""name":"mgmt","#, ""))).unwrap();
     let o = tether(&["validate", "--config", p]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(stdout(&o).starts_with("network pool-a: "), "Multus injects the NAD's name: {}", stdout(&o));
-    assert!(stderr(&o).contains("network pool-a keeps its leases in the node-local file store"), "{}", stderr(&o));
-    std::fs::write(&nad, wrap(&file_conf.replace(r#""range""#, &format!(r#"{kc},"range""#)))).unwrap();
+    assert!(
+        stdout(&o).starts_with("network pool-a: "),
+        "Multus injects the NAD's name: {}",
+        stdout(&o)
+    );
+    assert!(
+        stderr(&o).contains("network pool-a keeps its leases in the node-local file store"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::write(
+        &nad,
+        wrap(&file_conf.replace(r#""range""#, &format!(r#"{kc},"range""#))),
+    )
+    .unwrap();
     let o = tether(&["validate", "--strict", "--config", p]);
     assert_eq!((o.status.code(), stderr(&o)), (Some(0), String::new()));
-    std::fs::write(&nad, r#"{"kind":"NetworkAttachmentDefinition","metadata":{"name":"x"},"spec":{}}"#).unwrap();
+    std::fs::write(
+        &nad,
+        r#"{"kind":"NetworkAttachmentDefinition","metadata":{"name":"x"},"spec":{}}"#,
+    )
+    .unwrap();
     let o = tether(&["validate", "--config", p]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("no spec.config"), "{}", stderr(&o));
@@ -227,19 +442,58 @@ fn node_agent_once_installs_and_reconciles() {
     std::fs::write(sa.join("ca.crt"), "CA").unwrap();
     let data = dir.join("data");
     let fs = FileStore::new(&data);
-    fs.claim(lease("fnet", "10.8.0.1", Some((ns, "gone", "u")), n1, now() - 3600), None).unwrap().unwrap();
-    env.put(lease(knet, "10.8.1.1", Some((ns, "gone-too", "u2")), n1, now() - 3600));
+    fs.claim(
+        lease(
+            "fnet",
+            "10.8.0.1",
+            Some((ns, "gone", "u")),
+            n1,
+            now() - 3600,
+        ),
+        None,
+    )
+    .unwrap()
+    .unwrap();
+    env.put(lease(
+        knet,
+        "10.8.1.1",
+        Some((ns, "gone-too", "u2")),
+        n1,
+        now() - 3600,
+    ));
     let o = tether_env(
         &[
-            "node-agent", "--cni-bin-dir", bin.to_str().unwrap(), "--kubeconfig-out", dir.join("out/tether.kubeconfig").to_str().unwrap(),
-            "--source-dir", src.to_str().unwrap(), "--service-account-dir", sa.to_str().unwrap(), "--data-dir", data.to_str().unwrap(),
-            "--kubeconfig", env.kubeconfig.to_str().unwrap(), "--agent-namespace", env.agent_ns(), "--once",
+            "node-agent",
+            "--cni-bin-dir",
+            bin.to_str().unwrap(),
+            "--kubeconfig-out",
+            dir.join("out/tether.kubeconfig").to_str().unwrap(),
+            "--source-dir",
+            src.to_str().unwrap(),
+            "--service-account-dir",
+            sa.to_str().unwrap(),
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--kubeconfig",
+            env.kubeconfig.to_str().unwrap(),
+            "--agent-namespace",
+            env.agent_ns(),
+            "--once",
         ],
         &[("KUBERNETES_SERVICE_HOST", "10.43.0.1"), ("NODE_NAME", n1)],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(bin.join("tether-ipam").is_file() && dir.join("out/tether.kubeconfig").is_file());
-    assert!(matches!(fs.list("fnet").unwrap()[0].state, LeaseState::Released { .. }), "file store reconciled");
-    assert!(is_released(&env.state(knet, "10.8.1.1")), "kubernetes store reconciled");
+    assert!(
+        matches!(
+            fs.list("fnet").unwrap()[0].state,
+            LeaseState::Released { .. }
+        ),
+        "file store reconciled"
+    );
+    assert!(
+        is_released(&env.state(knet, "10.8.1.1")),
+        "kubernetes store reconciled"
+    );
     assert!(stderr(&o).contains("released 10.8.0.1"), "{}", stderr(&o));
 }

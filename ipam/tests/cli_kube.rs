@@ -19,7 +19,13 @@ struct Names {
 }
 
 fn names(env: &Env) -> Names {
-    Names { net: env.name("gpu-net"), other: env.name("other-net"), ml: env.name("ml"), n1: env.name("n1"), n2: env.name("n2") }
+    Names {
+        net: env.name("gpu-net"),
+        other: env.name("other-net"),
+        ml: env.name("ml"),
+        n1: env.name("n1"),
+        n2: env.name("n2"),
+    }
 }
 
 /// Pods and leases: a live pod's, a gone pod's, a replaced pod's, an anonymous one, and a released
@@ -29,9 +35,27 @@ fn fill(env: &Env) -> Names {
     let t = now() - 600;
     let live = env.pod(n.ml, "trainer-0", "u-live", n.n1);
     env.pod(n.ml, "sts-0", "u-new", n.n1);
-    env.put(lease(n.net, "10.77.0.10", Some((n.ml, "trainer-0", &live)), n.n1, t));
-    env.put(lease(n.net, "10.77.0.11", Some((n.ml, "gone", "u-gone")), n.n1, t));
-    env.put(lease(n.net, "10.77.0.12", Some((n.ml, "sts-0", "u-old")), n.n1, t));
+    env.put(lease(
+        n.net,
+        "10.77.0.10",
+        Some((n.ml, "trainer-0", &live)),
+        n.n1,
+        t,
+    ));
+    env.put(lease(
+        n.net,
+        "10.77.0.11",
+        Some((n.ml, "gone", "u-gone")),
+        n.n1,
+        t,
+    ));
+    env.put(lease(
+        n.net,
+        "10.77.0.12",
+        Some((n.ml, "sts-0", "u-old")),
+        n.n1,
+        t,
+    ));
     env.put(lease(n.net, "10.77.0.13", None, n.n1, t));
     let mut rel = lease(n.other, "10.88.0.1", Some((n.ml, "x", "u-x")), n.n2, t);
     rel.state = LeaseState::Released { at: t };
@@ -52,10 +76,27 @@ fn leases_table_and_json_for_all_networks_or_one() {
     // Every network of the cluster: the other tests' on this server too; ours are these.
     let lines: Vec<&str> = out.lines().filter(|l| l.starts_with(&env.id)).collect();
     assert_eq!(lines.len(), 5, "every network's records: {out}");
-    assert!(lines[0].starts_with(n.net) && lines[0].contains("10.77.0.10/24") && lines[0].contains(&format!("{}/trainer-0", n.ml)) && lines[0].contains(n.n1), "{out}");
-    assert!(lines[4].starts_with(n.other) && lines[4].contains("released") && lines[4].contains(n.n2), "{out}");
+    assert!(
+        lines[0].starts_with(n.net)
+            && lines[0].contains("10.77.0.10/24")
+            && lines[0].contains(&format!("{}/trainer-0", n.ml))
+            && lines[0].contains(n.n1),
+        "{out}"
+    );
+    assert!(
+        lines[4].starts_with(n.other) && lines[4].contains("released") && lines[4].contains(n.n2),
+        "{out}"
+    );
 
-    let o = tether(&["leases", "--kubeconfig", kc, "--network", n.net, "-o", "json"]);
+    let o = tether(&[
+        "leases",
+        "--kubeconfig",
+        kc,
+        "--network",
+        n.net,
+        "-o",
+        "json",
+    ]);
     assert_eq!(o.status.code(), Some(0));
     let v = json_out(&o);
     assert_eq!(v.as_array().unwrap().len(), 4);
@@ -84,11 +125,20 @@ fn release_checks_the_pod() {
     // Live pod with the lease's uid: refused, exit 3, lease untouched.
     let o = rel("10.77.0.10", &[]);
     assert_eq!(o.status.code(), Some(3));
-    assert!(stderr(&o).contains(&format!("{}/trainer-0", n.ml)) && stderr(&o).contains("exists") && stderr(&o).contains("--force"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("{}/trainer-0", n.ml))
+            && stderr(&o).contains("exists")
+            && stderr(&o).contains("--force"),
+        "{}",
+        stderr(&o)
+    );
     let o = rel("10.77.0.10", &["-o", "json"]);
     assert_eq!(o.status.code(), Some(3));
     assert_eq!(json_out(&o)["refused"], "10.77.0.10");
-    assert!(matches!(env.state(n.net, "10.77.0.10"), Some(LeaseState::Leased)));
+    assert!(matches!(
+        env.state(n.net, "10.77.0.10"),
+        Some(LeaseState::Leased)
+    ));
     // A lease naming no pod: cannot tell, refused.
     assert_eq!(rel("10.77.0.13", &[]).status.code(), Some(3));
     // Pod gone, or replaced by another uid: released without --force.
@@ -98,13 +148,25 @@ fn release_checks_the_pod() {
     assert_eq!(env.state(n.net, "10.77.0.11"), None);
     let o = rel("10.77.0.12", &["-o", "json"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(json_out(&o)["reason"].as_str().unwrap().contains("another pod"));
+    assert!(
+        json_out(&o)["reason"]
+            .as_str()
+            .unwrap()
+            .contains("another pod")
+    );
     // --force releases a live one.
     let o = rel("10.77.0.10", &["--force"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(env.state(n.net, "10.77.0.10"), None);
     // A released record: removed (cooldown ends), exit 0.
-    let o = tether(&["release", "10.88.0.1", "--network", n.other, "--kubeconfig", kc]);
+    let o = tether(&[
+        "release",
+        "10.88.0.1",
+        "--network",
+        n.other,
+        "--kubeconfig",
+        kc,
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(env.state(n.other, "10.88.0.1"), None);
     // No such record: exit 1.
@@ -113,10 +175,25 @@ fn release_checks_the_pod() {
     let env2 = Env::real("krelease-403");
     let n2 = fill(&env2);
     let kc2 = env2.forbidding(&[("get", "pods")]);
-    let o = tether(&["release", "10.77.0.11", "--network", n2.net, "--kubeconfig", kc2.to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(3), "checking the pod failed: refuse; {}", stderr(&o));
+    let o = tether(&[
+        "release",
+        "10.77.0.11",
+        "--network",
+        n2.net,
+        "--kubeconfig",
+        kc2.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "checking the pod failed: refuse; {}",
+        stderr(&o)
+    );
     assert!(stderr(&o).contains("pods"), "{}", stderr(&o));
-    assert!(matches!(env2.state(n2.net, "10.77.0.11"), Some(LeaseState::Leased)));
+    assert!(matches!(
+        env2.state(n2.net, "10.77.0.11"),
+        Some(LeaseState::Leased)
+    ));
 }
 
 #[test]
@@ -128,14 +205,58 @@ fn file_store_with_a_kubeconfig_checks_pods_too() {
     let data = env.dir.join("data");
     let fs = FileStore::new(&data);
     let t = now() - 600;
-    fs.claim(lease("fnet", "10.9.0.1", Some((ml, "alive", &a)), n1, t), None).unwrap().unwrap();
-    fs.claim(lease("fnet", "10.9.0.2", Some((ml, "gone", "u-g")), n1, t), None).unwrap().unwrap();
+    fs.claim(
+        lease("fnet", "10.9.0.1", Some((ml, "alive", &a)), n1, t),
+        None,
+    )
+    .unwrap()
+    .unwrap();
+    fs.claim(
+        lease("fnet", "10.9.0.2", Some((ml, "gone", "u-g")), n1, t),
+        None,
+    )
+    .unwrap()
+    .unwrap();
     let (d, kc) = (data.to_str().unwrap(), env.kubeconfig.to_str().unwrap());
-    assert_eq!(tether(&["release", "10.9.0.1", "--network", "fnet", "--data-dir", d, "--kubeconfig", kc]).status.code(), Some(3));
-    assert_eq!(tether(&["release", "10.9.0.2", "--network", "fnet", "--data-dir", d]).status.code(), Some(3), "no API: refused");
-    let o = tether(&["release", "10.9.0.2", "--network", "fnet", "--data-dir", d, "--kubeconfig", kc]);
+    assert_eq!(
+        tether(&[
+            "release",
+            "10.9.0.1",
+            "--network",
+            "fnet",
+            "--data-dir",
+            d,
+            "--kubeconfig",
+            kc
+        ])
+        .status
+        .code(),
+        Some(3)
+    );
+    assert_eq!(
+        tether(&["release", "10.9.0.2", "--network", "fnet", "--data-dir", d])
+            .status
+            .code(),
+        Some(3),
+        "no API: refused"
+    );
+    let o = tether(&[
+        "release",
+        "10.9.0.2",
+        "--network",
+        "fnet",
+        "--data-dir",
+        d,
+        "--kubeconfig",
+        kc,
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let left: Vec<String> = fs.list("fnet").unwrap().iter().map(|l| l.address.to_string()).collect();
+    let left: Vec<String> = fs
+        .list("fnet")
+        .unwrap()
+        .iter()
+        .map(|l| l.address.to_string())
+        .collect();
     assert_eq!(left, vec!["10.9.0.1".to_string()]);
     let o = tether(&["leases", "--data-dir", d, "-o", "json"]);
     assert_eq!(json_out(&o).as_array().unwrap().len(), 1);
@@ -157,15 +278,38 @@ fn doctor_happy_path() {
     let n = fill(&env);
     let (code, out) = doctor(&env, n.net);
     assert_eq!(code, Some(0), "{out}");
-    for check in ["config", "master", "kubeconfig", "api", "crd", "rbac", "store", "pool", "conflicts"] {
+    for check in [
+        "config",
+        "master",
+        "kubeconfig",
+        "api",
+        "crd",
+        "rbac",
+        "store",
+        "pool",
+        "conflicts",
+    ] {
         assert!(!findings(&out, "OK", check).is_empty(), "OK {check}: {out}");
     }
     let rbac = findings(&out, "OK", "rbac");
-    assert_eq!(rbac.len(), 2, "exactly the leases' verbs and pods get/list/watch: {out}");
-    assert!(rbac[0].contains("get, list, watch, create, update, delete on ipleases.ipam.tether.dev"), "{out}");
+    assert_eq!(
+        rbac.len(),
+        2,
+        "exactly the leases' verbs and pods get/list/watch: {out}"
+    );
+    assert!(
+        rbac[0].contains("get, list, watch, create, update, delete on ipleases.ipam.tether.dev"),
+        "{out}"
+    );
     assert!(rbac[1].contains("get, list, watch on pods"), "{out}");
-    assert!(!out.contains("nodes"), "no access to nodes is needed: {out}");
-    assert!(findings(&out, "OK", "store")[0].contains("4 record(s)"), "{out}");
+    assert!(
+        !out.contains("nodes"),
+        "no access to nodes is needed: {out}"
+    );
+    assert!(
+        findings(&out, "OK", "store")[0].contains("4 record(s)"),
+        "{out}"
+    );
     assert!(out.lines().skip(1).all(|l| l.starts_with("OK ")), "{out}");
 }
 
@@ -179,9 +323,18 @@ fn doctor_without_the_crd_says_how_to_install_it() {
     assert_eq!(code, Some(1), "{out}");
     let f = findings(&out, "FAIL", "crd");
     assert_eq!(f.len(), 1, "{out}");
-    assert!(f[0].contains("kubectl apply -f deploy/crds/ipleases.yaml"), "{out}");
-    assert!(!findings(&out, "OK", "api").is_empty(), "the API itself answers: {out}");
-    assert!(findings(&out, "OK", "store").is_empty(), "no store line repeating the failure: {out}");
+    assert!(
+        f[0].contains("kubectl apply -f deploy/crds/ipleases.yaml"),
+        "{out}"
+    );
+    assert!(
+        !findings(&out, "OK", "api").is_empty(),
+        "the API itself answers: {out}"
+    );
+    assert!(
+        findings(&out, "OK", "store").is_empty(),
+        "no store line repeating the failure: {out}"
+    );
 }
 
 #[test]
@@ -193,7 +346,10 @@ fn doctor_without_access_to_crds_lists_the_leases_instead() {
     let kc = env.forbidding(&[("get", "customresourcedefinitions")]);
     let (code, out) = doctor_nad(&env.nad_with(n.net, &kc));
     assert_eq!(code, Some(0), "{out}");
-    assert!(findings(&out, "OK", "crd")[0].contains("listing ipleases works"), "{out}");
+    assert!(
+        findings(&out, "OK", "crd")[0].contains("listing ipleases works"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -201,15 +357,28 @@ fn doctor_without_access_to_crds_lists_the_leases_instead() {
 fn doctor_names_forbidden_verbs_and_what_to_grant() {
     let env = Env::real("kdoctor-403");
     let n = fill(&env);
-    let kc = env.forbidding(&[("create", "ipleases"), ("delete", "ipleases"), ("watch", "pods")]);
+    let kc = env.forbidding(&[
+        ("create", "ipleases"),
+        ("delete", "ipleases"),
+        ("watch", "pods"),
+    ]);
     let (code, out) = doctor_nad(&env.nad_with(n.net, &kc));
     assert_eq!(code, Some(1), "{out}");
     let f = findings(&out, "FAIL", "rbac");
     assert_eq!(f.len(), 2, "{out}");
-    assert!(f[0].contains("create") && f[0].contains("delete") && f[0].contains("ipleases.ipam.tether.dev") && f[0].contains("grant"), "{out}");
+    assert!(
+        f[0].contains("create")
+            && f[0].contains("delete")
+            && f[0].contains("ipleases.ipam.tether.dev")
+            && f[0].contains("grant"),
+        "{out}"
+    );
     assert!(f[0].contains("deploy/base/rbac.yaml"), "{out}");
     assert!(f[1].contains("watch") && f[1].contains("pods"), "{out}");
-    assert!(findings(&out, "OK", "rbac").is_empty(), "only two rbac lines, both failing: {out}");
+    assert!(
+        findings(&out, "OK", "rbac").is_empty(),
+        "only two rbac lines, both failing: {out}"
+    );
 }
 
 /// The API double: every authenticated user of a real server may create access reviews
@@ -217,10 +386,14 @@ fn doctor_names_forbidden_verbs_and_what_to_grant() {
 #[test]
 fn doctor_with_access_reviews_forbidden_says_how_to_check_by_hand() {
     let env = Env::double("kdoctor-ssar");
-    env.double_api().forbid("create", "selfsubjectaccessreviews");
+    env.double_api()
+        .forbid("create", "selfsubjectaccessreviews");
     let (code, out) = doctor(&env, env.name("gpu-net"));
     assert_eq!(code, Some(1), "{out}");
-    assert!(findings(&out, "FAIL", "rbac")[0].contains("kubectl auth can-i"), "{out}");
+    assert!(
+        findings(&out, "FAIL", "rbac")[0].contains("kubectl auth can-i"),
+        "{out}"
+    );
 }
 
 /// No server at all: a closed port, a token file that cannot be read, no kubeconfig.
@@ -244,10 +417,16 @@ fn doctor_with_an_unreachable_api_or_a_bad_kubeconfig() {
     std::fs::write(&kubeconfig, kc).unwrap();
     let (code, out) = doctor_nad(&nad);
     assert_eq!(code, Some(1), "{out}");
-    assert!(findings(&out, "FAIL", "kubeconfig")[0].contains("/nonexistent/token"), "{out}");
+    assert!(
+        findings(&out, "FAIL", "kubeconfig")[0].contains("/nonexistent/token"),
+        "{out}"
+    );
 
     std::fs::remove_file(&kubeconfig).unwrap();
     let (code, out) = doctor_nad(&nad);
     assert_eq!(code, Some(1), "{out}");
-    assert!(findings(&out, "FAIL", "kubeconfig")[0].contains("does not exist"), "{out}");
+    assert!(
+        findings(&out, "FAIL", "kubeconfig")[0].contains("does not exist"),
+        "{out}"
+    );
 }

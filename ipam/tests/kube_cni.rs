@@ -23,9 +23,18 @@ fn call(verb: &str, cid: &str, conf: &Value) -> (i32, Value) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(conf.to_string().as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.to_string().as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
-    let v = if out.stdout.is_empty() { Value::Null } else { serde_json::from_slice(&out.stdout).unwrap() };
+    let v = if out.stdout.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
     (out.status.code().unwrap_or(-1), v)
 }
 
@@ -52,11 +61,19 @@ fn item80_add_creates_one_object_per_address_and_del_releases_it() {
     assert_eq!(objs.len(), 3, "one object per leased address: {objs:?}");
     for a in &addrs {
         let ip = a.split('/').next().unwrap();
-        assert!(objs.iter().any(|o| o["spec"]["address"] == ip && o["spec"]["network"] == net), "{a} has no object: {objs:?}");
+        assert!(
+            objs.iter()
+                .any(|o| o["spec"]["address"] == ip && o["spec"]["network"] == net),
+            "{a} has no object: {objs:?}"
+        );
     }
     assert_eq!(call("DEL", "c1", &c).0, 0);
     let ip1 = addrs[0].split('/').next().unwrap();
-    let o = env.lease_objects(net).into_iter().find(|o| o["spec"]["address"] == ip1).expect("record kept for cooldown/sticky");
+    let o = env
+        .lease_objects(net)
+        .into_iter()
+        .find(|o| o["spec"]["address"] == ip1)
+        .expect("record kept for cooldown/sticky");
     assert_eq!(o["spec"]["state"], "Released", "{o}");
     assert_eq!(call("CHECK", "c1", &c).0, 1, "CHECK fails once released");
 }
@@ -71,7 +88,11 @@ fn item82_unreachable_api_is_code_11_and_nothing_is_leased() {
     let (code, e) = call("ADD", "c9", &conf(&kc, 2, "mgmt"));
     assert_eq!(code, 1);
     assert_eq!(e["code"], 11, "{e}");
-    assert!(t.elapsed() < std::time::Duration::from_secs(5), "bounded by the budget: {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(5),
+        "bounded by the budget: {:?}",
+        t.elapsed()
+    );
     let (code, e) = call("STATUS", "c9", &conf(&kc, 2, "mgmt"));
     assert_eq!((code, e["code"].as_u64()), (1, Some(50)), "{e}");
 }
@@ -92,9 +113,18 @@ fn call_on(node: &str, verb: &str, cid: &str, conf: &Value) -> (i32, Value) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(conf.to_string().as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.to_string().as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
-    let v = if out.stdout.is_empty() { Value::Null } else { serde_json::from_slice(&out.stdout).unwrap() };
+    let v = if out.stdout.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
     (out.status.code().unwrap_or(-1), v)
 }
 
@@ -107,9 +137,15 @@ fn call_on(node: &str, verb: &str, cid: &str, conf: &Value) -> (i32, Value) {
 fn gc_on_one_node_releases_only_that_nodes_stale_leases() {
     let env = Env::real("kgc");
     let net = env.name("gc");
-    let bin = std::env::var_os("PEERS_BIN_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| "/var/cache/tether-peers/bin".into());
+    let bin = std::env::var_os("PEERS_BIN_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/var/cache/tether-peers/bin".into());
     let cnitool = bin.join("cnitool");
-    assert!(cnitool.is_file(), "{} missing: .ci/deps.sh builds it (conformance/peers/build.sh)", cnitool.display());
+    assert!(
+        cnitool.is_file(),
+        "{} missing: .ci/deps.sh builds it (conformance/peers/build.sh)",
+        cnitool.display()
+    );
     let ipam = |node: &str| {
         json!({"type": "tether-ipam", "range": "10.20.31.0/24", "probe": false,
                "dataDir": env.dir.join(node), "kubernetes": {"kubeconfig": env.kubeconfig}})
@@ -119,10 +155,22 @@ fn gc_on_one_node_releases_only_that_nodes_stale_leases() {
     for (node, cid) in [("node-a", "a1"), ("node-a", "a2"), ("node-b", "b1")] {
         let (code, r) = call_on(node, "ADD", cid, &conf_on(node));
         assert_eq!(code, 0, "{r}");
-        held.insert(cid, r["ips"][0]["address"].as_str().unwrap().split('/').next().unwrap().to_string());
+        held.insert(
+            cid,
+            r["ips"][0]["address"]
+                .as_str()
+                .unwrap()
+                .split('/')
+                .next()
+                .unwrap()
+                .to_string(),
+        );
     }
     let state = |cid: &str| {
-        env.lease_objects(net).into_iter().find(|o| o["spec"]["address"] == held[cid].as_str()).map(|o| o["spec"]["state"].clone())
+        env.lease_objects(net)
+            .into_iter()
+            .find(|o| o["spec"]["address"] == held[cid].as_str())
+            .map(|o| o["spec"]["state"].clone())
     };
 
     // cnitool on node a: the network as a one-plugin list; its GC names no valid attachment.
@@ -130,7 +178,9 @@ fn gc_on_one_node_releases_only_that_nodes_stale_leases() {
     std::fs::create_dir_all(&netconf).unwrap();
     let list = json!({"cniVersion": "1.1.0", "name": net, "plugins": [{"type": "tether-ipam", "ipam": ipam("node-a")}]});
     std::fs::write(netconf.join(format!("{net}.conflist")), list.to_string()).unwrap();
-    let plugin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_tether-ipam")).parent().unwrap();
+    let plugin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_tether-ipam"))
+        .parent()
+        .unwrap();
     let out = Command::new(&cnitool)
         .args(["gc", net, "/run/netns/unused"])
         .env("NETCONFPATH", &netconf)
@@ -139,7 +189,10 @@ fn gc_on_one_node_releases_only_that_nodes_stale_leases() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("GC needs cni.dev/valid-attachments"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("GC needs cni.dev/valid-attachments"),
+        "{out:?}"
+    );
     for cid in ["a1", "a2", "b1"] {
         assert_eq!(state(cid), Some(json!("Leased")), "{cid}");
     }
@@ -151,6 +204,10 @@ fn gc_on_one_node_releases_only_that_nodes_stale_leases() {
     assert_eq!(code, 0, "{r}");
     assert_eq!(state("a1"), Some(json!("Leased")));
     assert_eq!(state("a2"), Some(json!("Released")), "node a's stale lease");
-    assert_eq!(state("b1"), Some(json!("Leased")), "node b's lease survives node a's GC");
+    assert_eq!(
+        state("b1"),
+        Some(json!("Leased")),
+        "node b's lease survives node a's GC"
+    );
     assert_eq!(call_on("node-b", "CHECK", "b1", &conf_on("node-b")).0, 0);
 }

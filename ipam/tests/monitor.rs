@@ -18,7 +18,10 @@ use reconcile_support::*;
 use serde_json::{Value, json};
 use tether_ipam::operator::reconcile::{Options, Reconciler};
 use tether_kube_store::KubeStore;
-use tether_leases::{AddRequest, Allocator, FileStore, LeaseState, LeaseStore, PodRef, ScriptedProber, SystemClock, start_offset};
+use tether_leases::{
+    AddRequest, Allocator, FileStore, LeaseState, LeaseStore, PodRef, ScriptedProber, SystemClock,
+    start_offset,
+};
 use tether_pool::PoolConfig;
 
 const ROGUE: &str = "02:00:00:00:00:99";
@@ -35,7 +38,8 @@ fn nad_crd(env: &Env) {
     let name = "network-attachment-definitions.k8s.cni.cncf.io";
     if env.get_json(crds, Some(name)).is_err() {
         let path = peers_dir().join("nad-crd.yaml");
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let crd: Value = serde_saphyr::from_str(&text).unwrap();
         match env.post_json(crds, &crd) {
             Ok(_) => {}
@@ -45,7 +49,12 @@ fn nad_crd(env: &Env) {
     }
     let established = wait_until(Duration::from_secs(30), || {
         env.get_json(crds, Some(name)).is_ok_and(|c| {
-            c.pointer("/status/conditions").and_then(Value::as_array).is_some_and(|cs| cs.iter().any(|c| c["type"] == "Established" && c["status"] == "True"))
+            c.pointer("/status/conditions")
+                .and_then(Value::as_array)
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c["type"] == "Established" && c["status"] == "True")
+                })
         })
     });
     assert!(established.is_some(), "the NAD CRD is not Established");
@@ -65,7 +74,9 @@ fn nad<'e>(env: &'e Env, ns: &str, name: &str, config: &Value) -> Nad<'e> {
     let path = format!("/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions");
     let body = json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
                       "metadata": {"name": name, "namespace": ns}, "spec": {"config": config.to_string()}});
-    let ok = wait_until(Duration::from_secs(20), || env.post_json(&path, &body).is_ok());
+    let ok = wait_until(Duration::from_secs(20), || {
+        env.post_json(&path, &body).is_ok()
+    });
     assert!(ok.is_some(), "creating NAD {ns}/{name}");
     Nad(env, path, name.to_string())
 }
@@ -76,7 +87,10 @@ fn scrape(addr: SocketAddr) -> String {
     let mut s = String::new();
     c.read_to_string(&mut s).unwrap();
     let (head, body) = s.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200 OK") && head.contains("text/plain; version=0.0.4"), "{head}");
+    assert!(
+        head.starts_with("HTTP/1.1 200 OK") && head.contains("text/plain; version=0.0.4"),
+        "{head}"
+    );
     body.to_string()
 }
 
@@ -85,7 +99,11 @@ fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
         let (series, value) = l.rsplit_once(' ')?;
         let (n, rest) = series.split_once('{').unwrap_or((series, ""));
-        (n == name && labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))).then(|| value.parse().unwrap())
+        (n == name
+            && labels
+                .iter()
+                .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\""))))
+        .then(|| value.parse().unwrap())
     })
 }
 
@@ -102,7 +120,9 @@ fn scrape_until(addr: SocketAddr, what: &str, mut cond: impl FnMut(&str) -> bool
 
 /// The AddressConflict Events of pod `ns/pod`.
 fn conflict_events(env: &Env, ns: &str, pod: &str) -> Vec<Value> {
-    let list = env.get_json(&format!("/api/v1/namespaces/{ns}/events"), None).unwrap();
+    let list = env
+        .get_json(&format!("/api/v1/namespaces/{ns}/events"), None)
+        .unwrap();
     list["items"]
         .as_array()
         .unwrap()
@@ -141,7 +161,11 @@ impl Running {
             addr = r.metrics_addr();
             addr.is_some()
         });
-        Running { stop, thread: Some(thread), addr: addr.expect("metrics served within 10 s") }
+        Running {
+            stop,
+            thread: Some(thread),
+            addr: addr.expect("metrics served within 10 s"),
+        }
     }
 }
 
@@ -156,14 +180,37 @@ impl Drop for Running {
 
 /// An ADD by pod `ns/pod` on `node` whose first candidate answers the probe from [`ROGUE`]: the
 /// engine quarantines it (keeping the ADD's pod and node) and leases the next one.
-fn add_meeting_a_conflict(cfg: &PoolConfig, store: &dyn LeaseStore, ns: &str, pod: &str, uid: &str, node: &str) -> (std::net::IpAddr, std::net::IpAddr) {
+fn add_meeting_a_conflict(
+    cfg: &PoolConfig,
+    store: &dyn LeaseStore,
+    ns: &str,
+    pod: &str,
+    uid: &str,
+    node: &str,
+) -> (std::net::IpAddr, std::net::IpAddr) {
     let cid = format!("ctr-{pod}");
-    let squatted = cfg.ranges[0].candidates(start_offset(&cid, "net1", 0)).next().unwrap();
+    let squatted = cfg.ranges[0]
+        .candidates(start_offset(&cid, "net1", 0))
+        .next()
+        .unwrap();
     let prober = ScriptedProber::new();
     prober.in_use(squatted, ROGUE);
-    let req = AddRequest { container_id: cid, ifname: "net1".into(), pod: PodRef::new(ns, pod, uid), node: Some(node.into()), requested: Vec::new() };
-    let got = Allocator::from_config(cfg, store, &prober, &SystemClock).add(&req).unwrap()[0].address;
-    assert_eq!(prober.calls().first(), Some(&squatted), "the walk started elsewhere");
+    let req = AddRequest {
+        container_id: cid,
+        ifname: "net1".into(),
+        pod: PodRef::new(ns, pod, uid),
+        node: Some(node.into()),
+        requested: Vec::new(),
+    };
+    let got = Allocator::from_config(cfg, store, &prober, &SystemClock)
+        .add(&req)
+        .unwrap()[0]
+        .address;
+    assert_eq!(
+        prober.calls().first(),
+        Some(&squatted),
+        "the walk started elsewhere"
+    );
     assert_ne!(got, squatted);
     (squatted, got)
 }
@@ -186,61 +233,150 @@ fn pool_gauges_follow_the_leases_and_a_conflict_is_an_event_on_the_pod_once() {
     env.put(lease(net, "10.78.0.5", Some((ns, "alive", &alive)), n1, t));
     // A leaked lease (its pod is gone) in a network without a NAD: the first pass reclaims it.
     let other = env.name("other");
-    env.put(lease(other, "10.80.0.1", Some((ns, "gone", "u-gone")), n1, t));
+    env.put(lease(
+        other,
+        "10.80.0.1",
+        Some((ns, "gone", "u-gone")),
+        n1,
+        t,
+    ));
 
     let agent = Running::start(options(&env, n1));
-    let pool = [("network", net), ("range", "10.78.0.1-10.78.0.6/24"), ("store", "kubernetes")];
-    let m = scrape_until(agent.addr, "pool gauges of the NAD's range", |m| sample(m, "tether_pool_leased", &pool) == Some(1.0));
+    let pool = [
+        ("network", net),
+        ("range", "10.78.0.1-10.78.0.6/24"),
+        ("store", "kubernetes"),
+    ];
+    let m = scrape_until(agent.addr, "pool gauges of the NAD's range", |m| {
+        sample(m, "tether_pool_leased", &pool) == Some(1.0)
+    });
     assert_eq!(sample(&m, "tether_pool_size", &pool), Some(6.0), "{m}");
     assert_eq!(sample(&m, "tether_pool_free", &pool), Some(5.0), "{m}");
-    assert_eq!(sample(&m, "tether_pool_reporter", &[]), Some(1.0), "the only agent node reports the pools: {m}");
-    assert_eq!(sample(&m, "tether_node_lease_records", &[("network", net), ("state", "leased")]), Some(1.0), "{m}");
-    assert!(sample(&m, "tether_api_requests_total", &[("verb", "list")]).is_some_and(|v| v > 0.0), "{m}");
-    assert_eq!(sample(&m, "tether_leases_reclaimed_total", &[("network", other), ("reason", "pod_gone")]), Some(1.0), "{m}");
-    assert_eq!(sample(&m, "tether_pool_size", &[("network", other)]), None, "no NAD, no pool size: {m}");
+    assert_eq!(
+        sample(&m, "tether_pool_reporter", &[]),
+        Some(1.0),
+        "the only agent node reports the pools: {m}"
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "tether_node_lease_records",
+            &[("network", net), ("state", "leased")]
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert!(
+        sample(&m, "tether_api_requests_total", &[("verb", "list")]).is_some_and(|v| v > 0.0),
+        "{m}"
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "tether_leases_reclaimed_total",
+            &[("network", other), ("reason", "pod_gone")]
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "tether_pool_size", &[("network", other)]),
+        None,
+        "no NAD, no pool size: {m}"
+    );
 
     // Leases change: a second one, then a release into the cooldown.
     let second = env.put(lease(net, "10.78.0.6", Some((ns, "alive", &alive)), n1, t));
-    scrape_until(agent.addr, "two leased", |m| sample(m, "tether_pool_leased", &pool) == Some(2.0));
+    scrape_until(agent.addr, "two leased", |m| {
+        sample(m, "tether_pool_leased", &pool) == Some(2.0)
+    });
     store.release(&second, now()).unwrap().unwrap();
     let m = scrape_until(agent.addr, "one leased, one cooling down", |m| {
-        sample(m, "tether_pool_leased", &pool) == Some(1.0) && sample(m, "tether_pool_cooling", &pool) == Some(1.0)
+        sample(m, "tether_pool_leased", &pool) == Some(1.0)
+            && sample(m, "tether_pool_cooling", &pool) == Some(1.0)
     });
-    assert_eq!(sample(&m, "tether_address_conflicts_total", &[("network", net)]), None, "no conflict yet: {m}");
+    assert_eq!(
+        sample(&m, "tether_address_conflicts_total", &[("network", net)]),
+        None,
+        "no conflict yet: {m}"
+    );
 
     // An ADD of the victim pod meets a squatter on its first candidate.
     let before = now();
     let (squatted, got) = add_meeting_a_conflict(&cfg, &store, ns, "victim", &victim_uid, n1);
-    assert!(matches!(env.state(net, &squatted.to_string()), Some(LeaseState::Quarantined { .. })));
-    let conflict = [("network", net), ("address", &*squatted.to_string()), ("mac", ROGUE)];
+    assert!(matches!(
+        env.state(net, &squatted.to_string()),
+        Some(LeaseState::Quarantined { .. })
+    ));
+    let conflict = [
+        ("network", net),
+        ("address", &*squatted.to_string()),
+        ("mac", ROGUE),
+    ];
     // (Counters and pools are refreshed one after the other within a round.)
-    let m = scrape_until(agent.addr, "the conflict counted, quarantined and the pod's new lease", |m| {
-        sample(m, "tether_address_conflicts_total", &conflict) == Some(1.0)
-            && sample(m, "tether_pool_quarantined", &pool) == Some(1.0)
-            && sample(m, "tether_pool_leased", &pool) == Some(2.0)
-    });
-    assert_eq!(sample(&m, "tether_conflict_events_total", &[("result", "posted")]), Some(1.0), "{m}");
-    let when = sample(&m, "tether_address_conflict_timestamp_seconds", &conflict).expect("the conflict's time");
+    let m = scrape_until(
+        agent.addr,
+        "the conflict counted, quarantined and the pod's new lease",
+        |m| {
+            sample(m, "tether_address_conflicts_total", &conflict) == Some(1.0)
+                && sample(m, "tether_pool_quarantined", &pool) == Some(1.0)
+                && sample(m, "tether_pool_leased", &pool) == Some(2.0)
+        },
+    );
+    assert_eq!(
+        sample(&m, "tether_conflict_events_total", &[("result", "posted")]),
+        Some(1.0),
+        "{m}"
+    );
+    let when = sample(&m, "tether_address_conflict_timestamp_seconds", &conflict)
+        .expect("the conflict's time");
     assert!((before as f64..=now() as f64).contains(&when), "{when} {m}");
     let events = conflict_events(&env, ns, "victim");
     assert_eq!(events.len(), 1, "{events:?}");
     let e = &events[0];
-    assert_eq!((e["type"].as_str(), e["involvedObject"]["kind"].as_str()), (Some("Warning"), Some("Pod")), "{e}");
+    assert_eq!(
+        (e["type"].as_str(), e["involvedObject"]["kind"].as_str()),
+        (Some("Warning"), Some("Pod")),
+        "{e}"
+    );
     assert_eq!(e["involvedObject"]["uid"], victim_uid, "{e}");
     assert_eq!(e["source"]["host"], n1, "{e}");
     let msg = e["message"].as_str().unwrap();
-    assert!(msg.contains(&squatted.to_string()) && msg.contains(ROGUE) && msg.contains(net) && !msg.contains(&got.to_string()), "{msg}");
+    assert!(
+        msg.contains(&squatted.to_string())
+            && msg.contains(ROGUE)
+            && msg.contains(net)
+            && !msg.contains(&got.to_string()),
+        "{msg}"
+    );
 
     // Posted once: later rounds, and a restarted agent, neither post nor count it again.
     std::thread::sleep(Duration::from_millis(800));
-    assert_eq!(sample(&scrape(agent.addr), "tether_address_conflicts_total", &conflict), Some(1.0));
+    assert_eq!(
+        sample(
+            &scrape(agent.addr),
+            "tether_address_conflicts_total",
+            &conflict
+        ),
+        Some(1.0)
+    );
     drop(agent);
     let agent = Running::start(options(&env, n1));
-    let m = scrape_until(agent.addr, "the restarted agent's first rounds", |m| sample(m, "tether_pool_quarantined", &pool) == Some(1.0));
+    let m = scrape_until(agent.addr, "the restarted agent's first rounds", |m| {
+        sample(m, "tether_pool_quarantined", &pool) == Some(1.0)
+    });
     std::thread::sleep(Duration::from_millis(600));
     let m2 = scrape(agent.addr);
-    assert_eq!(sample(&m2, "tether_address_conflicts_total", &conflict), None, "{m}\n{m2}");
-    assert_eq!(sample(&m2, "tether_address_conflict_timestamp_seconds", &conflict), Some(when), "the record is still there: {m2}");
+    assert_eq!(
+        sample(&m2, "tether_address_conflicts_total", &conflict),
+        None,
+        "{m}\n{m2}"
+    );
+    assert_eq!(
+        sample(&m2, "tether_address_conflict_timestamp_seconds", &conflict),
+        Some(when),
+        "the record is still there: {m2}"
+    );
     assert_eq!(conflict_events(&env, ns, "victim").len(), 1);
 }
 
@@ -258,25 +394,49 @@ fn file_store_pools_are_per_node_and_their_conflicts_are_events_too() {
     let conf = json!({"cniVersion": "1.0.0", "name": net, "plugins": [{"type": "tether-ipvlan", "master": "lo",
         "ipam": {"type": "tether-ipam", "range": "10.79.0.0/29", "dataDir": data}}]});
     let _nad = nad(&env, ns, "local", &conf);
-    let cfg = PoolConfig::from_value(&tether_ipam::operator::monitor::tether_ipam_configs(&conf.to_string(), "local")[0]).unwrap();
+    let cfg = PoolConfig::from_value(
+        &tether_ipam::operator::monitor::tether_ipam_configs(&conf.to_string(), "local")[0],
+    )
+    .unwrap();
     let fs = FileStore::new(data.clone());
     let (squatted, _) = add_meeting_a_conflict(&cfg, &fs, ns, "victim", &uid, n1);
 
     let mut o = options(&env, n1);
     o.data_dir = Some(data);
     let agent = Running::start(o);
-    let pool = [("network", net), ("range", "10.79.0.0/29"), ("store", "file"), ("node", n1)];
+    let pool = [
+        ("network", net),
+        ("range", "10.79.0.0/29"),
+        ("store", "file"),
+        ("node", n1),
+    ];
     let m = scrape_until(agent.addr, "the file-store pool of this node", |m| {
-        sample(m, "tether_pool_leased", &pool) == Some(1.0) && sample(m, "tether_pool_quarantined", &pool) == Some(1.0)
+        sample(m, "tether_pool_leased", &pool) == Some(1.0)
+            && sample(m, "tether_pool_quarantined", &pool) == Some(1.0)
     });
     assert_eq!(sample(&m, "tether_pool_size", &pool), Some(6.0), "{m}");
     assert_eq!(sample(&m, "tether_pool_reporter", &[]), Some(0.0), "{m}");
-    assert_eq!(sample(&m, "tether_pool_size", &[("store", "kubernetes")]), None, "not the reporter: {m}");
-    let conflict = [("network", net), ("address", &*squatted.to_string()), ("mac", ROGUE)];
-    scrape_until(agent.addr, "the conflict counted", |m| sample(m, "tether_address_conflicts_total", &conflict) == Some(1.0));
+    assert_eq!(
+        sample(&m, "tether_pool_size", &[("store", "kubernetes")]),
+        None,
+        "not the reporter: {m}"
+    );
+    let conflict = [
+        ("network", net),
+        ("address", &*squatted.to_string()),
+        ("mac", ROGUE),
+    ];
+    scrape_until(agent.addr, "the conflict counted", |m| {
+        sample(m, "tether_address_conflicts_total", &conflict) == Some(1.0)
+    });
     let events = conflict_events(&env, ns, "victim");
     assert_eq!(events.len(), 1, "{events:?}");
-    assert!(events[0]["message"].as_str().unwrap().contains(&squatted.to_string()));
+    assert!(
+        events[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&squatted.to_string())
+    );
 }
 
 /// Without RBAC for Events (and NADs) the conflict is still counted, and the failures show in
@@ -293,15 +453,48 @@ fn without_rbac_for_events_the_conflict_is_still_counted_and_the_failure_shows()
     let mut o = options(&env, n1);
     o.kube = Some(tether_kube_store::KubeSettings::with_kubeconfig(&kc));
     let agent = Running::start(o);
-    scrape_until(agent.addr, "a first monitor round", |m| sample(m, "tether_monitor_last_run_timestamp_seconds", &[]).is_some());
-    let cfg = PoolConfig::from_value(&json!({"name": net, "ipam": {"range": "10.81.0.0/29", "store": "kubernetes"}})).unwrap();
+    scrape_until(agent.addr, "a first monitor round", |m| {
+        sample(m, "tether_monitor_last_run_timestamp_seconds", &[]).is_some()
+    });
+    let cfg = PoolConfig::from_value(
+        &json!({"name": net, "ipam": {"range": "10.81.0.0/29", "store": "kubernetes"}}),
+    )
+    .unwrap();
     let store = KubeStore::connect(env.settings()).unwrap();
     let (squatted, _) = add_meeting_a_conflict(&cfg, &store, ns, "victim", &uid, n1);
-    let conflict = [("network", net), ("address", &*squatted.to_string()), ("mac", ROGUE)];
-    let m = scrape_until(agent.addr, "the conflict counted without its Event", |m| sample(m, "tether_address_conflicts_total", &conflict) == Some(1.0));
-    assert!(sample(&m, "tether_conflict_events_total", &[("result", "failed")]).is_some_and(|v| v >= 1.0), "{m}");
-    assert!(sample(&m, "tether_api_errors_total", &[("verb", "create"), ("code", "403")]).is_some_and(|v| v >= 1.0), "{m}");
-    let m = scrape_until(agent.addr, "the NADs unreadable", |m| sample(m, "tether_monitor_errors_total", &[]).is_some_and(|v| v >= 1.0));
-    assert!(sample(&m, "tether_api_errors_total", &[("verb", "list"), ("code", "403")]).is_some_and(|v| v >= 1.0), "{m}");
+    let conflict = [
+        ("network", net),
+        ("address", &*squatted.to_string()),
+        ("mac", ROGUE),
+    ];
+    let m = scrape_until(agent.addr, "the conflict counted without its Event", |m| {
+        sample(m, "tether_address_conflicts_total", &conflict) == Some(1.0)
+    });
+    assert!(
+        sample(&m, "tether_conflict_events_total", &[("result", "failed")])
+            .is_some_and(|v| v >= 1.0),
+        "{m}"
+    );
+    assert!(
+        sample(
+            &m,
+            "tether_api_errors_total",
+            &[("verb", "create"), ("code", "403")]
+        )
+        .is_some_and(|v| v >= 1.0),
+        "{m}"
+    );
+    let m = scrape_until(agent.addr, "the NADs unreadable", |m| {
+        sample(m, "tether_monitor_errors_total", &[]).is_some_and(|v| v >= 1.0)
+    });
+    assert!(
+        sample(
+            &m,
+            "tether_api_errors_total",
+            &[("verb", "list"), ("code", "403")]
+        )
+        .is_some_and(|v| v >= 1.0),
+        "{m}"
+    );
     assert!(conflict_events(&env, ns, "victim").is_empty());
 }

@@ -28,7 +28,12 @@ fn options(env: &Env, node: &str) -> Options {
 #[ignore = "needs a real API server: make test starts one (../shared/peers)"]
 fn releases_gone_and_replaced_pods_never_live_young_or_anonymous() {
     let env = Env::real("judge");
-    let (net, ns, n1, n2) = (env.name("fabric"), env.name("ns"), env.name("n1"), env.name("n2"));
+    let (net, ns, n1, n2) = (
+        env.name("fabric"),
+        env.name("ns"),
+        env.name("n1"),
+        env.name("n2"),
+    );
     env.agent(n1);
     env.agent(n2);
     let t = now() - OLD;
@@ -39,31 +44,63 @@ fn releases_gone_and_replaced_pods_never_live_young_or_anonymous() {
     env.put(lease(net, "10.0.0.1", Some((ns, "alive", &alive)), n1, t));
     env.put(lease(net, "10.0.0.2", Some((ns, "gone", "u-gone")), n1, t));
     env.put(lease(net, "10.0.0.3", Some((ns, "sts-0", "u-old")), n1, t));
-    env.put(lease(net, "10.0.0.4", Some((ns, "young", "u-young")), n1, now()));
+    env.put(lease(
+        net,
+        "10.0.0.4",
+        Some((ns, "young", "u-young")),
+        n1,
+        now(),
+    ));
     env.put(lease(net, "10.0.0.5", None, n1, t));
-    env.put(lease(net, "10.0.0.6", Some((ns, "elsewhere", &elsewhere)), n1, t));
+    env.put(lease(
+        net,
+        "10.0.0.6",
+        Some((ns, "elsewhere", &elsewhere)),
+        n1,
+        t,
+    ));
     // Another (live) node's lease of a gone pod: that node's agent's business.
     env.put(lease(net, "10.0.0.7", Some((ns, "gone-2", "u-g2")), n2, t));
 
     let r = Reconciler::new(options(&env, n1)).unwrap();
     let report = r.pass(true);
     assert!(report.errors.is_empty(), "{:?}", report.errors);
-    let mut got: Vec<(String, StaleReason)> = report.released.iter().map(|x| (x.lease.address.to_string(), x.reason.clone())).collect();
+    let mut got: Vec<(String, StaleReason)> = report
+        .released
+        .iter()
+        .map(|x| (x.lease.address.to_string(), x.reason.clone()))
+        .collect();
     got.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(
         got,
         vec![
             ("10.0.0.2".to_string(), StaleReason::PodGone),
-            ("10.0.0.3".to_string(), StaleReason::PodReplaced { current_uid: new.clone() }),
+            (
+                "10.0.0.3".to_string(),
+                StaleReason::PodReplaced {
+                    current_uid: new.clone()
+                }
+            ),
         ]
     );
-    assert!(report.released.iter().all(|x| x.store == StoreName::Kubernetes));
-    assert_eq!(report.confirmed_alive, 1, "the cache missed {ns}/elsewhere; the GET found it alive");
+    assert!(
+        report
+            .released
+            .iter()
+            .all(|x| x.store == StoreName::Kubernetes)
+    );
+    assert_eq!(
+        report.confirmed_alive, 1,
+        "the cache missed {ns}/elsewhere; the GET found it alive"
+    );
     for a in ["10.0.0.1", "10.0.0.4", "10.0.0.5", "10.0.0.6", "10.0.0.7"] {
         assert!(is_leased(&env.state(net, a)), "{a} must stay leased");
     }
     for a in ["10.0.0.2", "10.0.0.3"] {
-        assert!(is_released(&env.state(net, a)), "{a} must be released (kept as Released for cooldown/sticky)");
+        assert!(
+            is_released(&env.state(net, a)),
+            "{a} must be released (kept as Released for cooldown/sticky)"
+        );
     }
     // A second pass finds nothing more.
     let again = r.pass(true);
@@ -77,7 +114,13 @@ fn releases_gone_and_replaced_pods_never_live_young_or_anonymous() {
 fn a_node_without_pods_is_reconciled_without_errors() {
     let env = Env::real("empty");
     let (net, ns, n1) = (env.name("fabric"), env.name("ns"), env.name("n1"));
-    env.put(lease(net, "10.0.7.1", Some((ns, "gone", "u-g")), n1, now() - OLD));
+    env.put(lease(
+        net,
+        "10.0.7.1",
+        Some((ns, "gone", "u-g")),
+        n1,
+        now() - OLD,
+    ));
     let r = Reconciler::new(options(&env, n1)).unwrap().pass(true);
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     assert_eq!(released_in(net, &r), vec!["10.0.7.1".to_string()]);
@@ -104,9 +147,16 @@ fn old_released_records_of_this_node_are_deleted() {
     let r = Reconciler::new(options(&env, n1)).unwrap().pass(true);
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     assert_eq!(r.pruned, 1);
-    assert_eq!(env.state(net, "10.0.8.1"), None, "a day-old released record of this node is gone");
+    assert_eq!(
+        env.state(net, "10.0.8.1"),
+        None,
+        "a day-old released record of this node is gone"
+    );
     assert!(is_released(&env.state(net, "10.0.8.2")));
-    assert!(is_released(&env.state(net, "10.0.8.3")), "another node's record is its agent's");
+    assert!(
+        is_released(&env.state(net, "10.0.8.3")),
+        "another node's record is its agent's"
+    );
     assert!(is_leased(&env.state(net, "10.0.8.4")));
 }
 
@@ -124,14 +174,26 @@ fn pod_created_while_reconcile_runs_is_safe_within_grace() {
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::channel();
     let uid_to_be = "u-s";
-    env.put(lease(net, "10.0.1.1", Some((ns, "starting", uid_to_be)), n1, now()));
+    env.put(lease(
+        net,
+        "10.0.1.1",
+        Some((ns, "starting", uid_to_be)),
+        n1,
+        now(),
+    ));
     let h = {
         let (r, stop) = (r.clone(), stop.clone());
         std::thread::spawn(move || r.run(&stop, |rep| tx.send(rep.clone()).unwrap()))
     };
     let first = rx.recv_timeout(Duration::from_secs(10)).expect("a pass");
-    assert!(first.released.is_empty(), "young lease, pod not yet visible: nothing happens");
-    assert!(first.next_due.is_some(), "a pass is scheduled for when the grace period ends");
+    assert!(
+        first.released.is_empty(),
+        "young lease, pod not yet visible: nothing happens"
+    );
+    assert!(
+        first.next_due.is_some(),
+        "a pass is scheduled for when the grace period ends"
+    );
     let uid = env.pod(ns, "starting", uid_to_be, n1);
     if env.is_real() {
         // Record the pod's real uid, as the runtime's ADD would have.
@@ -158,7 +220,13 @@ fn a_young_lease_of_a_pod_that_never_appears_is_released_when_its_grace_ends() {
     let env = Env::real("grace-end");
     let (net, ns, n1) = (env.name("fabric"), env.name("ns"), env.name("n1"));
     env.agent(n1);
-    env.put(lease(net, "10.0.2.1", Some((ns, "never", "u-n")), n1, now()));
+    env.put(lease(
+        net,
+        "10.0.2.1",
+        Some((ns, "never", "u-n")),
+        n1,
+        now(),
+    ));
     let mut o = options(&env, n1);
     o.grace_s = 2;
     let r = Reconciler::new(o).unwrap();
@@ -166,9 +234,14 @@ fn a_young_lease_of_a_pod_that_never_appears_is_released_when_its_grace_ends() {
     std::thread::scope(|s| {
         s.spawn(|| r.run(&stop, |_| {}).unwrap());
         assert!(is_leased(&env.state(net, "10.0.2.1")));
-        let took = wait_until(Duration::from_secs(10), || is_released(&env.state(net, "10.0.2.1")));
+        let took = wait_until(Duration::from_secs(10), || {
+            is_released(&env.state(net, "10.0.2.1"))
+        });
         stop.store(true, Ordering::Relaxed);
-        assert!(took.is_some(), "released after its grace period without waiting for the 10-minute pass");
+        assert!(
+            took.is_some(),
+            "released after its grace period without waiting for the 10-minute pass"
+        );
     });
 }
 
@@ -187,17 +260,26 @@ fn deleting_a_pod_releases_its_lease_without_waiting_for_the_periodic_pass() {
     let stop = AtomicBool::new(false);
     let (tx, rx) = mpsc::channel();
     std::thread::scope(|s| {
-        s.spawn(|| r.run(&stop, move |rep| { let _ = tx.send(rep.released.len()); }).unwrap());
+        s.spawn(|| {
+            r.run(&stop, move |rep| {
+                let _ = tx.send(rep.released.len());
+            })
+            .unwrap()
+        });
         // The first full pass.
         rx.recv_timeout(Duration::from_secs(10)).unwrap();
         assert!(is_leased(&env.state(net, "10.0.3.1")));
         // The watch may open after the first pass: a deletion before it is seen by the list
         // that starts the watch; either way it must lead to a pass within seconds.
         assert!(env.delete_pod(ns, "worker"));
-        let took = wait_until(Duration::from_secs(5), || is_released(&env.state(net, "10.0.3.1")));
+        let took = wait_until(Duration::from_secs(5), || {
+            is_released(&env.state(net, "10.0.3.1"))
+        });
         std::thread::sleep(Duration::from_millis(300));
         assert!(env.delete_pod(ns, "other"));
-        let took2 = wait_until(Duration::from_secs(5), || is_released(&env.state(net, "10.0.3.2")));
+        let took2 = wait_until(Duration::from_secs(5), || {
+            is_released(&env.state(net, "10.0.3.2"))
+        });
         stop.store(true, Ordering::Relaxed);
         let took = took.expect("released within 5 s of the pod's deletion");
         eprintln!("event-driven release took {took:?}; the next one {took2:?}");
@@ -222,18 +304,33 @@ fn after_a_watch_expiry_the_pod_cache_is_rebuilt_and_events_flow_again() {
     let (tx, rx) = mpsc::channel();
     let d = env.double_api();
     std::thread::scope(|s| {
-        s.spawn(|| r.run(&stop, move |rep| { let _ = tx.send(rep.released.len()); }).unwrap());
+        s.spawn(|| {
+            r.run(&stop, move |rep| {
+                let _ = tx.send(rep.released.len());
+            })
+            .unwrap()
+        });
         rx.recv_timeout(Duration::from_secs(10)).unwrap();
         assert!(env.delete_pod(ns, "worker"));
-        let took = wait_until(Duration::from_secs(5), || is_released(&env.state(net, "10.0.3.1")));
+        let took = wait_until(Duration::from_secs(5), || {
+            is_released(&env.state(net, "10.0.3.1"))
+        });
         d.expire_watches();
         std::thread::sleep(Duration::from_millis(300));
         assert!(env.delete_pod(ns, "other"));
-        let took2 = wait_until(Duration::from_secs(5), || is_released(&env.state(net, "10.0.3.2")));
+        let took2 = wait_until(Duration::from_secs(5), || {
+            is_released(&env.state(net, "10.0.3.2"))
+        });
         stop.store(true, Ordering::Relaxed);
         assert!(took.is_some(), "released within 5 s of the pod's deletion");
-        assert!(took2.is_some(), "released within 5 s after the watch expired and was re-established");
-        assert!(d.count("list", "pods") >= 2, "the expired watch led to a fresh list");
+        assert!(
+            took2.is_some(),
+            "released within 5 s after the watch expired and was re-established"
+        );
+        assert!(
+            d.count("list", "pods") >= 2,
+            "the expired watch led to a fresh list"
+        );
         assert!(d.count("watch", "pods") >= 2, "and to a new watch");
     });
 }
@@ -246,7 +343,13 @@ fn two_reconcilers_at_once_release_each_lease_once_and_do_not_fail() {
     env.agent(n1);
     let t = now() - OLD;
     for i in 1..=40 {
-        env.put(lease(net, &format!("10.0.4.{i}"), Some((ns, &format!("gone-{i}"), &format!("u{i}"))), n1, t));
+        env.put(lease(
+            net,
+            &format!("10.0.4.{i}"),
+            Some((ns, &format!("gone-{i}"), &format!("u{i}"))),
+            n1,
+            t,
+        ));
     }
     let live = env.pod(ns, "live", "u-live", n1);
     env.put(lease(net, "10.0.4.200", Some((ns, "live", &live)), n1, t));
@@ -257,13 +360,32 @@ fn two_reconcilers_at_once_release_each_lease_once_and_do_not_fail() {
         let hb = s.spawn(|| b.pass(true));
         (ha.join().unwrap(), hb.join().unwrap())
     });
-    assert!(ra.errors.is_empty() && rb.errors.is_empty(), "{:?} {:?}", ra.errors, rb.errors);
-    assert_eq!(ra.released.len() + rb.released.len(), 40, "each stale lease released exactly once");
-    let mut addrs: Vec<String> = ra.released.iter().chain(&rb.released).map(|x| x.lease.address.to_string()).collect();
+    assert!(
+        ra.errors.is_empty() && rb.errors.is_empty(),
+        "{:?} {:?}",
+        ra.errors,
+        rb.errors
+    );
+    assert_eq!(
+        ra.released.len() + rb.released.len(),
+        40,
+        "each stale lease released exactly once"
+    );
+    let mut addrs: Vec<String> = ra
+        .released
+        .iter()
+        .chain(&rb.released)
+        .map(|x| x.lease.address.to_string())
+        .collect();
     addrs.sort();
     addrs.dedup();
     assert_eq!(addrs.len(), 40, "no lease released twice");
-    eprintln!("a released {}, b released {}, lost races {}", ra.released.len(), rb.released.len(), ra.lost_races + rb.lost_races);
+    eprintln!(
+        "a released {}, b released {}, lost races {}",
+        ra.released.len(),
+        rb.released.len(),
+        ra.lost_races + rb.lost_races
+    );
     assert!(is_leased(&env.state(net, "10.0.4.200")));
 }
 
@@ -284,16 +406,31 @@ fn file_store_is_reconciled_for_this_node() {
         ("f1", "10.1.0.3", (ns, "young", "u-y"), now()),
         ("f2", "10.2.0.1", (ns, "sts-0", "u-old"), t),
     ] {
-        fs.claim(lease(net, addr, Some(pod), n1, since), None).unwrap().unwrap();
+        fs.claim(lease(net, addr, Some(pod), n1, since), None)
+            .unwrap()
+            .unwrap();
     }
     let mut o = options(&env, n1);
     o.data_dir = Some(data.clone());
     let report = Reconciler::new(o).unwrap().pass(true);
     assert!(report.errors.is_empty(), "{:?}", report.errors);
-    let mut got: Vec<String> = report.released.iter().map(|x| format!("{}:{:?}", x.lease.address, x.store)).collect();
+    let mut got: Vec<String> = report
+        .released
+        .iter()
+        .map(|x| format!("{}:{:?}", x.lease.address, x.store))
+        .collect();
     got.sort();
-    assert_eq!(got, vec!["10.1.0.2:File".to_string(), "10.2.0.1:File".to_string()]);
-    let state = |net: &str, a: &str| fs.list(net).unwrap().into_iter().find(|l| l.address.to_string() == a).map(|l| l.state);
+    assert_eq!(
+        got,
+        vec!["10.1.0.2:File".to_string(), "10.2.0.1:File".to_string()]
+    );
+    let state = |net: &str, a: &str| {
+        fs.list(net)
+            .unwrap()
+            .into_iter()
+            .find(|l| l.address.to_string() == a)
+            .map(|l| l.state)
+    };
     assert!(is_leased(&state("f1", "10.1.0.1")));
     assert!(is_released(&state("f1", "10.1.0.2")));
     assert!(is_leased(&state("f1", "10.1.0.3")));
@@ -315,7 +452,10 @@ const GPU_D: [&str; 4] = ["10.0.5.1", "10.0.5.2", "10.0.5.3", "10.0.5.4"];
 
 fn sweep_setup(env: &Env) -> Sweep {
     // Live nodes are the nodes running an agent pod; no Node object is ever read.
-    let survivors: Vec<String> = ["gpu-a", "gpu-b", "gpu-c"].iter().map(|s| env.name(s).to_string()).collect();
+    let survivors: Vec<String> = ["gpu-a", "gpu-b", "gpu-c"]
+        .iter()
+        .map(|s| env.name(s).to_string())
+        .collect();
     let doomed = env.name("gpu-d");
     for n in survivors.iter().map(String::as_str).chain([doomed]) {
         env.agent(n);
@@ -326,28 +466,61 @@ fn sweep_setup(env: &Env) -> Sweep {
     let t = now() - OLD;
     let moved = env.pod(ns, "moved", "u-m", &other);
     let d_live = env.pod(ns, "d-live", "u-dl", doomed);
-    env.put(lease(net, GPU_D[0], Some((ns, "dead-pod", "u-d")), doomed, t));
+    env.put(lease(
+        net,
+        GPU_D[0],
+        Some((ns, "dead-pod", "u-d")),
+        doomed,
+        t,
+    ));
     env.put(lease(net, GPU_D[1], Some((ns, "moved", &moved)), doomed, t));
-    env.put(lease(net, GPU_D[2], Some((ns, "fresh", "u-f")), doomed, now()));
-    env.put(lease(net, GPU_D[3], Some((ns, "d-live", &d_live)), doomed, t));
+    env.put(lease(
+        net,
+        GPU_D[2],
+        Some((ns, "fresh", "u-f")),
+        doomed,
+        now(),
+    ));
+    env.put(lease(
+        net,
+        GPU_D[3],
+        Some((ns, "d-live", &d_live)),
+        doomed,
+        t,
+    ));
 
     // While gpu-d runs its agent it is alive: nobody else judges its leases.
     for n in &survivors {
         let mut o = options(env, n);
         o.sweep_dead_nodes = true;
         let r = Reconciler::new(o).unwrap().pass(true);
-        assert!(r.errors.is_empty() && r.released.is_empty(), "{n}: {:?} {:?}", r.errors, r.released);
+        assert!(
+            r.errors.is_empty() && r.released.is_empty(),
+            "{n}: {:?} {:?}",
+            r.errors,
+            r.released
+        );
     }
     assert!(GPU_D.iter().all(|a| is_leased(&env.state(net, a))));
 
     // gpu-d's agent pod disappears (the node was deleted, or its agent is being replaced).
     env.agent_gone(doomed);
-    Sweep { survivors, doomed, me, net, ns }
+    Sweep {
+        survivors,
+        doomed,
+        me,
+        net,
+        ns,
+    }
 }
 
 /// The released addresses of `net` in these reports.
 fn released_in(net: &str, r: &tether_ipam::operator::reconcile::PassReport) -> Vec<String> {
-    r.released.iter().filter(|x| x.lease.network == net).map(|x| x.lease.address.to_string()).collect()
+    r.released
+        .iter()
+        .filter(|x| x.lease.network == net)
+        .map(|x| x.lease.address.to_string())
+        .collect()
 }
 
 #[test]
@@ -355,7 +528,13 @@ fn released_in(net: &str, r: &tether_ipam::operator::reconcile::PassReport) -> V
 fn leases_of_deleted_nodes_are_swept_by_one_agent_only() {
     // The sweep judges every lease of the cluster: no other test of this binary runs meanwhile.
     let env = Env::real_exclusive("sweep");
-    let Sweep { survivors, doomed, me, net, ns } = sweep_setup(&env);
+    let Sweep {
+        survivors,
+        doomed,
+        me,
+        net,
+        ns,
+    } = sweep_setup(&env);
     let sweeping = |n: &str| {
         let mut o = options(&env, n);
         o.sweep_dead_nodes = true;
@@ -380,11 +559,18 @@ fn leases_of_deleted_nodes_are_swept_by_one_agent_only() {
         assert!(r.errors.is_empty(), "{n}: {:?}", r.errors);
         if r.swept {
             sweepers.push(n.clone());
-            assert_eq!(r.confirmed_alive, 2, "{ns}/moved and {ns}/d-live were confirmed alive with a GET");
+            assert_eq!(
+                r.confirmed_alive, 2,
+                "{ns}/moved and {ns}/d-live were confirmed alive with a GET"
+            );
         }
         released.extend(released_in(net, &r));
     }
-    assert_eq!(sweepers, vec![me.clone()], "one sweeper, the same for every agent");
+    assert_eq!(
+        sweepers,
+        vec![me.clone()],
+        "one sweeper, the same for every agent"
+    );
     assert_eq!(released, vec![GPU_D[0].to_string()]);
     assert!(is_released(&env.state(net, GPU_D[0])));
     for a in &GPU_D[1..] {
@@ -392,11 +578,22 @@ fn leases_of_deleted_nodes_are_swept_by_one_agent_only() {
     }
 
     // A wrong agent namespace (or selector) finds no agent pod on this node: no sweep, no failure.
-    env.put(lease(net, "10.0.5.5", Some((ns, "dead-pod-2", "u-d2")), doomed, now() - OLD));
+    env.put(lease(
+        net,
+        "10.0.5.5",
+        Some((ns, "dead-pod-2", "u-d2")),
+        doomed,
+        now() - OLD,
+    ));
     let mut o = sweeping(&me);
     o.agent_namespace = env.name("elsewhere").to_string();
     let r = Reconciler::new(o).unwrap().pass(true);
-    assert!(!r.swept && r.errors.is_empty() && r.released.is_empty(), "{:?} {:?}", r.errors, r.released);
+    assert!(
+        !r.swept && r.errors.is_empty() && r.released.is_empty(),
+        "{:?} {:?}",
+        r.errors,
+        r.released
+    );
     let mut o = sweeping(&me);
     o.agent_selector = "app.kubernetes.io/name=other".into();
     assert!(!Reconciler::new(o).unwrap().pass(true).swept);
@@ -406,7 +603,10 @@ fn leases_of_deleted_nodes_are_swept_by_one_agent_only() {
     let r = Reconciler::new(sweeping(&me)).unwrap().pass(true);
     assert!(r.swept && r.errors.is_empty(), "{:?}", r.errors);
     assert_eq!(released_in(net, &r), vec!["10.0.5.5".to_string()]);
-    assert!(is_leased(&env.state(net, GPU_D[3])), "the live pod's lease is still never freed");
+    assert!(
+        is_leased(&env.state(net, GPU_D[3])),
+        "the live pod's lease is still never freed"
+    );
 }
 
 /// The API double: RBAC grants `list` on pods cluster-wide or not at all for the pod cache a
@@ -415,7 +615,13 @@ fn leases_of_deleted_nodes_are_swept_by_one_agent_only() {
 #[test]
 fn the_sweep_reads_no_node_objects_and_survives_a_forbidden_agent_namespace() {
     let env = Env::double("sweep-403");
-    let Sweep { doomed, me, net, ns, .. } = sweep_setup(&env);
+    let Sweep {
+        doomed,
+        me,
+        net,
+        ns,
+        ..
+    } = sweep_setup(&env);
     let d = env.double_api();
     d.reset_counts();
     let mut o = options(&env, &me);
@@ -423,14 +629,29 @@ fn the_sweep_reads_no_node_objects_and_survives_a_forbidden_agent_namespace() {
     let r = Reconciler::new(o.clone()).unwrap().pass(true);
     assert!(r.swept && r.errors.is_empty(), "{:?}", r.errors);
     assert_eq!(released_in(net, &r), vec![GPU_D[0].to_string()]);
-    assert!(d.count("get", "pods") >= 3, "each old candidate was checked with a GET");
+    assert!(
+        d.count("get", "pods") >= 3,
+        "each old candidate was checked with a GET"
+    );
     assert_eq!(d.total("nodes"), 0, "nodes are never read");
 
     // Without `list` on pods in the agent namespace the agent keeps reconciling its own node and
     // does not fail; the dead node's new stale lease waits.
     let t = now() - OLD;
-    env.put(lease(net, "10.0.5.5", Some((ns, "dead-pod-2", "u-d2")), doomed, t));
-    env.put(lease(net, "10.0.5.6", Some((ns, "mine-gone", "u-mg")), &me, t));
+    env.put(lease(
+        net,
+        "10.0.5.5",
+        Some((ns, "dead-pod-2", "u-d2")),
+        doomed,
+        t,
+    ));
+    env.put(lease(
+        net,
+        "10.0.5.6",
+        Some((ns, "mine-gone", "u-mg")),
+        &me,
+        t,
+    ));
     d.forbid_in("list", "pods", env.agent_ns());
     let r = Reconciler::new(o.clone()).unwrap().pass(true);
     assert!(!r.swept && r.errors.is_empty(), "{:?}", r.errors);
@@ -449,20 +670,62 @@ fn reconcile_once_from_the_command_line() {
     let env = Env::real_exclusive("cli-once");
     let (net, ns, n1) = (env.name("fabric"), env.name("ns"), env.name("n1"));
     env.agent(n1);
-    env.put(lease(net, "10.0.6.1", Some((ns, "gone", "u-g")), n1, now() - OLD));
+    env.put(lease(
+        net,
+        "10.0.6.1",
+        Some((ns, "gone", "u-g")),
+        n1,
+        now() - OLD,
+    ));
     let kc = env.kubeconfig.to_str().unwrap();
     let agents = env.agent_ns();
-    let o = tether(&["reconcile", "--kubeconfig", kc, "--node", n1, "--agent-namespace", agents, "--once"]);
+    let o = tether(&[
+        "reconcile",
+        "--kubeconfig",
+        kc,
+        "--node",
+        n1,
+        "--agent-namespace",
+        agents,
+        "--once",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let want = format!("released 10.0.6.1 network {net} (kubernetes) pod {ns}/gone uid u-g: its pod no longer exists");
+    let want = format!(
+        "released 10.0.6.1 network {net} (kubernetes) pod {ns}/gone uid u-g: its pod no longer exists"
+    );
     assert!(stdout(&o).contains(&want), "{}", stdout(&o));
     assert!(is_released(&env.state(net, "10.0.6.1")));
-    let o = tether_env(&["reconcile", "--kubeconfig", kc, "--once", "-o", "json", "--agent-namespace", agents], &[("NODE_NAME", n1)]);
+    let o = tether_env(
+        &[
+            "reconcile",
+            "--kubeconfig",
+            kc,
+            "--once",
+            "-o",
+            "json",
+            "--agent-namespace",
+            agents,
+        ],
+        &[("NODE_NAME", n1)],
+    );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v = json_out(&o);
-    let mine: Vec<&serde_json::Value> = v["released"].as_array().unwrap().iter().filter(|x| x.to_string().contains(net)).collect();
+    let mine: Vec<&serde_json::Value> = v["released"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x.to_string().contains(net))
+        .collect();
     assert!(mine.is_empty(), "{v}");
     // Usage: no node, no API.
-    assert_eq!(tether(&["reconcile", "--kubeconfig", kc, "--once"]).status.code(), Some(2));
-    assert_eq!(tether(&["reconcile", "--node", n1, "--once"]).status.code(), Some(2));
+    assert_eq!(
+        tether(&["reconcile", "--kubeconfig", kc, "--once"])
+            .status
+            .code(),
+        Some(2)
+    );
+    assert_eq!(
+        tether(&["reconcile", "--node", n1, "--once"]).status.code(),
+        Some(2)
+    );
 }

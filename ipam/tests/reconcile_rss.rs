@@ -29,7 +29,9 @@ fn measure(tag: &str, pods_on_me: usize, nodes: usize) {
     // The reconciler sweeps the whole cluster's leases: no other test meanwhile.
     let env = Env::real_exclusive(tag);
     let (ml, net) = (env.name("ml"), env.name("big"));
-    let node_names: Vec<String> = (0..nodes).map(|i| env.name(&format!("node-{i:03}")).to_string()).collect();
+    let node_names: Vec<String> = (0..nodes)
+        .map(|i| env.name(&format!("node-{i:03}")).to_string())
+        .collect();
     let me = node_names[0].as_str();
     for n in &node_names {
         env.agent(n);
@@ -37,7 +39,11 @@ fn measure(tag: &str, pods_on_me: usize, nodes: usize) {
     // 5,000 pods: `pods_on_me` on this node, the rest spread over the others.
     let mut uids = Vec::new();
     for i in 0..5000 {
-        let node = if i < pods_on_me { me.to_string() } else { node_names[1 + i % (nodes - 1)].clone() };
+        let node = if i < pods_on_me {
+            me.to_string()
+        } else {
+            node_names[1 + i % (nodes - 1)].clone()
+        };
         uids.push(env.pod(ml, &format!("pod-{i:05}"), &format!("uid-{i:05}"), &node));
     }
     // 2,000 leases: pods 0..1999 (their own nodes), a quarter of them stale (pod replaced), plus
@@ -46,20 +52,60 @@ fn measure(tag: &str, pods_on_me: usize, nodes: usize) {
     let store = env.store();
     let dead = env.name("node-gone");
     for i in 0..2000usize {
-        let node = if i < pods_on_me { me.to_string() } else { node_names[1 + i % (nodes - 1)].clone() };
-        let uid = if i % 4 == 0 { format!("old-{i}") } else { uids[i].clone() };
+        let node = if i < pods_on_me {
+            me.to_string()
+        } else {
+            node_names[1 + i % (nodes - 1)].clone()
+        };
+        let uid = if i % 4 == 0 {
+            format!("old-{i}")
+        } else {
+            uids[i].clone()
+        };
         let addr = format!("10.{}.{}.{}", 100 + i / 65536, (i / 256) % 256, i % 256);
         store.restart_budget();
         use tether_leases::LeaseStore;
-        store.claim(lease(net, &addr, Some((ml, &format!("pod-{i:05}"), &uid)), &node, t), None).unwrap().unwrap();
+        store
+            .claim(
+                lease(
+                    net,
+                    &addr,
+                    Some((ml, &format!("pod-{i:05}"), &uid)),
+                    &node,
+                    t,
+                ),
+                None,
+            )
+            .unwrap()
+            .unwrap();
     }
     for i in 0..200usize {
         store.restart_budget();
         use tether_leases::LeaseStore;
-        store.claim(lease(net, &format!("10.200.0.{i}"), Some((ml, &format!("dead-{i}"), "u")), dead, t), None).unwrap().unwrap();
+        store
+            .claim(
+                lease(
+                    net,
+                    &format!("10.200.0.{i}"),
+                    Some((ml, &format!("dead-{i}"), "u")),
+                    dead,
+                    t,
+                ),
+                None,
+            )
+            .unwrap()
+            .unwrap();
     }
     let mut child = Command::new(env!("CARGO_BIN_EXE_tether-ipam"))
-        .args(["reconcile", "--kubeconfig", env.kubeconfig.to_str().unwrap(), "--node", me, "--agent-namespace", env.agent_ns()])
+        .args([
+            "reconcile",
+            "--kubeconfig",
+            env.kubeconfig.to_str().unwrap(),
+            "--node",
+            me,
+            "--agent-namespace",
+            env.agent_ns(),
+        ])
         .env_remove("CNI_COMMAND")
         .env_remove("KUBERNETES_SERVICE_HOST")
         .stdout(Stdio::null())
@@ -68,13 +114,20 @@ fn measure(tag: &str, pods_on_me: usize, nodes: usize) {
         .unwrap();
     let pid = child.id();
     // The first full pass: releases (stale of this node) + the sweep (this node is the sweeper?).
-    let sweeper = tether_ipam::operator::reconcile::sweeper(&node_names).unwrap().to_string();
+    let sweeper = tether_ipam::operator::reconcile::sweeper(&node_names)
+        .unwrap()
+        .to_string();
     let stale_mine = (0..pods_on_me.min(2000)).filter(|i| i % 4 == 0).count();
     let expect_dead = if sweeper == me { 200 } else { 0 };
     let released = || {
         use tether_leases::LeaseStore;
         store.restart_budget();
-        store.list(net).unwrap().iter().filter(|l| !l.is_leased()).count()
+        store
+            .list(net)
+            .unwrap()
+            .iter()
+            .filter(|l| !l.is_leased())
+            .count()
     };
     let t0 = std::time::Instant::now();
     let mut done = None;
@@ -103,8 +156,15 @@ fn measure(tag: &str, pods_on_me: usize, nodes: usize) {
         rss as f64 / 1024.0,
     );
     assert!(done.is_some(), "the first pass released the stale leases");
-    let limit: u64 = std::env::var("TETHER_RSS_LIMIT_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
-    assert!(hwm / 1024 < limit, "peak RSS {} MiB over {limit} MiB", hwm / 1024);
+    let limit: u64 = std::env::var("TETHER_RSS_LIMIT_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
+    assert!(
+        hwm / 1024 < limit,
+        "peak RSS {} MiB over {limit} MiB",
+        hwm / 1024
+    );
 }
 
 #[test]

@@ -17,7 +17,9 @@ pub fn netconf(data: &[u8]) {
 
 /// CNI_ARGS and the env validators: never panic; every parsed pair has a key.
 pub fn cni_args(data: &[u8]) {
-    let Ok(s) = std::str::from_utf8(data) else { return };
+    let Ok(s) = std::str::from_utf8(data) else {
+        return;
+    };
     if let Ok(args) = tether_cni::env::CniArgs::parse(s) {
         for (k, _) in args.pairs() {
             assert!(!k.is_empty());
@@ -31,10 +33,16 @@ pub fn cni_args(data: &[u8]) {
 /// Ranges: whatever parses hands out only addresses it contains, from any start offset.
 /// Input: `<range text>[@<offset seed>]`.
 pub fn range(data: &[u8]) {
-    let Ok(s) = std::str::from_utf8(data) else { return };
-    let (text, offset) = s
-        .split_once('@')
-        .map_or((s, 0u128), |(t, o)| (t, o.bytes().fold(0u128, |a, b| a.wrapping_mul(31).wrapping_add(b.into()))));
+    let Ok(s) = std::str::from_utf8(data) else {
+        return;
+    };
+    let (text, offset) = s.split_once('@').map_or((s, 0u128), |(t, o)| {
+        (
+            t,
+            o.bytes()
+                .fold(0u128, |a, b| a.wrapping_mul(31).wrapping_add(b.into())),
+        )
+    });
     if let Ok(r) = tether_pool::IpRange::parse(text) {
         for ip in r.candidates(offset).take(64) {
             assert!(r.contains(ip), "{r} handed out {ip}");
@@ -45,8 +53,16 @@ pub fn range(data: &[u8]) {
 
 /// Result conversion: anything that reads as a Result survives every layout.
 pub fn result(data: &[u8]) {
-    let Ok(r) = CniResult::from_slice(data) else { return };
-    for v in [Version::V0_3_0, Version::V0_3_1, Version::V0_4_0, Version::V1_0_0, Version::V1_1_0] {
+    let Ok(r) = CniResult::from_slice(data) else {
+        return;
+    };
+    for v in [
+        Version::V0_3_0,
+        Version::V0_3_1,
+        Version::V0_4_0,
+        Version::V1_0_0,
+        Version::V1_1_0,
+    ] {
         let back = CniResult::from_value(&r.to_value(v)).expect("our own output reads back");
         assert_eq!(back.ips, r.ips, "{v}");
         assert_eq!(back.routes, r.routes, "{v}");
@@ -68,6 +84,8 @@ pub fn store_file(data: &[u8]) {
         && let Some(first) = leases.first()
     {
         let _ = store.remove(first);
-        store.list(network).expect("a file the store wrote itself reads back");
+        store
+            .list(network)
+            .expect("a file the store wrote itself reads back");
     }
 }

@@ -229,7 +229,8 @@ impl Server {
     }
 
     fn kubectl(&self, args: &[&str]) -> Result<String, String> {
-        let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| format!("{}/kubectl", peers_bin_dir()));
+        let kubectl =
+            std::env::var("KUBECTL").unwrap_or_else(|_| format!("{}/kubectl", peers_bin_dir()));
         let out = capture(
             Command::new(&kubectl)
                 .arg("--kubeconfig")

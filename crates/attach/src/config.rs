@@ -49,18 +49,34 @@ impl IpvlanConfig {
             "" | "l2" => IpvlanMode::L2,
             "l3" => IpvlanMode::L3,
             "l3s" => IpvlanMode::L3s,
-            other => return Err(AttachError::Config(format!("unknown ipvlan mode {other:?} (mode is one of l2, l3, l3s)"))),
+            other => {
+                return Err(AttachError::Config(format!(
+                    "unknown ipvlan mode {other:?} (mode is one of l2, l3, l3s)"
+                )));
+            }
         };
         let flag = match raw.flags.as_deref().unwrap_or("bridge") {
             "" | "bridge" => IpvlanFlag::Bridge,
             "private" => IpvlanFlag::Private,
             "vepa" => IpvlanFlag::Vepa,
-            other => return Err(AttachError::Config(format!("unknown ipvlan flags {other:?} (flags is one of bridge, private, vepa)"))),
+            other => {
+                return Err(AttachError::Config(format!(
+                    "unknown ipvlan flags {other:?} (flags is one of bridge, private, vepa)"
+                )));
+            }
         };
         let ipam_type = match &raw.ipam {
-            Some(Value::Object(o)) => o.get("type").and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_string),
+            Some(Value::Object(o)) => o
+                .get("type")
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string),
             Some(Value::Null) | None => None,
-            Some(other) => return Err(AttachError::Config(format!("ipam must be an object, got {other}"))),
+            Some(other) => {
+                return Err(AttachError::Config(format!(
+                    "ipam must be an object, got {other}"
+                )));
+            }
         };
         Ok(IpvlanConfig {
             master: raw.master.filter(|m| !m.is_empty()),
@@ -76,7 +92,12 @@ impl IpvlanConfig {
     /// The master named by a chained prevResult: its only named interface (as the reference plugin does).
     pub fn chained_master(prev: Option<&CniResult>) -> Result<Option<String>, AttachError> {
         let Some(prev) = prev else { return Ok(None) };
-        let named: Vec<&str> = prev.interfaces.iter().map(|i| i.name.as_str()).filter(|n| !n.is_empty()).collect();
+        let named: Vec<&str> = prev
+            .interfaces
+            .iter()
+            .map(|i| i.name.as_str())
+            .filter(|n| !n.is_empty())
+            .collect();
         match named.as_slice() {
             [] => Ok(None),
             [one] => Ok(Some(one.to_string())),
@@ -94,7 +115,11 @@ mod tests {
     use super::*;
 
     fn conf(extra: &str) -> NetConf {
-        NetConf::parse(format!(r#"{{"cniVersion":"1.1.0","name":"n","type":"tether-ipvlan"{extra}}}"#).as_bytes()).unwrap()
+        NetConf::parse(
+            format!(r#"{{"cniVersion":"1.1.0","name":"n","type":"tether-ipvlan"{extra}}}"#)
+                .as_bytes(),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -104,7 +129,10 @@ mod tests {
         assert_eq!(c.mode, IpvlanMode::L3s);
         assert_eq!(c.ipam_type.as_deref(), Some("tether-ipam"));
         let c = IpvlanConfig::from_conf(&conf("")).unwrap();
-        assert_eq!((c.mode, c.flag, c.master, c.mtu), (IpvlanMode::L2, IpvlanFlag::Bridge, None, None));
+        assert_eq!(
+            (c.mode, c.flag, c.master, c.mtu),
+            (IpvlanMode::L2, IpvlanFlag::Bridge, None, None)
+        );
     }
 
     #[test]
@@ -123,8 +151,15 @@ mod tests {
     fn chained_master_needs_exactly_one_named_interface() {
         let r = |v: &str| CniResult::from_value(&serde_json::from_str(v).unwrap()).unwrap();
         assert_eq!(IpvlanConfig::chained_master(None).unwrap(), None);
-        assert_eq!(IpvlanConfig::chained_master(Some(&r(r#"{"interfaces":[{"name":"eth5"}]}"#))).unwrap().as_deref(), Some("eth5"));
-        let e = IpvlanConfig::chained_master(Some(&r(r#"{"interfaces":[{"name":"a"},{"name":"b"}]}"#))).unwrap_err();
+        assert_eq!(
+            IpvlanConfig::chained_master(Some(&r(r#"{"interfaces":[{"name":"eth5"}]}"#)))
+                .unwrap()
+                .as_deref(),
+            Some("eth5")
+        );
+        let e =
+            IpvlanConfig::chained_master(Some(&r(r#"{"interfaces":[{"name":"a"},{"name":"b"}]}"#)))
+                .unwrap_err();
         assert_eq!(e.code(), 7);
     }
 }

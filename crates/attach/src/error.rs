@@ -14,14 +14,24 @@ pub enum AttachError {
     #[error("{0}")]
     Config(String),
     /// A field the runtime asked for that an ipvlan slave cannot honour.
-    #[error("{field} {value:?} cannot be honoured: an ipvlan interface always has its master's MAC address; remove the MAC from the pod's network selection")]
+    #[error(
+        "{field} {value:?} cannot be honoured: an ipvlan interface always has its master's MAC address; remove the MAC from the pod's network selection"
+    )]
     Unsupported { field: &'static str, value: String },
     #[error("master interface {name:?} does not exist {place}")]
     MasterMissing { name: String, place: &'static str },
-    #[error("no master: \"master\" is not set and {place} has no IPv4 default route to take it from; set \"master\" in the network config")]
+    #[error(
+        "no master: \"master\" is not set and {place} has no IPv4 default route to take it from; set \"master\" in the network config"
+    )]
     NoDefaultRoute { place: &'static str },
-    #[error("mtu {mtu} is larger than the MTU {master_mtu} of master {master:?}; use at most {master_mtu} or leave mtu out to inherit it")]
-    MtuTooLarge { mtu: u32, master: String, master_mtu: u32 },
+    #[error(
+        "mtu {mtu} is larger than the MTU {master_mtu} of master {master:?}; use at most {master_mtu} or leave mtu out to inherit it"
+    )]
+    MtuTooLarge {
+        mtu: u32,
+        master: String,
+        master_mtu: u32,
+    },
     #[error("an interface named {ifname:?} already exists in the pod network namespace {netns}")]
     IfnameExists { ifname: String, netns: PathBuf },
     #[error("CNI_NETNS {path} does not exist")]
@@ -34,12 +44,22 @@ pub enum AttachError {
     Kernel(#[from] NetlinkError),
     #[error("IPAM plugin {plugin:?} returned no addresses")]
     NoAddresses { plugin: String },
-    #[error("no \"ipam\" section and no prevResult with addresses: ipam is required unless tether-ipvlan is chained after a plugin that assigns addresses")]
+    #[error(
+        "no \"ipam\" section and no prevResult with addresses: ipam is required unless tether-ipvlan is chained after a plugin that assigns addresses"
+    )]
     IpamRequired,
-    #[error("IPv6 address {address} failed duplicate address detection on {ifname}: another host on the segment uses it")]
+    #[error(
+        "IPv6 address {address} failed duplicate address detection on {ifname}: another host on the segment uses it"
+    )]
     DadFailed { address: String, ifname: String },
-    #[error("IPv6 address {address} on {ifname} is still tentative after {waited_ms} ms of duplicate address detection")]
-    DadTimeout { address: String, ifname: String, waited_ms: u64 },
+    #[error(
+        "IPv6 address {address} on {ifname} is still tentative after {waited_ms} ms of duplicate address detection"
+    )]
+    DadTimeout {
+        address: String,
+        ifname: String,
+        waited_ms: u64,
+    },
     #[error("CHECK: {0}")]
     Check(String),
 }
@@ -62,7 +82,9 @@ impl AttachError {
             AttachError::Unsupported { .. } => code::UNSUPPORTED_FIELD,
             AttachError::IfnameExists { .. } | AttachError::NetnsInvalid(_) => code::INVALID_ENV,
             AttachError::NetnsMissing { .. } => code::UNKNOWN_CONTAINER,
-            AttachError::Netns(_) | AttachError::Kernel(_) | AttachError::DadTimeout { .. } => code::KERNEL,
+            AttachError::Netns(_) | AttachError::Kernel(_) | AttachError::DadTimeout { .. } => {
+                code::KERNEL
+            }
             AttachError::NoAddresses { .. } => code::DELEGATE_FAILED,
             AttachError::DadFailed { .. } => code::ADDRESS_IN_USE,
             AttachError::Check(_) => code::CHECK_FAILED,

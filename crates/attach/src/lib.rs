@@ -17,8 +17,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
-use tether_cni::result::{Interface, Route as CniRoute};
 use tether_cni::delegate::{Exit, Running};
+use tether_cni::result::{Interface, Route as CniRoute};
 use tether_cni::{CniError, CniResult, Command, Request, code};
 use tether_link::netlink::EEXIST;
 use tether_link::{IpvlanMode, Link, NetNs, Netlink, NetnsError, NsThread, Route, sysctl};
@@ -45,28 +45,54 @@ fn open_pod_netns(path: &Path) -> Result<NetNs, AttachError> {
 
 /// The master link: `master`, else the chained prevResult's interface, else the default route's
 /// interface — looked up in the pod netns under `linkInContainer`, in the host netns otherwise.
-fn resolve_master(cfg: &IpvlanConfig, prev: Option<&CniResult>, host: &Netlink, pod: &Netlink) -> Result<Link, AttachError> {
-    let (nl, place) = if cfg.link_in_container { (pod, "in the pod network namespace") } else { (host, "on the host") };
+fn resolve_master(
+    cfg: &IpvlanConfig,
+    prev: Option<&CniResult>,
+    host: &Netlink,
+    pod: &Netlink,
+) -> Result<Link, AttachError> {
+    let (nl, place) = if cfg.link_in_container {
+        (pod, "in the pod network namespace")
+    } else {
+        (host, "on the host")
+    };
     let name = match &cfg.master {
         Some(m) => Some(m.clone()),
         None => IpvlanConfig::chained_master(prev)?,
     };
     match name {
-        Some(name) => nl.link_by_name(&name)?.ok_or(AttachError::MasterMissing { name, place }),
-        None => nl.default_route_link()?.ok_or(AttachError::NoDefaultRoute { place: if cfg.link_in_container { "the pod network namespace" } else { "the host" } }),
+        Some(name) => nl
+            .link_by_name(&name)?
+            .ok_or(AttachError::MasterMissing { name, place }),
+        None => nl.default_route_link()?.ok_or(AttachError::NoDefaultRoute {
+            place: if cfg.link_in_container {
+                "the pod network namespace"
+            } else {
+                "the host"
+            },
+        }),
     }
 }
 
 /// An ipvlan slave cannot carry its own MAC, so a requested one is refused rather than ignored.
 fn reject_requested_mac(req: &Request) -> Result<(), AttachError> {
     if let Some(mac) = req.conf.runtime_config("mac") {
-        let value = mac.as_str().map(str::to_string).unwrap_or_else(|| mac.to_string());
+        let value = mac
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| mac.to_string());
         if !value.is_empty() {
-            return Err(AttachError::Unsupported { field: "runtimeConfig.mac", value });
+            return Err(AttachError::Unsupported {
+                field: "runtimeConfig.mac",
+                value,
+            });
         }
     }
     if let Some(mac) = req.env.args.get("MAC").filter(|m| !m.is_empty()) {
-        return Err(AttachError::Unsupported { field: "CNI_ARGS MAC", value: mac.to_string() });
+        return Err(AttachError::Unsupported {
+            field: "CNI_ARGS MAC",
+            value: mac.to_string(),
+        });
     }
     Ok(())
 }
@@ -151,20 +177,40 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
     if let (Some(mtu), Some(master_mtu)) = (cfg.mtu, master.mtu)
         && mtu > master_mtu
     {
-        return Err(AttachError::MtuTooLarge { mtu, master: master.name.clone(), master_mtu });
+        return Err(AttachError::MtuTooLarge {
+            mtu,
+            master: master.name.clone(),
+            master_mtu,
+        });
     }
 
-    let mut undo = Undo { req, pod: &pod, link: None, ipam: None, running: None, exit: None, armed: true };
+    let mut undo = Undo {
+        req,
+        pod: &pod,
+        link: None,
+        ipam: None,
+        running: None,
+        exit: None,
+        armed: true,
+    };
     if let Some(plugin) = &cfg.ipam_type
         && ipam_needs_no_link(&cfg, plugin)
     {
         // Armed before the call: a failed delegate ADD is followed by its DEL, as the spec asks.
         undo.ipam = Some(plugin.clone());
-        undo.running = Some(req.delegation().spawn(plugin, Command::Add).map_err(AttachError::Cni)?);
+        undo.running = Some(
+            req.delegation()
+                .spawn(plugin, Command::Add)
+                .map_err(AttachError::Cni)?,
+        );
     }
 
     // Under linkInContainer the master is in the pod netns already: create there, no move.
-    let (creator, target) = if cfg.link_in_container { (&pod, None) } else { (&host, Some(&ns)) };
+    let (creator, target) = if cfg.link_in_container {
+        (&pod, None)
+    } else {
+        (&host, Some(&ns))
+    };
     let mut tmp = temporary_name();
     let mut attempts = 0;
     loop {
@@ -177,14 +223,20 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
             Err(e) => return Err(e.into()),
         }
     }
-    let link = pod.link_by_name(&tmp)?.ok_or_else(|| AttachError::Check(format!("the new link {tmp} vanished from the pod netns")))?;
+    let link = pod.link_by_name(&tmp)?.ok_or_else(|| {
+        AttachError::Check(format!("the new link {tmp} vanished from the pod netns"))
+    })?;
     undo.link = Some(link.index);
     // A CNI_IFNAME already in the pod shows here (EEXIST). The rename comes before an IPAM that needs
     // the link: without `master`, tether-ipam finds its probe link by CNI_IFNAME.
-    pod.rename(link.index, ifname).map_err(|e| match e.errno() {
-        Some(EEXIST) => AttachError::IfnameExists { ifname: ifname.to_string(), netns: netns_path.to_owned() },
-        _ => e.into(),
-    })?;
+    pod.rename(link.index, ifname)
+        .map_err(|e| match e.errno() {
+            Some(EEXIST) => AttachError::IfnameExists {
+                ifname: ifname.to_string(),
+                netns: netns_path.to_owned(),
+            },
+            _ => e.into(),
+        })?;
     set_sysctls(&in_pod, ifname)?;
 
     // The IPAM's Result is used as soon as it is printed; its exit is checked once the link is
@@ -193,7 +245,11 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
         (_, Some(running)) => Some(running),
         (Some(plugin), None) => {
             undo.ipam = Some(plugin.clone());
-            Some(req.delegation().spawn(plugin, Command::Add).map_err(AttachError::Cni)?)
+            Some(
+                req.delegation()
+                    .spawn(plugin, Command::Add)
+                    .map_err(AttachError::Cni)?,
+            )
         }
         (None, None) => None,
     };
@@ -206,7 +262,9 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
         None => (prev.cloned().unwrap_or_default(), Vec::new()),
     };
     if result.ips.is_empty() {
-        return Err(AttachError::NoAddresses { plugin: cfg.ipam_type.clone().unwrap_or_else(|| "prevResult".into()) });
+        return Err(AttachError::NoAddresses {
+            plugin: cfg.ipam_type.clone().unwrap_or_else(|| "prevResult".into()),
+        });
     }
 
     configure(&in_pod, &pod, &link, ifname, &result, &probed)?;
@@ -246,7 +304,13 @@ impl DadTiming {
         let name = ifname.to_string();
         in_pod.run(move || {
             for e in [
-                sysctl::set_interface("ipv6", &name, "router_solicitation_delay", &self.solicitation_delay).err(),
+                sysctl::set_interface(
+                    "ipv6",
+                    &name,
+                    "router_solicitation_delay",
+                    &self.solicitation_delay,
+                )
+                .err(),
                 sysctl::set_neigh("ipv6", &name, "retrans_time_ms", &self.retrans_time_ms).err(),
             ]
             .into_iter()
@@ -267,11 +331,14 @@ fn short_dad_window(in_pod: &NsThread, ifname: &str) -> Result<Option<DadTiming>
     let name = ifname.to_string();
     let timing = in_pod.run(move || -> Option<DadTiming> {
         let before = DadTiming {
-            solicitation_delay: sysctl::get_interface("ipv6", &name, "router_solicitation_delay").ok()?,
+            solicitation_delay: sysctl::get_interface("ipv6", &name, "router_solicitation_delay")
+                .ok()?,
             retrans_time_ms: sysctl::get_neigh("ipv6", &name, "retrans_time_ms").ok()?,
         };
-        let set = sysctl::set_interface("ipv6", &name, "router_solicitation_delay", "0")
-            .and_then(|()| sysctl::set_neigh("ipv6", &name, "retrans_time_ms", &DAD_WINDOW_MS.to_string()));
+        let set =
+            sysctl::set_interface("ipv6", &name, "router_solicitation_delay", "0").and_then(|()| {
+                sysctl::set_neigh("ipv6", &name, "retrans_time_ms", &DAD_WINDOW_MS.to_string())
+            });
         if let Err(e) = set {
             // DAD still runs, with the kernel's timing: slower, never less safe.
             log::warn!("shortening DAD on {name}: {e}");
@@ -302,10 +369,26 @@ fn set_sysctls(in_pod: &NsThread, ifname: &str) -> Result<(), AttachError> {
 /// Addresses, link up, IPv6 DAD, routes — in the pod netns. `probed`: addresses the IPAM proved
 /// unused on the wire. IPv6 ones among them skip the kernel's DAD (`nodad`): it would only repeat that
 /// probe, for a second or two. Every other IPv6 address is waited for until it is no longer tentative.
-fn configure(in_pod: &NsThread, pod: &Netlink, link: &Link, ifname: &str, result: &CniResult, probed: &[IpAddr]) -> Result<(), AttachError> {
+fn configure(
+    in_pod: &NsThread,
+    pod: &Netlink,
+    link: &Link,
+    ifname: &str,
+    result: &CniResult,
+    probed: &[IpAddr],
+) -> Result<(), AttachError> {
     let nodad = |a: IpAddr| a.is_ipv6() && probed.contains(&a);
-    let dad: Vec<IpNet> = result.ips.iter().map(|i| i.address).filter(|a| a.addr().is_ipv6() && !nodad(a.addr())).collect();
-    let window = if dad.is_empty() { None } else { short_dad_window(in_pod, ifname)? };
+    let dad: Vec<IpNet> = result
+        .ips
+        .iter()
+        .map(|i| i.address)
+        .filter(|a| a.addr().is_ipv6() && !nodad(a.addr()))
+        .collect();
+    let window = if dad.is_empty() {
+        None
+    } else {
+        short_dad_window(in_pod, ifname)?
+    };
     for ip in &result.ips {
         pod.add_address(link.index, ip.address, nodad(ip.address.addr()))?;
     }
@@ -316,7 +399,13 @@ fn configure(in_pod: &NsThread, pod: &Netlink, link: &Link, ifname: &str, result
     }
     for r in &result.routes {
         let gateway = r.gw.or_else(|| same_family_gateway(result, r));
-        let route = Route { dst: r.dst, gateway, oif: Some(link.index), priority: r.priority, table: r.table };
+        let route = Route {
+            dst: r.dst,
+            gateway,
+            oif: Some(link.index),
+            priority: r.priority,
+            table: r.table,
+        };
         match pod.add_route(&route) {
             Err(e) if e.errno() == Some(EEXIST) => log::info!("route to {} already present", r.dst),
             other => other?,
@@ -330,7 +419,13 @@ fn configure(in_pod: &NsThread, pod: &Netlink, link: &Link, ifname: &str, result
 /// neighbours and switches drop entries left by the address's previous holder. The kernel sends one
 /// more on link-up (arp_notify). A failure here is logged: the attachment itself works.
 fn announce_addresses(in_pod: &NsThread, link: &Link, result: &CniResult) {
-    let Some(mac) = link.mac.as_deref().and_then(|m| <[u8; 6]>::try_from(m).ok()) else { return };
+    let Some(mac) = link
+        .mac
+        .as_deref()
+        .and_then(|m| <[u8; 6]>::try_from(m).ok())
+    else {
+        return;
+    };
     let addrs: Vec<IpAddr> = result.ips.iter().map(|i| i.address.addr()).collect();
     let index = link.index;
     match in_pod.run(move || tether_wire::announce(index, mac, &addrs, 1, Duration::ZERO)) {
@@ -342,12 +437,21 @@ fn announce_addresses(in_pod: &NsThread, link: &Link, result: &CniResult) {
 
 /// A route without `gw` goes through the gateway of the same family, as the reference plugins do.
 fn same_family_gateway(result: &CniResult, r: &CniRoute) -> Option<IpAddr> {
-    result.ips.iter().filter_map(|ip| ip.gateway).find(|g| g.is_ipv4() == r.dst.addr().is_ipv4())
+    result
+        .ips
+        .iter()
+        .filter_map(|ip| ip.gateway)
+        .find(|g| g.is_ipv4() == r.dst.addr().is_ipv4())
 }
 
 /// Return only once every address of `wanted` (IPv6, added without `nodad`) has left the tentative
 /// state, so the pod can use it at once.
-fn wait_for_dad(pod: &Netlink, index: u32, ifname: &str, wanted: &[IpNet]) -> Result<(), AttachError> {
+fn wait_for_dad(
+    pod: &Netlink,
+    index: u32,
+    ifname: &str,
+    wanted: &[IpNet],
+) -> Result<(), AttachError> {
     if wanted.is_empty() {
         return Ok(());
     }
@@ -357,14 +461,23 @@ fn wait_for_dad(pod: &Netlink, index: u32, ifname: &str, wanted: &[IpNet]) -> Re
         let mut pending = None;
         for w in wanted {
             match addrs.iter().find(|a| a.address.addr() == w.addr()) {
-                Some(a) if a.dad_failed => return Err(AttachError::DadFailed { address: w.to_string(), ifname: ifname.to_string() }),
+                Some(a) if a.dad_failed => {
+                    return Err(AttachError::DadFailed {
+                        address: w.to_string(),
+                        ifname: ifname.to_string(),
+                    });
+                }
                 Some(a) if a.tentative => pending = Some(*w),
                 _ => {}
             }
         }
         let Some(p) = pending else { return Ok(()) };
         if start.elapsed() >= DAD_WAIT {
-            return Err(AttachError::DadTimeout { address: p.to_string(), ifname: ifname.to_string(), waited_ms: DAD_WAIT.as_millis() as u64 });
+            return Err(AttachError::DadTimeout {
+                address: p.to_string(),
+                ifname: ifname.to_string(),
+                waited_ms: DAD_WAIT.as_millis() as u64,
+            });
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -378,7 +491,10 @@ pub fn del(req: &Request) -> Result<(), AttachError> {
     // The IPAM runs while the link is removed (its exec is most of a DEL); the lease is released even
     // if the link could not be removed, and even when the config is one ADD would have refused (DEL
     // after a failed ADD). Its error is reported first, once the link is gone.
-    let ipam = req.conf.ipam_type().map(|plugin| req.delegation().spawn(plugin, Command::Del));
+    let ipam = req
+        .conf
+        .ipam_type()
+        .map(|plugin| req.delegation().spawn(plugin, Command::Del));
     let mut link_error = None;
     if let Some(path) = req.env.netns.as_deref() {
         match NetNs::open(path) {
@@ -405,7 +521,10 @@ fn delete_pod_link(ns: &NetNs, ifname: &str) -> Result<(), AttachError> {
         Some(l) if l.kind.as_deref() == Some("ipvlan") => {
             pod.delete_link(l.index)?;
         }
-        Some(l) => log::warn!("DEL: {ifname} is a {} link, not ipvlan; leaving it alone", l.kind.as_deref().unwrap_or("unknown")),
+        Some(l) => log::warn!(
+            "DEL: {ifname} is a {} link, not ipvlan; leaving it alone",
+            l.kind.as_deref().unwrap_or("unknown")
+        ),
         None => {}
     }
     Ok(())
@@ -414,13 +533,15 @@ fn delete_pod_link(ns: &NetNs, ifname: &str) -> Result<(), AttachError> {
 /// CHECK: the attachment still looks exactly as ADD left it, and IPAM still holds the lease.
 pub fn check(req: &Request) -> Result<(), AttachError> {
     let cfg = IpvlanConfig::from_conf(&req.conf)?;
-    let prev = req
-        .conf
-        .prev_result
-        .as_ref()
-        .ok_or_else(|| AttachError::Cni(CniError::invalid_config("CHECK needs prevResult (the Result of ADD), and the config has none")))?;
+    let prev = req.conf.prev_result.as_ref().ok_or_else(|| {
+        AttachError::Cni(CniError::invalid_config(
+            "CHECK needs prevResult (the Result of ADD), and the config has none",
+        ))
+    })?;
     if let Some(plugin) = &cfg.ipam_type {
-        req.delegation().exec(plugin, Command::Check).map_err(AttachError::Cni)?;
+        req.delegation()
+            .exec(plugin, Command::Check)
+            .map_err(AttachError::Cni)?;
     }
     let netns_path = req.env.netns.as_deref().expect("CHECK validated CNI_NETNS");
     let ifname = req.env.ifname();
@@ -429,22 +550,39 @@ pub fn check(req: &Request) -> Result<(), AttachError> {
         .interfaces
         .iter()
         .position(|i| i.name == ifname && i.sandbox.as_deref() == Some(sandbox.as_str()))
-        .ok_or_else(|| AttachError::Check(format!("prevResult lists no interface {ifname:?} with sandbox {sandbox}")))?;
+        .ok_or_else(|| {
+            AttachError::Check(format!(
+                "prevResult lists no interface {ifname:?} with sandbox {sandbox}"
+            ))
+        })?;
     let expected = &prev.interfaces[idx];
     let ns = open_pod_netns(netns_path)?;
     let host = Netlink::current()?;
     let pod = Netlink::in_netns(&ns)?;
 
-    let link = pod.link_by_name(ifname)?.ok_or_else(|| AttachError::Check(format!("{ifname} does not exist in {sandbox}")))?;
+    let link = pod
+        .link_by_name(ifname)?
+        .ok_or_else(|| AttachError::Check(format!("{ifname} does not exist in {sandbox}")))?;
     if link.kind.as_deref() != Some("ipvlan") {
-        return Err(AttachError::Check(format!("{ifname} is a {} link, not ipvlan", link.kind.as_deref().unwrap_or("unknown"))));
+        return Err(AttachError::Check(format!(
+            "{ifname} is a {} link, not ipvlan",
+            link.kind.as_deref().unwrap_or("unknown")
+        )));
     }
     if link.ipvlan_mode != Some(cfg.mode) {
-        return Err(AttachError::Check(format!("{ifname} is in ipvlan mode {}, the config says {}", mode_name(link.ipvlan_mode), mode_name(Some(cfg.mode)))));
+        return Err(AttachError::Check(format!(
+            "{ifname} is in ipvlan mode {}, the config says {}",
+            mode_name(link.ipvlan_mode),
+            mode_name(Some(cfg.mode))
+        )));
     }
     // With `master` set, the parent must be that link. Without it, ADD took the default route's
     // interface or a chained plugin's — which CHECK cannot see again — so the parent must still exist.
-    let (masters, place) = if cfg.link_in_container { (&pod, "pod netns") } else { (&host, "host") };
+    let (masters, place) = if cfg.link_in_container {
+        (&pod, "pod netns")
+    } else {
+        (&host, "host")
+    };
     match &cfg.master {
         Some(_) => {
             let master = resolve_master(&cfg, None, &host, &pod)?;
@@ -460,26 +598,45 @@ pub fn check(req: &Request) -> Result<(), AttachError> {
         None => {
             let parent = link.parent_index.unwrap_or(0);
             if masters.link_by_index(parent)?.is_none() {
-                return Err(AttachError::Check(format!("{ifname}'s master (link #{parent}) no longer exists on the {place}")));
+                return Err(AttachError::Check(format!(
+                    "{ifname}'s master (link #{parent}) no longer exists on the {place}"
+                )));
             }
         }
     }
     if let Some(mac) = &expected.mac
         && link.mac_string().as_deref() != Some(mac.to_ascii_lowercase().as_str())
     {
-        return Err(AttachError::Check(format!("{ifname} has MAC {}, prevResult says {mac}", link.mac_string().unwrap_or_default())));
+        return Err(AttachError::Check(format!(
+            "{ifname} has MAC {}, prevResult says {mac}",
+            link.mac_string().unwrap_or_default()
+        )));
     }
     let have = pod.addresses(link.index)?;
-    for ip in prev.ips.iter().filter(|ip| ip.interface.is_none_or(|i| i == idx)) {
+    for ip in prev
+        .ips
+        .iter()
+        .filter(|ip| ip.interface.is_none_or(|i| i == idx))
+    {
         if !have.iter().any(|a| a.address == ip.address) {
-            return Err(AttachError::Check(format!("{ifname} lacks address {}", ip.address)));
+            return Err(AttachError::Check(format!(
+                "{ifname} lacks address {}",
+                ip.address
+            )));
         }
     }
     let routes = pod.all_routes()?;
     for r in &prev.routes {
         let gw = r.gw.or_else(|| same_family_gateway(prev, r));
-        if !routes.iter().any(|x| x.dst == r.dst && (gw.is_none() || x.gateway == gw)) {
-            return Err(AttachError::Check(format!("route to {}{} is missing", r.dst, gw.map(|g| format!(" via {g}")).unwrap_or_default())));
+        if !routes
+            .iter()
+            .any(|x| x.dst == r.dst && (gw.is_none() || x.gateway == gw))
+        {
+            return Err(AttachError::Check(format!(
+                "route to {}{} is missing",
+                r.dst,
+                gw.map(|g| format!(" via {g}")).unwrap_or_default()
+            )));
         }
     }
     Ok(())
@@ -504,10 +661,16 @@ pub fn status(req: &Request) -> Result<(), CniError> {
         resolve_master(&cfg, None, &host, &host).map_err(|e| not_ready(e.to_string()))?;
     }
     if let Some(plugin) = &cfg.ipam_type {
-        req.delegation().exec(plugin, Command::Status).map_err(|e| match e.code {
-            code::NOT_AVAILABLE | code::NOT_AVAILABLE_LIMITED => e,
-            _ => CniError::new(code::NOT_AVAILABLE, format!("IPAM {plugin} is not ready: {}", e.msg)).with_details(e.details),
-        })?;
+        req.delegation()
+            .exec(plugin, Command::Status)
+            .map_err(|e| match e.code {
+                code::NOT_AVAILABLE | code::NOT_AVAILABLE_LIMITED => e,
+                _ => CniError::new(
+                    code::NOT_AVAILABLE,
+                    format!("IPAM {plugin} is not ready: {}", e.msg),
+                )
+                .with_details(e.details),
+            })?;
     }
     Ok(())
 }

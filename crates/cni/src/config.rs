@@ -47,15 +47,25 @@ pub fn sniff_version(raw: &[u8]) -> Option<String> {
 impl NetConf {
     pub fn parse(raw: &[u8]) -> Result<NetConf, CniError> {
         let value: Value = serde_json::from_slice(raw).map_err(|e| {
-            CniError::new(code::DECODE, format!("the network configuration on stdin is not valid JSON: {e}"))
+            CniError::new(
+                code::DECODE,
+                format!("the network configuration on stdin is not valid JSON: {e}"),
+            )
         })?;
         let Value::Object(value) = value else {
-            return Err(CniError::new(code::DECODE, "the network configuration on stdin is not a JSON object"));
+            return Err(CniError::new(
+                code::DECODE,
+                "the network configuration on stdin is not a JSON object",
+            ));
         };
 
         let cni_version = match value.get("cniVersion") {
             Some(Value::String(s)) => s.clone(),
-            Some(other) => return Err(CniError::invalid_config(format!("cniVersion {other} is not a string"))),
+            Some(other) => {
+                return Err(CniError::invalid_config(format!(
+                    "cniVersion {other} is not a string"
+                )));
+            }
             None => String::new(),
         };
         let version = Version::parse(&cni_version)?;
@@ -67,10 +77,22 @@ impl NetConf {
                     "network name {s:?} is invalid: it must start with a letter or digit followed by letters, digits, '_', '.' or '-'"
                 )));
             }
-            Some(other) => return Err(CniError::invalid_config(format!("network name {other} is not a string"))),
-            None => return Err(CniError::invalid_config("the network configuration has no \"name\"")),
+            Some(other) => {
+                return Err(CniError::invalid_config(format!(
+                    "network name {other} is not a string"
+                )));
+            }
+            None => {
+                return Err(CniError::invalid_config(
+                    "the network configuration has no \"name\"",
+                ));
+            }
         };
-        let plugin_type = value.get("type").and_then(Value::as_str).unwrap_or_default().to_string();
+        let plugin_type = value
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
 
         let prev_result = match value.get("prevResult") {
             None | Some(Value::Null) => None,
@@ -84,12 +106,23 @@ impl NetConf {
             .find_map(|k| value.get(*k))
             .map(|v| {
                 serde_json::from_value::<Vec<Attachment>>(v.clone()).map_err(|e| {
-                    CniError::invalid_config(format!("cni.dev/valid-attachments must be a list of {{containerID, ifname}}: {e}"))
+                    CniError::invalid_config(format!(
+                        "cni.dev/valid-attachments must be a list of {{containerID, ifname}}: {e}"
+                    ))
                 })
             })
             .transpose()?;
 
-        Ok(NetConf { version, cni_version, name, plugin_type, raw: raw.to_vec(), value, prev_result, valid_attachments })
+        Ok(NetConf {
+            version,
+            cni_version,
+            name,
+            plugin_type,
+            raw: raw.to_vec(),
+            value,
+            prev_result,
+            valid_attachments,
+        })
     }
 
     /// Deserialize the plugin's own view of the config. Unknown keys are ignored (serde's default); a
@@ -104,17 +137,28 @@ impl NetConf {
 
     /// `runtimeConfig.<key>`, which libcni fills only for capabilities the config declares.
     pub fn runtime_config(&self, key: &str) -> Option<&Value> {
-        self.value.get("runtimeConfig").and_then(|rc| rc.get(key)).filter(|v| !v.is_null())
+        self.value
+            .get("runtimeConfig")
+            .and_then(|rc| rc.get(key))
+            .filter(|v| !v.is_null())
     }
 
     /// `args.cni.<key>` (the `args` convention).
     pub fn args_cni(&self, key: &str) -> Option<&Value> {
-        self.value.get("args").and_then(|a| a.get("cni")).and_then(|c| c.get(key)).filter(|v| !v.is_null())
+        self.value
+            .get("args")
+            .and_then(|a| a.get("cni"))
+            .and_then(|c| c.get(key))
+            .filter(|v| !v.is_null())
     }
 
     /// The `type` of the `ipam` object, if any.
     pub fn ipam_type(&self) -> Option<&str> {
-        self.value.get("ipam").and_then(|i| i.get("type")).and_then(Value::as_str).filter(|s| !s.is_empty())
+        self.value
+            .get("ipam")
+            .and_then(|i| i.get("type"))
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
     }
 }
 
@@ -143,9 +187,24 @@ mod tests {
     #[test]
     fn name_missing_or_invalid_is_code_7() {
         assert_eq!(parse(r#"{"cniVersion":"1.1.0"}"#).unwrap_err().code, 7);
-        assert_eq!(parse(r#"{"cniVersion":"1.1.0","name":"a/b"}"#).unwrap_err().code, 7);
-        assert_eq!(parse(r#"{"cniVersion":"1.1.0","name":""}"#).unwrap_err().code, 7);
-        assert_eq!(parse(r#"{"cniVersion":"1.1.0","name":5}"#).unwrap_err().code, 7);
+        assert_eq!(
+            parse(r#"{"cniVersion":"1.1.0","name":"a/b"}"#)
+                .unwrap_err()
+                .code,
+            7
+        );
+        assert_eq!(
+            parse(r#"{"cniVersion":"1.1.0","name":""}"#)
+                .unwrap_err()
+                .code,
+            7
+        );
+        assert_eq!(
+            parse(r#"{"cniVersion":"1.1.0","name":5}"#)
+                .unwrap_err()
+                .code,
+            7
+        );
     }
 
     #[test]
@@ -163,9 +222,17 @@ mod tests {
     #[test]
     fn gc_attachments_either_key() {
         for key in ["cni.dev/valid-attachments", "cni.dev/attachments"] {
-            let s = format!(r#"{{"cniVersion":"1.1.0","name":"n","{key}":[{{"containerID":"c1","ifname":"net1"}}]}}"#);
+            let s = format!(
+                r#"{{"cniVersion":"1.1.0","name":"n","{key}":[{{"containerID":"c1","ifname":"net1"}}]}}"#
+            );
             let c = parse(&s).unwrap();
-            assert_eq!(c.valid_attachments.unwrap(), vec![Attachment { container_id: "c1".into(), ifname: "net1".into() }]);
+            assert_eq!(
+                c.valid_attachments.unwrap(),
+                vec![Attachment {
+                    container_id: "c1".into(),
+                    ifname: "net1".into()
+                }]
+            );
         }
     }
 

@@ -27,10 +27,14 @@ impl Delegation<'_> {
     /// The first executable named `plugin` in CNI_PATH.
     pub fn find(&self, plugin: &str) -> Result<PathBuf, CniError> {
         if plugin.is_empty() || plugin.contains('/') || plugin == "." || plugin == ".." {
-            return Err(CniError::invalid_config(format!("plugin type {plugin:?} is not a plain binary name")));
+            return Err(CniError::invalid_config(format!(
+                "plugin type {plugin:?} is not a plain binary name"
+            )));
         }
         if self.path.is_empty() {
-            return Err(CniError::invalid_env(format!("CNI_PATH is not set; it is needed to find the {plugin:?} plugin")));
+            return Err(CniError::invalid_env(format!(
+                "CNI_PATH is not set; it is needed to find the {plugin:?} plugin"
+            )));
         }
         self.path
             .iter()
@@ -38,8 +42,14 @@ impl Delegation<'_> {
             .find(|p| is_executable(p))
             .ok_or_else(|| {
                 let dirs: Vec<String> = self.path.iter().map(|p| p.display().to_string()).collect();
-                CniError::new(code::DELEGATE_FAILED, format!("plugin {plugin:?} not found in CNI_PATH"))
-                    .with_details(format!("searched {}; install it there (e.g. /opt/cni/bin)", dirs.join(":")))
+                CniError::new(
+                    code::DELEGATE_FAILED,
+                    format!("plugin {plugin:?} not found in CNI_PATH"),
+                )
+                .with_details(format!(
+                    "searched {}; install it there (e.g. /opt/cni/bin)",
+                    dirs.join(":")
+                ))
             })
     }
 
@@ -60,12 +70,21 @@ impl Delegation<'_> {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = spawn(&mut process)
-            .map_err(|e| CniError::new(code::DELEGATE_FAILED, format!("cannot execute {}: {e}", bin.display())))?;
+        let mut child = spawn(&mut process).map_err(|e| {
+            CniError::new(
+                code::DELEGATE_FAILED,
+                format!("cannot execute {}: {e}", bin.display()),
+            )
+        })?;
         // A plugin that exits without reading stdin gives EPIPE here; its exit status tells the story.
         // (A config fits the pipe's buffer, so this does not wait for the plugin.)
         let _ = child.stdin.take().expect("piped").write_all(self.stdin);
-        Ok(Running { child, bin, plugin: plugin.to_string(), command })
+        Ok(Running {
+            child,
+            bin,
+            plugin: plugin.to_string(),
+            command,
+        })
     }
 
     /// ADD through the delegate, reading its Result in whatever layout it printed.
@@ -109,12 +128,21 @@ impl Running {
         let Some(raw) = parsed.filter(|v| v.get("code").is_none()) else {
             let stdout = replied.exited()?;
             // Exit status 0 after all: an error object is still the error; anything else is unreadable.
-            return Err(serde_json::from_slice::<CniError>(&stdout).unwrap_or_else(|e| {
-                CniError::new(code::DELEGATE_FAILED, format!("{plugin} ADD printed an unreadable result: {e}"))
-            }));
+            return Err(
+                serde_json::from_slice::<CniError>(&stdout).unwrap_or_else(|e| {
+                    CniError::new(
+                        code::DELEGATE_FAILED,
+                        format!("{plugin} ADD printed an unreadable result: {e}"),
+                    )
+                }),
+            );
         };
-        let result = CniResult::from_value(&raw)
-            .map_err(|e| CniError::new(code::DELEGATE_FAILED, format!("{plugin} ADD printed an unreadable result: {e}")))?;
+        let result = CniResult::from_value(&raw).map_err(|e| {
+            CniError::new(
+                code::DELEGATE_FAILED,
+                format!("{plugin} ADD printed an unreadable result: {e}"),
+            )
+        })?;
         Ok((result, raw, Exit(replied)))
     }
 
@@ -124,11 +152,19 @@ impl Running {
         let (Some(out), Some(err)) = (self.child.stdout.take(), self.child.stderr.take()) else {
             unreachable!("spawn pipes stdout and stderr")
         };
-        let (stdout, stderr) = read_both(out, err)
-            .map_err(|e| CniError::new(code::DELEGATE_FAILED, format!("reading the output of {}: {e}", self.bin.display())))?;
+        let (stdout, stderr) = read_both(out, err).map_err(|e| {
+            CniError::new(
+                code::DELEGATE_FAILED,
+                format!("reading the output of {}: {e}", self.bin.display()),
+            )
+        })?;
         // The delegate's log lines stay logs: ours go to stderr too.
         relog::relog(&self.plugin, self.command.as_str(), &stderr);
-        Ok(Replied { running: self, stdout, stderr })
+        Ok(Replied {
+            running: self,
+            stdout,
+            stderr,
+        })
     }
 }
 
@@ -143,8 +179,23 @@ struct Replied {
 impl Replied {
     /// Reap the plugin; Ok holds its stdout when it exited 0, Err its error object (or why it failed).
     fn exited(self) -> Result<Vec<u8>, CniError> {
-        let Replied { running: Running { mut child, bin, plugin, command }, stdout, stderr } = self;
-        let status = child.wait().map_err(|e| CniError::new(code::DELEGATE_FAILED, format!("waiting for {}: {e}", bin.display())))?;
+        let Replied {
+            running:
+                Running {
+                    mut child,
+                    bin,
+                    plugin,
+                    command,
+                },
+            stdout,
+            stderr,
+        } = self;
+        let status = child.wait().map_err(|e| {
+            CniError::new(
+                code::DELEGATE_FAILED,
+                format!("waiting for {}: {e}", bin.display()),
+            )
+        })?;
         if status.success() {
             return Ok(stdout);
         }
@@ -153,8 +204,11 @@ impl Replied {
             return Err(e);
         }
         let text = if stdout.is_empty() { &stderr } else { &stdout };
-        Err(CniError::new(code::DELEGATE_FAILED, format!("{plugin} {} failed ({status})", command.as_str()))
-            .with_details(String::from_utf8_lossy(text).trim().to_string()))
+        Err(CniError::new(
+            code::DELEGATE_FAILED,
+            format!("{plugin} {} failed ({status})", command.as_str()),
+        )
+        .with_details(String::from_utf8_lossy(text).trim().to_string()))
     }
 }
 
@@ -171,7 +225,11 @@ impl Exit {
 }
 
 /// One read from a ready pipe into `into`; false at its end.
-fn read_some(pipe: &mut impl std::io::Read, buf: &mut [u8], into: &mut Vec<u8>) -> std::io::Result<bool> {
+fn read_some(
+    pipe: &mut impl std::io::Read,
+    buf: &mut [u8],
+    into: &mut Vec<u8>,
+) -> std::io::Result<bool> {
     match pipe.read(buf) {
         Ok(0) => Ok(false),
         Ok(n) => {
@@ -184,15 +242,26 @@ fn read_some(pipe: &mut impl std::io::Read, buf: &mut [u8], into: &mut Vec<u8>) 
 }
 
 /// Read two pipes to their ends at once.
-fn read_both(mut out: std::process::ChildStdout, mut err: std::process::ChildStderr) -> std::io::Result<(Vec<u8>, Vec<u8>)> {
+fn read_both(
+    mut out: std::process::ChildStdout,
+    mut err: std::process::ChildStderr,
+) -> std::io::Result<(Vec<u8>, Vec<u8>)> {
     use std::os::fd::AsRawFd;
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
     let (mut out_open, mut err_open) = (true, true);
     let mut buf = [0u8; 8192];
     while out_open || err_open {
         let mut fds = [
-            libc::pollfd { fd: if out_open { out.as_raw_fd() } else { -1 }, events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: if err_open { err.as_raw_fd() } else { -1 }, events: libc::POLLIN, revents: 0 },
+            libc::pollfd {
+                fd: if out_open { out.as_raw_fd() } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if err_open { err.as_raw_fd() } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
         ];
         // SAFETY: two valid pollfd entries (a negative fd is ignored by poll).
         if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
@@ -255,14 +324,30 @@ mod tests {
     fn passes_stdin_and_env_and_reads_result() {
         let d = tempdir("ok");
         // Echo stdin back as part of a result, proving the bytes arrived unchanged.
-        script(&d, "fake", r#"in=$(cat); [ "$CNI_COMMAND" = ADD ] || exit 9; [ "$CNI_CONTAINERID" = c1 ] || exit 8; printf '{"cniVersion":"1.1.0","ips":[{"address":"10.0.0.2/24"}],"dns":{"domain":"%s"}}' "$(printf %s "$in" | md5sum | cut -c1-8)""#);
-        let vars: HashMap<String, String> = [("CNI_CONTAINERID".to_string(), "c1".to_string())].into();
+        script(
+            &d,
+            "fake",
+            r#"in=$(cat); [ "$CNI_COMMAND" = ADD ] || exit 9; [ "$CNI_CONTAINERID" = c1 ] || exit 8; printf '{"cniVersion":"1.1.0","ips":[{"address":"10.0.0.2/24"}],"dns":{"domain":"%s"}}' "$(printf %s "$in" | md5sum | cut -c1-8)""#,
+        );
+        let vars: HashMap<String, String> =
+            [("CNI_CONTAINERID".to_string(), "c1".to_string())].into();
         let stdin = br#"{"odd": "bytes",   "kept":true}"#;
         let path = vec![PathBuf::from("/nonexistent"), d.clone()];
-        let r = Delegation { path: &path, vars: &vars, stdin }.add("fake").unwrap();
+        let r = Delegation {
+            path: &path,
+            vars: &vars,
+            stdin,
+        }
+        .add("fake")
+        .unwrap();
         assert_eq!(r.ips[0].address.to_string(), "10.0.0.2/24");
         let expect = {
-            let out = Process::new("sh").arg("-c").arg("printf %s \"$0\" | md5sum | cut -c1-8").arg(std::str::from_utf8(stdin).unwrap()).output().unwrap();
+            let out = Process::new("sh")
+                .arg("-c")
+                .arg("printf %s \"$0\" | md5sum | cut -c1-8")
+                .arg(std::str::from_utf8(stdin).unwrap())
+                .output()
+                .unwrap();
             String::from_utf8(out.stdout).unwrap().trim().to_string()
         };
         assert_eq!(r.dns.domain.as_deref(), Some(expect.as_str()));
@@ -271,13 +356,32 @@ mod tests {
     #[test]
     fn delegate_error_comes_back_unchanged() {
         let d = tempdir("err");
-        script(&d, "fake", r#"cat >/dev/null; echo '{"cniVersion":"1.1.0","code":102,"msg":"range 10.0.0.0/30 exhausted","details":"2 leased"}'; exit 1"#);
+        script(
+            &d,
+            "fake",
+            r#"cat >/dev/null; echo '{"cniVersion":"1.1.0","code":102,"msg":"range 10.0.0.0/30 exhausted","details":"2 leased"}'; exit 1"#,
+        );
         let vars = HashMap::new();
         let path = vec![d.clone()];
-        let e = Delegation { path: &path, vars: &vars, stdin: b"{}" }.add("fake").unwrap_err();
-        assert_eq!((e.code, e.msg.as_str(), e.details.as_str()), (102, "range 10.0.0.0/30 exhausted", "2 leased"));
+        let e = Delegation {
+            path: &path,
+            vars: &vars,
+            stdin: b"{}",
+        }
+        .add("fake")
+        .unwrap_err();
+        assert_eq!(
+            (e.code, e.msg.as_str(), e.details.as_str()),
+            (102, "range 10.0.0.0/30 exhausted", "2 leased")
+        );
         script(&d, "crash", "echo boom >&2; exit 3");
-        let e = Delegation { path: &path, vars: &vars, stdin: b"{}" }.exec("crash", Command::Del).unwrap_err();
+        let e = Delegation {
+            path: &path,
+            vars: &vars,
+            stdin: b"{}",
+        }
+        .exec("crash", Command::Del)
+        .unwrap_err();
         assert_eq!(e.code, code::DELEGATE_FAILED);
         assert!(e.details.contains("boom"));
     }
@@ -289,7 +393,13 @@ mod tests {
         // Prints its Result, closes its output, and only exits when the caller lets it (a fifo), so
         // the Result cannot have been waited for with the exit.
         let gate = d.join("gate");
-        assert!(Process::new("mkfifo").arg(&gate).status().unwrap().success());
+        assert!(
+            Process::new("mkfifo")
+                .arg(&gate)
+                .status()
+                .unwrap()
+                .success()
+        );
         let body = format!(
             r#"cat >/dev/null; echo '{{"cniVersion":"1.1.0","ips":[{{"address":"10.0.0.2/24"}}]}}'; exec >&- 2>&-; read x <'{}'; touch '{}'; exit "$x""#,
             gate.display(),
@@ -300,7 +410,13 @@ mod tests {
         let path = vec![d.clone()];
         for (status, ok) in [("0", true), ("4", false)] {
             let _ = std::fs::remove_file(&done);
-            let running = Delegation { path: &path, vars: &vars, stdin: b"{}" }.spawn("fake", Command::Add).unwrap();
+            let running = Delegation {
+                path: &path,
+                vars: &vars,
+                stdin: b"{}",
+            }
+            .spawn("fake", Command::Add)
+            .unwrap();
             let (r, _, exit) = running.early_result().unwrap();
             assert_eq!(r.ips[0].address.to_string(), "10.0.0.2/24");
             assert!(!done.exists(), "the Result came before the plugin exited");
@@ -309,7 +425,10 @@ mod tests {
             assert!(done.exists());
             match checked {
                 Ok(()) => assert!(ok),
-                Err(e) => assert!(!ok && e.code == code::DELEGATE_FAILED && e.msg.contains("exit status: 4"), "{e:?}"),
+                Err(e) => assert!(
+                    !ok && e.code == code::DELEGATE_FAILED && e.msg.contains("exit status: 4"),
+                    "{e:?}"
+                ),
             }
         }
     }
@@ -317,27 +436,92 @@ mod tests {
     #[test]
     fn early_result_of_a_failed_add_is_its_error() {
         let d = tempdir("earlyerr");
-        script(&d, "fake", r#"cat >/dev/null; echo '{"cniVersion":"1.1.0","code":102,"msg":"exhausted"}'; exit 1"#);
+        script(
+            &d,
+            "fake",
+            r#"cat >/dev/null; echo '{"cniVersion":"1.1.0","code":102,"msg":"exhausted"}'; exit 1"#,
+        );
         script(&d, "garbage", "cat >/dev/null; echo not-json");
-        script(&d, "zero", r#"cat >/dev/null; echo '{"cniVersion":"1.1.0","code":11,"msg":"try later"}'"#);
+        script(
+            &d,
+            "zero",
+            r#"cat >/dev/null; echo '{"cniVersion":"1.1.0","code":11,"msg":"try later"}'"#,
+        );
         let vars = HashMap::new();
         let path = vec![d.clone()];
-        let e = Delegation { path: &path, vars: &vars, stdin: b"{}" }.spawn("fake", Command::Add).unwrap().early_result().unwrap_err();
+        let e = Delegation {
+            path: &path,
+            vars: &vars,
+            stdin: b"{}",
+        }
+        .spawn("fake", Command::Add)
+        .unwrap()
+        .early_result()
+        .unwrap_err();
         assert_eq!((e.code, e.msg.as_str()), (102, "exhausted"));
-        let e = Delegation { path: &path, vars: &vars, stdin: b"{}" }.spawn("zero", Command::Add).unwrap().early_result().unwrap_err();
-        assert_eq!((e.code, e.msg.as_str()), (11, "try later"), "an error object with exit status 0 is still the error");
-        let e = Delegation { path: &path, vars: &vars, stdin: b"{}" }.spawn("garbage", Command::Add).unwrap().early_result().unwrap_err();
-        assert!(e.code == code::DELEGATE_FAILED && e.msg.contains("unreadable result"), "{e:?}");
+        let e = Delegation {
+            path: &path,
+            vars: &vars,
+            stdin: b"{}",
+        }
+        .spawn("zero", Command::Add)
+        .unwrap()
+        .early_result()
+        .unwrap_err();
+        assert_eq!(
+            (e.code, e.msg.as_str()),
+            (11, "try later"),
+            "an error object with exit status 0 is still the error"
+        );
+        let e = Delegation {
+            path: &path,
+            vars: &vars,
+            stdin: b"{}",
+        }
+        .spawn("garbage", Command::Add)
+        .unwrap()
+        .early_result()
+        .unwrap_err();
+        assert!(
+            e.code == code::DELEGATE_FAILED && e.msg.contains("unreadable result"),
+            "{e:?}"
+        );
     }
 
     #[test]
     fn missing_plugin_names_it_and_the_path() {
         let vars = HashMap::new();
         let path = vec![PathBuf::from("/nonexistent-dir")];
-        let e = Delegation { path: &path, vars: &vars, stdin: b"{}" }.find("tether-ipam").unwrap_err();
+        let e = Delegation {
+            path: &path,
+            vars: &vars,
+            stdin: b"{}",
+        }
+        .find("tether-ipam")
+        .unwrap_err();
         assert_eq!(e.code, code::DELEGATE_FAILED);
         assert!(e.msg.contains("tether-ipam") && e.details.contains("/nonexistent-dir"));
-        assert_eq!(Delegation { path: &[], vars: &vars, stdin: b"{}" }.find("x").unwrap_err().code, 4);
-        assert_eq!(Delegation { path: &path, vars: &vars, stdin: b"{}" }.find("../x").unwrap_err().code, 7);
+        assert_eq!(
+            Delegation {
+                path: &[],
+                vars: &vars,
+                stdin: b"{}"
+            }
+            .find("x")
+            .unwrap_err()
+            .code,
+            4
+        );
+        assert_eq!(
+            Delegation {
+                path: &path,
+                vars: &vars,
+                stdin: b"{}"
+            }
+            .find("../x")
+            .unwrap_err()
+            .code,
+            7
+        );
     }
 }

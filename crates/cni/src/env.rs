@@ -56,7 +56,9 @@ impl CniArgs {
                 )));
             };
             if k.is_empty() {
-                return Err(CniError::invalid_env(format!("CNI_ARGS: {item:?} has an empty key")));
+                return Err(CniError::invalid_env(format!(
+                    "CNI_ARGS: {item:?} has an empty key"
+                )));
             }
             pairs.push((k.to_string(), v.to_string()));
         }
@@ -65,7 +67,11 @@ impl CniArgs {
 
     /// The last value given for `key` (a later pair overrides an earlier one, as kubelet's merge does).
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.0.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     pub fn pairs(&self) -> &[(String, String)] {
@@ -118,9 +124,21 @@ impl Env {
             None => CniArgs::default(),
         };
         let path = get("CNI_PATH")
-            .map(|p| p.split(':').filter(|s| !s.is_empty()).map(PathBuf::from).collect())
+            .map(|p| {
+                p.split(':')
+                    .filter(|s| !s.is_empty())
+                    .map(PathBuf::from)
+                    .collect()
+            })
             .unwrap_or_default();
-        Ok(Env { command, container_id, netns, ifname, args, path })
+        Ok(Env {
+            command,
+            container_id,
+            netns,
+            ifname,
+            args,
+            path,
+        })
     }
 
     /// CNI_CONTAINERID, for verbs where `from_vars` guaranteed it.
@@ -176,14 +194,25 @@ mod tests {
     use super::*;
 
     fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn add_names_each_missing_variable() {
-        let full = [("CNI_CONTAINERID", "c1"), ("CNI_NETNS", "/run/netns/x"), ("CNI_IFNAME", "net1")];
+        let full = [
+            ("CNI_CONTAINERID", "c1"),
+            ("CNI_NETNS", "/run/netns/x"),
+            ("CNI_IFNAME", "net1"),
+        ];
         for missing in ["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"] {
-            let v: Vec<_> = full.iter().copied().filter(|(k, _)| *k != missing).collect();
+            let v: Vec<_> = full
+                .iter()
+                .copied()
+                .filter(|(k, _)| *k != missing)
+                .collect();
             let e = Env::from_vars(Command::Add, &vars(&v)).unwrap_err();
             assert_eq!(e.code, 4);
             assert!(e.msg.contains(missing), "{}", e.msg);
@@ -194,7 +223,15 @@ mod tests {
 
     #[test]
     fn del_allows_empty_netns_and_status_needs_nothing() {
-        let env = Env::from_vars(Command::Del, &vars(&[("CNI_CONTAINERID", "c1"), ("CNI_IFNAME", "net1"), ("CNI_NETNS", "")])).unwrap();
+        let env = Env::from_vars(
+            Command::Del,
+            &vars(&[
+                ("CNI_CONTAINERID", "c1"),
+                ("CNI_IFNAME", "net1"),
+                ("CNI_NETNS", ""),
+            ]),
+        )
+        .unwrap();
         assert!(env.netns.is_none());
         Env::from_vars(Command::Status, &vars(&[])).unwrap();
         Env::from_vars(Command::Gc, &vars(&[])).unwrap();
@@ -202,7 +239,16 @@ mod tests {
 
     #[test]
     fn ifname_rules() {
-        for bad in ["", "sixteen-chars-xx", "a/b", "a:b", "a b", "a\tb", ".", ".."] {
+        for bad in [
+            "",
+            "sixteen-chars-xx",
+            "a/b",
+            "a:b",
+            "a b",
+            "a\tb",
+            ".",
+            "..",
+        ] {
             if bad.is_empty() {
                 continue; // empty means unset, covered above
             }

@@ -59,7 +59,11 @@ pub struct CniError {
 
 impl CniError {
     pub fn new(code: u32, msg: impl Into<String>) -> Self {
-        CniError { code, msg: msg.into(), details: String::new() }
+        CniError {
+            code,
+            msg: msg.into(),
+            details: String::new(),
+        }
     }
 
     pub fn with_details(mut self, details: impl Into<String>) -> Self {
@@ -90,8 +94,13 @@ impl CniError {
             #[serde(skip_serializing_if = "str::is_empty")]
             details: &'a str,
         }
-        serde_json::to_string(&Wire { cni_version, code: self.code, msg: &self.msg, details: &self.details })
-            .expect("serialising plain strings cannot fail")
+        serde_json::to_string(&Wire {
+            cni_version,
+            code: self.code,
+            msg: &self.msg,
+            details: &self.details,
+        })
+        .expect("serialising plain strings cannot fail")
     }
 }
 
@@ -103,8 +112,15 @@ mod tests {
     fn error_json_has_version_code_msg_and_optional_details() {
         let e = CniError::new(7, "bad").with_details("more");
         let v: serde_json::Value = serde_json::from_str(&e.to_json("1.1.0")).unwrap();
-        assert_eq!(v, serde_json::json!({"cniVersion":"1.1.0","code":7,"msg":"bad","details":"more"}));
-        let v: serde_json::Value = serde_json::from_str(&CniError::new(4, "x").to_json("0.4.0")).unwrap();
-        assert_eq!(v, serde_json::json!({"cniVersion":"0.4.0","code":4,"msg":"x"}));
+        assert_eq!(
+            v,
+            serde_json::json!({"cniVersion":"1.1.0","code":7,"msg":"bad","details":"more"})
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&CniError::new(4, "x").to_json("0.4.0")).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"cniVersion":"0.4.0","code":4,"msg":"x"})
+        );
     }
 }

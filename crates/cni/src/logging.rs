@@ -16,7 +16,11 @@ struct Sink {
     program: &'static str,
 }
 
-static SINK: RwLock<Sink> = RwLock::new(Sink { level: LevelFilter::Warn, file: None, program: "tether" });
+static SINK: RwLock<Sink> = RwLock::new(Sink {
+    level: LevelFilter::Warn,
+    file: None,
+    program: "tether",
+});
 static INSTALL: Once = Once::new();
 
 struct Logger;
@@ -31,10 +35,22 @@ impl Log for Logger {
         if r.level() > sink.level {
             return;
         }
-        let line = format!("{} {}[{}] {} {}\n", utc_now(), sink.program, std::process::id(), r.level(), r.args());
+        let line = format!(
+            "{} {}[{}] {} {}\n",
+            utc_now(),
+            sink.program,
+            std::process::id(),
+            r.level(),
+            r.args()
+        );
         // A log line that cannot be written must not fail the operation: fall back to stderr.
         let written = sink.file.as_ref().is_some_and(|f| {
-            OpenOptions::new().create(true).append(true).open(f).and_then(|mut fh| fh.write_all(line.as_bytes())).is_ok()
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(f)
+                .and_then(|mut fh| fh.write_all(line.as_bytes()))
+                .is_ok()
         });
         if !written {
             let _ = std::io::stderr().write_all(line.as_bytes());
@@ -67,7 +83,11 @@ pub fn configure(conf: &Map<String, Value>) {
     };
     let Ok(mut s) = SINK.write() else { return };
     s.file = pick("log_file").map(PathBuf::from);
-    s.level = match pick("log_level").as_deref().map(str::to_ascii_lowercase).as_deref() {
+    s.level = match pick("log_level")
+        .as_deref()
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
         Some("error" | "panic" | "fatal") => LevelFilter::Error,
         Some("info" | "verbose") => LevelFilter::Info,
         Some("debug") => LevelFilter::Debug,
@@ -78,7 +98,9 @@ pub fn configure(conf: &Map<String, Value>) {
 
 /// RFC 3339 UTC timestamp without pulling in a date crate.
 fn utc_now() -> String {
-    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
     let secs = d.as_secs() as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Howard Hinnant's civil_from_days.

@@ -23,7 +23,11 @@ pub struct Request {
 
 impl Request {
     pub fn delegation(&self) -> Delegation<'_> {
-        Delegation { path: &self.env.path, vars: &self.vars, stdin: &self.conf.raw }
+        Delegation {
+            path: &self.env.path,
+            vars: &self.vars,
+            stdin: &self.conf.raw,
+        }
     }
 }
 
@@ -53,7 +57,13 @@ pub fn run_main<P: Plugin>(plugin: &P) -> ! {
     // A panic becomes a CNI error below; the hook only logs it, without a backtrace on the runtime's stderr.
     std::panic::set_hook(Box::new(|info| log::error!("internal error: {info}")));
     let vars: HashMap<String, String> = std::env::vars().collect();
-    let status = dispatch(plugin, &vars, &mut std::io::stdin().lock(), &mut std::io::stdout().lock(), &mut std::io::stderr());
+    let status = dispatch(
+        plugin,
+        &vars,
+        &mut std::io::stdin().lock(),
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr(),
+    );
     close_output();
     plugin.after_reply();
     std::process::exit(status)
@@ -63,7 +73,9 @@ pub fn run_main<P: Plugin>(plugin: &P) -> ! {
 /// spawned children would have to close their copies too; tether's do not.)
 fn close_output() {
     let _ = std::io::stdout().flush();
-    let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") else { return };
+    let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") else {
+        return;
+    };
     for fd in [libc::STDOUT_FILENO, libc::STDERR_FILENO] {
         // SAFETY: dup2 onto the standard descriptors, which std keeps no state about beyond the flushed
         // buffer; `null` stays open across the calls.
@@ -81,14 +93,24 @@ pub fn dispatch<P: Plugin>(
 ) -> i32 {
     let command = match vars.get("CNI_COMMAND").map(String::as_str) {
         None | Some("") => {
-            let _ = writeln!(stderr, "{}: CNI plugin {}; supported CNI versions: {}", plugin.name(), env!("CARGO_PKG_VERSION"), SUPPORTED.join(", "));
+            let _ = writeln!(
+                stderr,
+                "{}: CNI plugin {}; supported CNI versions: {}",
+                plugin.name(),
+                env!("CARGO_PKG_VERSION"),
+                SUPPORTED.join(", ")
+            );
             return 0;
         }
         Some(c) => c,
     };
     let mut raw = Vec::new();
     if let Err(e) = stdin.read_to_end(&mut raw) {
-        return fail(stdout, LATEST, &CniError::new(code::IO, format!("reading stdin: {e}")));
+        return fail(
+            stdout,
+            LATEST,
+            &CniError::new(code::IO, format!("reading stdin: {e}")),
+        );
     }
     let sniffed = sniff_version(&raw).filter(|v| !v.is_empty());
     let Some(command) = Command::parse(command) else {
@@ -98,11 +120,19 @@ pub fn dispatch<P: Plugin>(
         return fail(stdout, sniffed.as_deref().unwrap_or(LATEST), &e);
     };
     if command == Command::Version {
-        let _ = writeln!(stdout, "{}", version::version_info(sniffed.as_deref().unwrap_or(LATEST)));
+        let _ = writeln!(
+            stdout,
+            "{}",
+            version::version_info(sniffed.as_deref().unwrap_or(LATEST))
+        );
         return 0;
     }
     // Errors are stamped with the config's version when it is one we speak, else the newest.
-    let stamp = sniffed.as_deref().filter(|v| Version::parse(v).is_ok()).unwrap_or(LATEST).to_string();
+    let stamp = sniffed
+        .as_deref()
+        .filter(|v| Version::parse(v).is_ok())
+        .unwrap_or(LATEST)
+        .to_string();
 
     let outcome = run_verb(plugin, command, vars, &raw);
     match outcome {
@@ -137,7 +167,11 @@ fn run_verb<P: Plugin>(
     gate_version(command, conf.version)?;
     crate::logging::configure(&conf.value);
     let version = conf.version;
-    let req = Request { env, conf, vars: vars.clone() };
+    let req = Request {
+        env,
+        conf,
+        vars: vars.clone(),
+    };
     let call = AssertUnwindSafe(|| match command {
         Command::Add => plugin.add(&req).map(Some),
         Command::Del => plugin.del(&req).map(|()| None),
@@ -167,7 +201,10 @@ fn gate_version(command: Command, v: Version) -> Result<(), CniError> {
     if v < needs {
         return Err(CniError::new(
             code::INCOMPATIBLE_VERSION,
-            format!("config version {v} does not allow {}; it needs cniVersion {needs} or later", command.as_str()),
+            format!(
+                "config version {v} does not allow {}; it needs cniVersion {needs} or later",
+                command.as_str()
+            ),
         ));
     }
     Ok(())
@@ -179,7 +216,10 @@ fn fail(stdout: &mut dyn Write, stamp: &str, e: &CniError) -> i32 {
 }
 
 fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_else(|| "panic".into())
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
 }
 
 #[cfg(test)]
@@ -199,7 +239,14 @@ mod tests {
             if req.conf.value.contains_key("panic") {
                 panic!("boom at {}", req.env.ifname());
             }
-            Ok(CniResult { ips: vec![IpConfig { address: "10.1.2.9/24".parse().unwrap(), gateway: None, interface: None }], ..Default::default() })
+            Ok(CniResult {
+                ips: vec![IpConfig {
+                    address: "10.1.2.9/24".parse().unwrap(),
+                    gateway: None,
+                    interface: None,
+                }],
+                ..Default::default()
+            })
         }
         fn del(&self, _: &Request) -> Result<(), CniError> {
             Err(CniError::invalid_config("nope"))
@@ -215,7 +262,12 @@ mod tests {
         }
         fn result_extras(&self) -> serde_json::Map<String, Value> {
             // A key of the spec is never overwritten by an extra.
-            [("tetherNote".to_string(), Value::from(1)), ("ips".to_string(), Value::Null)].into_iter().collect()
+            [
+                ("tetherNote".to_string(), Value::from(1)),
+                ("ips".to_string(), Value::Null),
+            ]
+            .into_iter()
+            .collect()
         }
     }
 
@@ -227,16 +279,26 @@ mod tests {
 
     impl Out {
         fn json(&self) -> Value {
-            assert_eq!(self.stdout.lines().count(), 1, "exactly one object on stdout: {:?}", self.stdout);
+            assert_eq!(
+                self.stdout.lines().count(),
+                1,
+                "exactly one object on stdout: {:?}",
+                self.stdout
+            );
             serde_json::from_str(&self.stdout).unwrap()
         }
     }
 
     fn run(cmd: Option<&str>, extra: &[(&str, &str)], stdin: &str) -> Out {
-        let mut vars: HashMap<String, String> = [("CNI_CONTAINERID", "c1"), ("CNI_NETNS", "/run/netns/p"), ("CNI_IFNAME", "net1"), ("CNI_PATH", "/opt/cni/bin")]
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let mut vars: HashMap<String, String> = [
+            ("CNI_CONTAINERID", "c1"),
+            ("CNI_NETNS", "/run/netns/p"),
+            ("CNI_IFNAME", "net1"),
+            ("CNI_PATH", "/opt/cni/bin"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
         if let Some(c) = cmd {
             vars.insert("CNI_COMMAND".into(), c.into());
         }
@@ -249,7 +311,11 @@ mod tests {
         }
         let (mut o, mut e) = (Vec::new(), Vec::new());
         let status = dispatch(&Fake, &vars, &mut stdin.as_bytes(), &mut o, &mut e);
-        Out { status, stdout: String::from_utf8(o).unwrap(), stderr: String::from_utf8(e).unwrap() }
+        Out {
+            status,
+            stdout: String::from_utf8(o).unwrap(),
+            stderr: String::from_utf8(e).unwrap(),
+        }
     }
 
     fn conf(v: &str) -> String {
@@ -258,16 +324,40 @@ mod tests {
 
     #[test]
     fn version_echoes_input_and_needs_no_attachment_env() {
-        let o = run(Some("VERSION"), &[("CNI_CONTAINERID", ""), ("CNI_NETNS", ""), ("CNI_IFNAME", "")], r#"{"cniVersion":"1.1.0"}"#);
+        let o = run(
+            Some("VERSION"),
+            &[
+                ("CNI_CONTAINERID", ""),
+                ("CNI_NETNS", ""),
+                ("CNI_IFNAME", ""),
+            ],
+            r#"{"cniVersion":"1.1.0"}"#,
+        );
         assert_eq!(o.status, 0);
         let v = o.json();
         assert_eq!(v["cniVersion"], "1.1.0");
-        let sup: Vec<&str> = v["supportedVersions"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+        let sup: Vec<&str> = v["supportedVersions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap())
+            .collect();
         for s in ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
             assert!(sup.contains(&s));
         }
-        let o = run(Some("VERSION"), &[("CNI_NETNS", "dummy"), ("CNI_IFNAME", "dummy"), ("CNI_PATH", "dummy")], "");
-        assert_eq!((o.status, o.json()["cniVersion"].as_str().unwrap()), (0, "1.1.0"));
+        let o = run(
+            Some("VERSION"),
+            &[
+                ("CNI_NETNS", "dummy"),
+                ("CNI_IFNAME", "dummy"),
+                ("CNI_PATH", "dummy"),
+            ],
+            "",
+        );
+        assert_eq!(
+            (o.status, o.json()["cniVersion"].as_str().unwrap()),
+            (0, "1.1.0")
+        );
         let o = run(Some("VERSION"), &[], r#"{"cniVersion":"0.4.0"}"#);
         assert_eq!(o.json()["cniVersion"], "0.4.0");
     }
@@ -277,7 +367,11 @@ mod tests {
         let o = run(None, &[], "");
         assert_eq!(o.status, 0);
         assert!(o.stdout.is_empty());
-        assert!(o.stderr.contains("fake") && o.stderr.contains("1.1.0"), "{}", o.stderr);
+        assert!(
+            o.stderr.contains("fake") && o.stderr.contains("1.1.0"),
+            "{}",
+            o.stderr
+        );
     }
 
     #[test]
@@ -295,7 +389,11 @@ mod tests {
             assert_eq!(o.status, 0, "{}", o.stdout);
             let r = o.json();
             assert_eq!(r["cniVersion"], *v);
-            assert_eq!(r["ips"][0].get("version").is_some(), v.starts_with('0'), "{v}");
+            assert_eq!(
+                r["ips"][0].get("version").is_some(),
+                v.starts_with('0'),
+                "{v}"
+            );
             assert_eq!(r["tetherNote"], 1, "the plugin's extra key");
         }
     }
@@ -318,13 +416,26 @@ mod tests {
 
     #[test]
     fn verb_version_gates_are_code_1() {
-        for (cmd, below) in [("CHECK", "0.3.1"), ("GC", "1.0.0"), ("STATUS", "1.0.0"), ("STATUS", "0.4.0")] {
+        for (cmd, below) in [
+            ("CHECK", "0.3.1"),
+            ("GC", "1.0.0"),
+            ("STATUS", "1.0.0"),
+            ("STATUS", "0.4.0"),
+        ] {
             let o = run(Some(cmd), &[], &conf(below));
             assert_eq!(o.json()["code"], 1, "{cmd} at {below}");
         }
         for (cmd, ok) in [("CHECK", "0.4.0"), ("GC", "1.1.0"), ("STATUS", "1.1.0")] {
             // GC and STATUS run without any attachment variables.
-            let unset: &[(&str, &str)] = if cmd == "CHECK" { &[] } else { &[("CNI_CONTAINERID", ""), ("CNI_NETNS", ""), ("CNI_IFNAME", "")] };
+            let unset: &[(&str, &str)] = if cmd == "CHECK" {
+                &[]
+            } else {
+                &[
+                    ("CNI_CONTAINERID", ""),
+                    ("CNI_NETNS", ""),
+                    ("CNI_IFNAME", ""),
+                ]
+            };
             let o = run(Some(cmd), unset, &conf(ok));
             assert_eq!((o.status, o.stdout.as_str()), (0, ""), "{cmd}");
         }
@@ -332,7 +443,11 @@ mod tests {
 
     #[test]
     fn panic_becomes_internal_error() {
-        let o = run(Some("ADD"), &[], r#"{"cniVersion":"1.0.0","name":"n","panic":true}"#);
+        let o = run(
+            Some("ADD"),
+            &[],
+            r#"{"cniVersion":"1.0.0","name":"n","panic":true}"#,
+        );
         assert_eq!(o.status, 1);
         let e = o.json();
         assert_eq!(e["code"], 999);

@@ -30,7 +30,11 @@ pub struct Interface {
     pub mtu: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<String>,
-    #[serde(default, rename = "socketPath", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "socketPath",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub socket_path: Option<String>,
     #[serde(default, rename = "pciID", skip_serializing_if = "Option::is_none")]
     pub pci_id: Option<String>,
@@ -150,8 +154,14 @@ impl CniResult {
                 .map(|ip| {
                     let mut v = serde_json::to_value(ip).expect("plain struct");
                     if legacy {
-                        let family = if ip.address.addr().is_ipv4() { "4" } else { "6" };
-                        v.as_object_mut().expect("struct is an object").insert("version".into(), json!(family));
+                        let family = if ip.address.addr().is_ipv4() {
+                            "4"
+                        } else {
+                            "6"
+                        };
+                        v.as_object_mut()
+                            .expect("struct is an object")
+                            .insert("version".into(), json!(family));
                     }
                     v
                 })
@@ -159,10 +169,16 @@ impl CniResult {
             out.insert("ips".into(), Value::Array(ips));
         }
         if !self.routes.is_empty() {
-            out.insert("routes".into(), serde_json::to_value(&self.routes).expect("plain struct"));
+            out.insert(
+                "routes".into(),
+                serde_json::to_value(&self.routes).expect("plain struct"),
+            );
         }
         if !self.dns.is_empty() {
-            out.insert("dns".into(), serde_json::to_value(&self.dns).expect("plain struct"));
+            out.insert(
+                "dns".into(),
+                serde_json::to_value(&self.dns).expect("plain struct"),
+            );
         }
         Value::Object(out)
     }
@@ -187,11 +203,30 @@ mod tests {
                 pci_id: Some("0000:3b:00.0".into()),
             }],
             ips: vec![
-                IpConfig { address: "10.1.2.9/24".parse().unwrap(), gateway: Some("10.1.2.1".parse().unwrap()), interface: Some(0) },
-                IpConfig { address: "fd00::9/64".parse().unwrap(), gateway: None, interface: Some(0) },
+                IpConfig {
+                    address: "10.1.2.9/24".parse().unwrap(),
+                    gateway: Some("10.1.2.1".parse().unwrap()),
+                    interface: Some(0),
+                },
+                IpConfig {
+                    address: "fd00::9/64".parse().unwrap(),
+                    gateway: None,
+                    interface: Some(0),
+                },
             ],
-            routes: vec![Route { dst: "10.2.0.0/16".parse().unwrap(), gw: Some("10.1.2.1".parse().unwrap()), mtu: None, adv_mss: None, priority: Some(5), table: None, scope: None }],
-            dns: Dns { nameservers: vec!["10.1.2.53".into()], ..Default::default() },
+            routes: vec![Route {
+                dst: "10.2.0.0/16".parse().unwrap(),
+                gw: Some("10.1.2.1".parse().unwrap()),
+                mtu: None,
+                adv_mss: None,
+                priority: Some(5),
+                table: None,
+                scope: None,
+            }],
+            dns: Dns {
+                nameservers: vec!["10.1.2.53".into()],
+                ..Default::default()
+            },
         }
     }
 
@@ -226,7 +261,13 @@ mod tests {
 
     #[test]
     fn round_trips_through_every_layout() {
-        for v in [Version::V0_3_0, Version::V0_3_1, Version::V0_4_0, Version::V1_0_0, Version::V1_1_0] {
+        for v in [
+            Version::V0_3_0,
+            Version::V0_3_1,
+            Version::V0_4_0,
+            Version::V1_0_0,
+            Version::V1_1_0,
+        ] {
             let back = CniResult::from_value(&sample().to_value(v)).unwrap();
             let mut expect = sample();
             if v.is_legacy_layout() {
@@ -239,19 +280,29 @@ mod tests {
 
     #[test]
     fn empty_parts_are_omitted_and_nulls_read_as_empty() {
-        let r = CniResult { ips: sample().ips, ..Default::default() };
+        let r = CniResult {
+            ips: sample().ips,
+            ..Default::default()
+        };
         let out = r.to_value(Version::V1_1_0);
         assert!(out.get("interfaces").is_none());
         assert!(out.get("dns").is_none());
         assert!(out.get("routes").is_none());
-        let parsed = CniResult::from_value(&json!({"cniVersion":"1.0.0","ips":null,"dns":null})).unwrap();
+        let parsed =
+            CniResult::from_value(&json!({"cniVersion":"1.0.0","ips":null,"dns":null})).unwrap();
         assert_eq!(parsed, CniResult::default());
     }
 
     #[test]
     fn probed_addresses_are_read_and_ignored_by_the_model() {
         let raw = json!({"cniVersion":"1.1.0","ips":[{"address":"10.1.2.9/24"}],"tetherProbed":["10.1.2.9","fd00::9","junk",7]});
-        assert_eq!(probed_addresses(&raw), vec!["10.1.2.9".parse::<IpAddr>().unwrap(), "fd00::9".parse().unwrap()]);
+        assert_eq!(
+            probed_addresses(&raw),
+            vec![
+                "10.1.2.9".parse::<IpAddr>().unwrap(),
+                "fd00::9".parse().unwrap()
+            ]
+        );
         assert!(probed_addresses(&json!({"tetherProbed":"10.1.2.9"})).is_empty());
         // The Result model drops the key, so a plugin never passes it on.
         let r = CniResult::from_value(&raw).unwrap();
@@ -260,7 +311,8 @@ mod tests {
 
     #[test]
     fn reads_prefix_with_host_bits() {
-        let r = CniResult::from_value(&json!({"ips":[{"address":"10.1.2.9/24","version":"4"}]})).unwrap();
+        let r = CniResult::from_value(&json!({"ips":[{"address":"10.1.2.9/24","version":"4"}]}))
+            .unwrap();
         assert_eq!(r.ips[0].address.addr().to_string(), "10.1.2.9");
         assert_eq!(r.ips[0].address.prefix_len(), 24);
         assert!(CniResult::from_value(&json!({"ips":[{"address":"nonsense"}]})).is_err());

@@ -55,9 +55,16 @@ impl std::fmt::Display for Version {
 }
 
 fn unsupported(given: &str) -> CniError {
-    let shown = if given.is_empty() { "(none; a config without cniVersion means 0.1.0)".to_string() } else { format!("{given:?}") };
-    CniError::new(code::INCOMPATIBLE_VERSION, format!("unsupported cniVersion {shown}"))
-        .with_details(format!("supported versions: {}", SUPPORTED.join(", ")))
+    let shown = if given.is_empty() {
+        "(none; a config without cniVersion means 0.1.0)".to_string()
+    } else {
+        format!("{given:?}")
+    };
+    CniError::new(
+        code::INCOMPATIBLE_VERSION,
+        format!("unsupported cniVersion {shown}"),
+    )
+    .with_details(format!("supported versions: {}", SUPPORTED.join(", ")))
 }
 
 /// The VERSION answer: echo the runtime's version, list ours.
@@ -71,7 +78,10 @@ mod tests {
 
     #[test]
     fn parses_every_supported_and_orders_them() {
-        let parsed: Vec<Version> = SUPPORTED.iter().map(|s| Version::parse(s).unwrap()).collect();
+        let parsed: Vec<Version> = SUPPORTED
+            .iter()
+            .map(|s| Version::parse(s).unwrap())
+            .collect();
         let mut sorted = parsed.clone();
         sorted.sort();
         assert_eq!(parsed, sorted);

@@ -41,7 +41,7 @@ use tether_leases::Lease;
 use crate::crd::{IPLease, NODE_LABEL, PLURAL, label_value};
 use crate::error::{CredentialSource, KubeStoreError};
 use crate::settings::KubeSettings;
-use crate::store::{null_as_empty, KubeStore, LeaseList, Verb, collect_leases, error_chain};
+use crate::store::{KubeStore, LeaseList, Verb, collect_leases, error_chain, null_as_empty};
 
 /// The few metadata fields tether reads from pods and leases.
 #[derive(Deserialize, Clone, Debug, Default)]
@@ -162,7 +162,13 @@ pub enum CrdState {
 
 impl KubeStore {
     /// Map an error of a request on `resource` (not the leases): 403 names the resource.
-    pub(crate) fn map_other(&self, verb: &str, resource: &str, what: &str, e: kube::Error) -> KubeStoreError {
+    pub(crate) fn map_other(
+        &self,
+        verb: &str,
+        resource: &str,
+        what: &str,
+        e: kube::Error,
+    ) -> KubeStoreError {
         match e {
             kube::Error::Api(s) if s.code == 403 => KubeStoreError::ForbiddenResource {
                 server: self.server.clone(),
@@ -255,7 +261,10 @@ impl KubeStore {
                 // The watch cache is still filling (a new CRD, a restarted API server): ask
                 // etcd instead, once.
                 Err(kube::Error::Api(s)) if s.code == 429 && cache => {
-                    log::debug!("{what}: the watch cache is not ready ({}); listing from etcd", s.message);
+                    log::debug!(
+                        "{what}: the watch cache is not ready ({}); listing from etcd",
+                        s.message
+                    );
                     cache = false;
                 }
                 Err(e) => return Err(self.map_error(Verb::List, what, e)),

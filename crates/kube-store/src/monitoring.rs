@@ -27,14 +27,23 @@ static ERRORS: Mutex<BTreeMap<(&'static str, String), u64>> = Mutex::new(BTreeMa
 
 /// API requests sent by every store of this process, by verb ([`VERBS`]), answered or not.
 pub fn api_requests() -> Vec<(&'static str, u64)> {
-    VERBS.iter().zip(&REQUESTS).map(|(v, n)| (*v, n.load(Ordering::Relaxed))).collect()
+    VERBS
+        .iter()
+        .zip(&REQUESTS)
+        .map(|(v, n)| (*v, n.load(Ordering::Relaxed)))
+        .collect()
 }
 
 /// Failed API requests of this process by (verb, code): the HTTP status, or `timeout`, `network`,
 /// `decode`. Answers that are outcomes, not failures (404 absent, 409 lost race or already
 /// exists, 410 expired), are not counted.
 pub fn api_errors() -> Vec<(&'static str, String, u64)> {
-    ERRORS.lock().unwrap_or_else(|p| p.into_inner()).iter().map(|((v, c), n)| (*v, c.clone(), *n)).collect()
+    ERRORS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|((v, c), n)| (*v, c.clone(), *n))
+        .collect()
 }
 
 /// Count one request of `verb` and, when it failed, its error.
@@ -60,7 +69,11 @@ pub(crate) fn record_error(verb: &'static str, error: Option<&kube::Error>) {
         Some(kube::Error::SerdeError(_)) => "decode".to_string(),
         Some(_) => "network".to_string(),
     };
-    *ERRORS.lock().unwrap_or_else(|p| p.into_inner()).entry((verb, code)).or_insert(0) += 1;
+    *ERRORS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry((verb, code))
+        .or_insert(0) += 1;
 }
 
 /// One NetworkAttachmentDefinition's CNI configuration (`spec.config`, JSON text).
@@ -119,14 +132,34 @@ impl KubeStore {
         let v = match self.send::<Value>(Verb::List, what, req) {
             Ok(v) => v,
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
-            Err(e) => return Err(self.map_other("list", "network-attachment-definitions.k8s.cni.cncf.io", what, e)),
+            Err(e) => {
+                return Err(self.map_other(
+                    "list",
+                    "network-attachment-definitions.k8s.cni.cncf.io",
+                    what,
+                    e,
+                ));
+            }
         };
-        let items = v.get("items").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-        let text = |o: &Value, p: &str| o.pointer(p).and_then(Value::as_str).unwrap_or_default().to_string();
+        let items = v
+            .get("items")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let text = |o: &Value, p: &str| {
+            o.pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
         Ok(Some(
             items
                 .iter()
-                .map(|o| NadConfig { namespace: text(o, "/metadata/namespace"), name: text(o, "/metadata/name"), config: text(o, "/spec/config") })
+                .map(|o| NadConfig {
+                    namespace: text(o, "/metadata/namespace"),
+                    name: text(o, "/metadata/name"),
+                    config: text(o, "/spec/config"),
+                })
                 .collect(),
         ))
     }
@@ -136,7 +169,8 @@ impl KubeStore {
         let name = event_name(&w.pod, &w.key);
         let what = format!("CREATE of Event {}/{name}", w.namespace);
         let at = time_text(w.at).map_err(|e| self.protocol(&what, e))?;
-        let mut involved = json!({"apiVersion": "v1", "kind": "Pod", "namespace": w.namespace, "name": w.pod});
+        let mut involved =
+            json!({"apiVersion": "v1", "kind": "Pod", "namespace": w.namespace, "name": w.pod});
         if let Some(uid) = &w.uid {
             involved["uid"] = json!(uid);
         }
@@ -157,7 +191,10 @@ impl KubeStore {
             "count": 1,
         });
         let req = Request::new(format!("/api/v1/namespaces/{}/events", w.namespace))
-            .create(&PostParams::default(), serde_json::to_vec(&body).expect("json"))
+            .create(
+                &PostParams::default(),
+                serde_json::to_vec(&body).expect("json"),
+            )
             .map_err(|e| self.protocol(&what, e.to_string()))?;
         match self.send::<Value>(Verb::Create, &what, req) {
             Ok(_) => Ok(Posted::Created),
@@ -170,7 +207,10 @@ impl KubeStore {
 /// `<pod>.<key>`, within the 253 characters of an object name (the pod part shortened).
 fn event_name(pod: &str, key: &str) -> String {
     let room = 253usize.saturating_sub(key.len() + 1);
-    let pod = pod.get(..room.min(pod.len())).unwrap_or(pod).trim_end_matches(['-', '.']);
+    let pod = pod
+        .get(..room.min(pod.len()))
+        .unwrap_or(pod)
+        .trim_end_matches(['-', '.']);
     format!("{pod}.{key}")
 }
 
@@ -183,21 +223,46 @@ mod tests {
         assert_eq!(event_name("train-0", "0123abcd"), "train-0.0123abcd");
         let long = format!("{}-{}", "a".repeat(243), "b".repeat(9));
         let n = event_name(&long, "0123456789abcdef");
-        assert!(n.len() <= 253 && n.ends_with(".0123456789abcdef") && !n.contains("-."), "{n}");
+        assert!(
+            n.len() <= 253 && n.ends_with(".0123456789abcdef") && !n.contains("-."),
+            "{n}"
+        );
     }
 
     #[test]
     fn outcomes_are_not_errors() {
-        let status = |code: u16| kube::Error::Api(kube::core::Status::failure("x", "y").with_code(code).boxed());
-        let before: u64 = api_errors().iter().filter(|(v, _, _)| *v == "delete").map(|(_, _, n)| n).sum();
+        let status = |code: u16| {
+            kube::Error::Api(
+                kube::core::Status::failure("x", "y")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        let before: u64 = api_errors()
+            .iter()
+            .filter(|(v, _, _)| *v == "delete")
+            .map(|(_, _, n)| n)
+            .sum();
         for c in [404, 409, 410] {
             record("delete", Some(&status(c)));
         }
         record("delete", None);
-        let after: u64 = api_errors().iter().filter(|(v, _, _)| *v == "delete").map(|(_, _, n)| n).sum();
+        let after: u64 = api_errors()
+            .iter()
+            .filter(|(v, _, _)| *v == "delete")
+            .map(|(_, _, n)| n)
+            .sum();
         assert_eq!(after, before);
         record("delete", Some(&status(503)));
-        assert!(api_errors().iter().any(|(v, c, n)| *v == "delete" && c == "503" && *n >= 1));
-        assert!(api_requests().iter().any(|(v, n)| *v == "delete" && *n >= 5));
+        assert!(
+            api_errors()
+                .iter()
+                .any(|(v, c, n)| *v == "delete" && c == "503" && *n >= 1)
+        );
+        assert!(
+            api_requests()
+                .iter()
+                .any(|(v, n)| *v == "delete" && *n >= 5)
+        );
     }
 }

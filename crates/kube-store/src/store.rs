@@ -15,12 +15,14 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tether_leases::{
-    AttachmentIndex, CasResult, FileJournal, JournalEntry, Lease, LeaseStore, Lookup, PodRef, StoreError,
-    Taken, validate_claim,
+    AttachmentIndex, CasResult, FileJournal, JournalEntry, Lease, LeaseStore, Lookup, PodRef,
+    StoreError, Taken, validate_claim,
 };
 
 use crate::convert::{from_object, split_version, to_object};
-use crate::crd::{IPLease, NODE_LABEL, PLURAL, VERSION, label_value, network_selector, object_name};
+use crate::crd::{
+    IPLease, NODE_LABEL, PLURAL, VERSION, label_value, network_selector, object_name,
+};
 use crate::error::{CredentialSource, KubeStoreError};
 use crate::settings::KubeSettings;
 
@@ -99,7 +101,9 @@ pub(crate) struct LeaseList {
 }
 
 /// A real API server answers an empty metadata-only list with `"items": null`.
-pub(crate) fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+pub(crate) fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Vec<T>, D::Error> {
     Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
 }
 
@@ -113,7 +117,11 @@ pub(crate) enum Lenient {
 
 /// Decode one page of a lease LIST into `out`: objects `keep` accepts become leases; malformed
 /// objects (someone else's writes) are logged and skipped rather than failing the whole call.
-pub(crate) fn collect_leases(items: Vec<Lenient>, keep: impl Fn(&IPLease) -> bool, out: &mut Vec<Lease>) {
+pub(crate) fn collect_leases(
+    items: Vec<Lenient>,
+    keep: impl Fn(&IPLease) -> bool,
+    out: &mut Vec<Lease>,
+) {
     for item in items {
         match item {
             Lenient::Ok(o) if keep(&o) => match from_object(&o) {
@@ -123,7 +131,9 @@ pub(crate) fn collect_leases(items: Vec<Lenient>, keep: impl Fn(&IPLease) -> boo
             Lenient::Ok(_) => {}
             Lenient::Bad(v) => log::warn!(
                 "ignoring malformed IPLease {}",
-                v.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("?")
+                v.pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?")
             ),
         }
     }
@@ -227,7 +237,8 @@ impl KubeStore {
             })?
         };
         let path = format!("/apis/{}/{VERSION}/{PLURAL}", settings.group);
-        let (settings_journal, settings_node) = (settings.journal_dir.clone(), settings.node.clone());
+        let (settings_journal, settings_node) =
+            (settings.journal_dir.clone(), settings.node.clone());
         Ok(KubeStore {
             client: Some(client),
             rt: Some(rt),
@@ -278,7 +289,12 @@ impl KubeStore {
 
     /// Remember the resourceVersion of a record read or written (see `seen_rv`).
     fn saw(&self, l: &Lease) -> Lease {
-        if let Some(rv) = l.version.as_deref().and_then(split_version).and_then(|(_, rv)| rv.parse::<u64>().ok()) {
+        if let Some(rv) = l
+            .version
+            .as_deref()
+            .and_then(split_version)
+            .and_then(|(_, rv)| rv.parse::<u64>().ok())
+        {
             self.seen_rv.fetch_max(rv, Ordering::Relaxed);
         }
         l.clone()
@@ -289,7 +305,9 @@ impl KubeStore {
     pub(crate) fn cache_list_params(&self) -> ListParams {
         match self.seen_rv.load(Ordering::Relaxed) {
             0 => ListParams::default().match_any(),
-            rv => ListParams::default().at(&rv.to_string()).matching(VersionMatch::NotOlderThan),
+            rv => ListParams::default()
+                .at(&rv.to_string())
+                .matching(VersionMatch::NotOlderThan),
         }
     }
 
@@ -524,8 +542,16 @@ impl KubeStore {
     }
 
     /// The leases of `network` held by `node` (both label selectors, then the spec).
-    pub fn list_network_node(&self, network: &str, node: &str) -> Result<Vec<Lease>, KubeStoreError> {
-        let sel = format!("{},{NODE_LABEL}={}", network_selector(network), label_value(node));
+    pub fn list_network_node(
+        &self,
+        network: &str,
+        node: &str,
+    ) -> Result<Vec<Lease>, KubeStoreError> {
+        let sel = format!(
+            "{},{NODE_LABEL}={}",
+            network_selector(network),
+            label_value(node)
+        );
         self.list_selected(
             Some(&sel),
             &format!("LIST of ipleases of network {network:?} on node {node:?}"),
@@ -538,7 +564,9 @@ impl KubeStore {
     /// the network once.
     fn journal_for(&self, network: &str) -> Result<&FileJournal, StoreError> {
         let (Some(j), Some(node)) = (&self.journal, &self.settings.node) else {
-            return Err(StoreError::Invalid("the node journal needs a directory and a node name".into()));
+            return Err(StoreError::Invalid(
+                "the node journal needs a directory and a node name".into(),
+            ));
         };
         if !j.is_complete(network) {
             j.rebuild(network, || Ok(self.list_network_node(network, node)?))?;
@@ -555,7 +583,9 @@ impl KubeStore {
             .create(&PostParams::default(), body)
             .map_err(|e| self.protocol(&what, e.to_string()))?;
         match self.send::<IPLease>(Verb::Create, &what, req) {
-            Ok(o) => from_object(&o).map(|l| Ok(self.saw(&l))).map_err(|e| self.protocol(&what, e)),
+            Ok(o) => from_object(&o)
+                .map(|l| Ok(self.saw(&l)))
+                .map_err(|e| self.protocol(&what, e)),
             // AlreadyExists: someone holds (or held) the address.
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Err(self.lost(&name)?)),
             Err(e) => Err(self.map_error(Verb::Create, &what, e)),
@@ -576,7 +606,9 @@ impl KubeStore {
             .replace(&name, &PostParams::default(), body)
             .map_err(|e| self.protocol(&what, e.to_string()))?;
         match self.send::<IPLease>(Verb::Update, &what, req) {
-            Ok(o) => from_object(&o).map(|l| Ok(self.saw(&l))).map_err(|e| self.protocol(&what, e)),
+            Ok(o) => from_object(&o)
+                .map(|l| Ok(self.saw(&l)))
+                .map_err(|e| self.protocol(&what, e)),
             // Conflict: stale resourceVersion or another uid (deleted and re-created).
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Err(self.lost(&name)?)),
             Err(kube::Error::Api(s)) if Self::object_missing(&s) => {
@@ -587,10 +619,24 @@ impl KubeStore {
     }
 
     /// The object identity a conditional write needs, from the lease's opaque version.
-    fn uid_and_version<'l>(&self, expected: &'l Lease, what: &str) -> Result<(&'l str, &'l str), KubeStoreError> {
-        expected.version.as_deref().and_then(split_version).ok_or_else(|| {
-            self.protocol(what, format!("lease version {:?} is not <uid>/<resourceVersion>", expected.version))
-        })
+    fn uid_and_version<'l>(
+        &self,
+        expected: &'l Lease,
+        what: &str,
+    ) -> Result<(&'l str, &'l str), KubeStoreError> {
+        expected
+            .version
+            .as_deref()
+            .and_then(split_version)
+            .ok_or_else(|| {
+                self.protocol(
+                    what,
+                    format!(
+                        "lease version {:?} is not <uid>/<resourceVersion>",
+                        expected.version
+                    ),
+                )
+            })
     }
 
     fn delete(&self, expected: &Lease) -> Result<Result<(), Taken>, KubeStoreError> {
@@ -609,7 +655,11 @@ impl KubeStore {
             .map_err(|e| self.protocol(&what, e.to_string()))?;
         match self.send::<Value>(Verb::Delete, &what, req) {
             Ok(v) => {
-                if let Some(rv) = v.pointer("/metadata/resourceVersion").and_then(Value::as_str).and_then(|r| r.parse::<u64>().ok()) {
+                if let Some(rv) = v
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                    .and_then(|r| r.parse::<u64>().ok())
+                {
                     self.seen_rv.fetch_max(rv, Ordering::Relaxed);
                 }
                 Ok(Ok(()))
@@ -798,8 +848,15 @@ impl LeaseStore for KubeStore {
 /// The node journal of this store: every call first makes the network's journal authoritative
 /// (see `KubeStore::journal_for`).
 impl AttachmentIndex for KubeStore {
-    fn lookup(&self, network: &str, container_id: &str, ifname: &str, pod: &PodRef) -> Result<Lookup, StoreError> {
-        self.journal_for(network)?.lookup(network, container_id, ifname, pod)
+    fn lookup(
+        &self,
+        network: &str,
+        container_id: &str,
+        ifname: &str,
+        pod: &PodRef,
+    ) -> Result<Lookup, StoreError> {
+        self.journal_for(network)?
+            .lookup(network, container_id, ifname, pod)
     }
     fn record(&self, network: &str, entry: &JournalEntry) -> Result<(), StoreError> {
         self.journal_for(network)?.record(network, entry)

@@ -12,8 +12,8 @@ use std::sync::{Barrier, Mutex};
 use common::*;
 use tether_kube_store::KubeStore;
 use tether_leases::{
-    AllocError, Allocator, Attachment, CasResult, FakeClock, Lease, LeaseState, LeaseStore,
-    AddRequest, AttachmentIndex, NoProbe, Policy, ScriptedProber, StoreError, walk_start,
+    AddRequest, AllocError, Allocator, Attachment, AttachmentIndex, CasResult, FakeClock, Lease,
+    LeaseState, LeaseStore, NoProbe, Policy, ScriptedProber, StoreError, walk_start,
 };
 use tether_pool::IpRange;
 
@@ -78,7 +78,11 @@ fn idempotent_add_check_del() {
     let spent = fx.store.requests() - before;
     // The node's first call in a network builds its journal from one LIST of this node's leases;
     // after that, a read and a create per range.
-    assert_eq!((spent.list, spent.get, spent.create, spent.total()), (1, 2, 2, 5), "{spent:?}");
+    assert_eq!(
+        (spent.list, spent.get, spent.create, spent.total()),
+        (1, 2, 2, 5),
+        "{spent:?}"
+    );
     assert_eq!(first.len(), 2, "one lease per range");
     assert_eq!(first[0].range_index, Some(0));
     assert!(first[1].address.is_ipv6());
@@ -87,13 +91,21 @@ fn idempotent_add_check_del() {
     let again = fx.a().add(&req).unwrap();
     assert_eq!(again, first);
     let spent = fx.store.requests() - before;
-    assert_eq!((spent.list, spent.create, spent.update, spent.total()), (0, 0, 0, 2), "{spent:?}");
+    assert_eq!(
+        (spent.list, spent.create, spent.update, spent.total()),
+        (0, 0, 0, 2),
+        "{spent:?}"
+    );
     assert_eq!(fx.a().check("c1", "net1").unwrap(), first);
 
     let before = fx.store.requests();
     let released = fx.a().del("c1", "net1").unwrap();
     let spent = fx.store.requests() - before;
-    assert_eq!((spent.update, spent.total()), (2, 2), "one conditional write per lease: {spent:?}");
+    assert_eq!(
+        (spent.update, spent.total()),
+        (2, 2),
+        "one conditional write per lease: {spent:?}"
+    );
     assert_eq!(released.len(), 2);
     assert!(
         fx.leases()
@@ -113,7 +125,14 @@ fn gc_releases_attachments_not_listed() {
     let fx = Fx::new("gc", &["10.11.0.0/24"]);
     // Another node's attachment, which node a's runtime does not know about.
     let other = fx.env.node_store("node-b");
-    let b = Allocator::new(fx.env.network.clone(), fx.ranges.clone(), fx.policy.clone(), &other, &NoProbe, &fx.clock);
+    let b = Allocator::new(
+        fx.env.network.clone(),
+        fx.ranges.clone(),
+        fx.policy.clone(),
+        &other,
+        &NoProbe,
+        &fx.clock,
+    );
     let mut on_b = add_req("b0", "net1", pod("ns", "b0", "u"));
     on_b.node = Some("node-b".into());
     let on_b = b.add(&on_b).unwrap()[0].address;
@@ -135,10 +154,26 @@ fn gc_releases_attachments_not_listed() {
     gone.sort();
     assert_eq!(gone, ["c0", "c2"]);
     assert!(report.errors.is_empty());
-    let mut leased: Vec<_> = fx.leases().into_iter().filter(|l| l.is_leased()).map(|l| l.container_id).collect();
+    let mut leased: Vec<_> = fx
+        .leases()
+        .into_iter()
+        .filter(|l| l.is_leased())
+        .map(|l| l.container_id)
+        .collect();
     leased.sort();
-    assert_eq!(leased, ["b0", "c1"], "node b's lease is not node a's to judge");
-    assert!(fx.store.lookup(&fx.env.network, "c0", "net1", &Default::default()).unwrap().mine.is_none(), "GC let go of c0 in the journal");
+    assert_eq!(
+        leased,
+        ["b0", "c1"],
+        "node b's lease is not node a's to judge"
+    );
+    assert!(
+        fx.store
+            .lookup(&fx.env.network, "c0", "net1", &Default::default())
+            .unwrap()
+            .mine
+            .is_none(),
+        "GC let go of c0 in the journal"
+    );
     assert!(b.check("b0", "net1").is_ok());
     assert_eq!(fx.rec(on_b).unwrap().node.as_deref(), Some("node-b"));
 

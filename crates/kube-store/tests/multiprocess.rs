@@ -94,7 +94,10 @@ fn run_nodes(env: &Env, mode: &str) -> Vec<String> {
                 .env("TETHER_KS_MODE", mode)
                 .env("TETHER_KS_KUBECONFIG", &env.kubeconfig)
                 .env("TETHER_KS_NETWORK", &env.network)
-                .env("TETHER_KS_JOURNAL", env.dir.path().join(format!("journal-node-{n}")))
+                .env(
+                    "TETHER_KS_JOURNAL",
+                    env.dir.path().join(format!("journal-node-{n}")),
+                )
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()

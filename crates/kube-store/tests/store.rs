@@ -257,7 +257,14 @@ fn add_and_del_cost_the_same_with_many_leases() {
     let clock = FakeClock::new(1_700_000_000);
     let call = |f: &dyn Fn(&Allocator<'_>)| {
         let store = env.node_store("node-a");
-        let a = Allocator::new(env.network.clone(), vec![range("10.4.0.0/16")], Policy::default(), &store, &NoProbe, &clock);
+        let a = Allocator::new(
+            env.network.clone(),
+            vec![range("10.4.0.0/16")],
+            Policy::default(),
+            &store,
+            &NoProbe,
+            &clock,
+        );
         f(&a);
         store.requests()
     };
@@ -272,7 +279,11 @@ fn add_and_del_cost_the_same_with_many_leases() {
             let add = call(&|a| {
                 a.add(&req(i)).unwrap();
             });
-            assert_eq!((add.list, add.get, add.create, add.total()), (0, 1, 1, 2), "ADD {i}: {add:?}");
+            assert_eq!(
+                (add.list, add.get, add.create, add.total()),
+                (0, 1, 1, 2),
+                "ADD {i}: {add:?}"
+            );
             let check = call(&|a| {
                 a.check(&format!("cost-{i}"), "net1").unwrap();
             });
@@ -299,7 +310,11 @@ fn add_and_del_cost_the_same_with_many_leases() {
     let other = format!("{}-other", env.network);
     for i in 0..200u32 {
         for net in [&env.network, &other] {
-            let mut l = lease(net, &format!("10.4.{}.{}", 200 + i / 250, 1 + i % 250), &format!("fill-{i}"));
+            let mut l = lease(
+                net,
+                &format!("10.4.{}.{}", 200 + i / 250, 1 + i % 250),
+                &format!("fill-{i}"),
+            );
             l.node = Some("node-z".into());
             filler.claim(l, None).unwrap().unwrap();
         }

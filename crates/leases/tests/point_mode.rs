@@ -10,7 +10,7 @@ use std::net::IpAddr;
 
 use common::*;
 use tether_leases::{
-    AllocError, Allocator, AttachmentIndex, Attachment, CasResult, FakeClock, FileJournal,
+    AllocError, Allocator, Attachment, AttachmentIndex, CasResult, FakeClock, FileJournal,
     FileStore, JournalEntry, Lease, LeaseState, LeaseStore, NoProbe, Policy, ScriptedProber,
     StoreError, Taken, walk_start,
 };
@@ -78,7 +78,11 @@ impl LeaseStore for Node {
     }
     fn get(&self, network: &str, address: IpAddr) -> Result<Option<Lease>, StoreError> {
         self.gets.set(self.gets.get() + 1);
-        Ok(self.cluster.list(network)?.into_iter().find(|l| l.address == address))
+        Ok(self
+            .cluster
+            .list(network)?
+            .into_iter()
+            .find(|l| l.address == address))
     }
     fn claim(&self, new: Lease, expected: Option<&Lease>) -> CasResult<Lease> {
         self.writes.set(self.writes.get() + 1);
@@ -102,7 +106,12 @@ impl LeaseStore for Node {
     }
 }
 
-fn alloc<'a>(node: &'a Node, r: &str, prober: &'a dyn tether_leases::Prober, clock: &'a FakeClock) -> Allocator<'a> {
+fn alloc<'a>(
+    node: &'a Node,
+    r: &str,
+    prober: &'a dyn tether_leases::Prober,
+    clock: &'a FakeClock,
+) -> Allocator<'a> {
     Allocator::new(NET, vec![range(r)], Policy::default(), node, prober, clock)
 }
 
@@ -121,13 +130,26 @@ fn add_del_check_cost_single_records_and_never_a_list() {
     let req = req_on(&n, "c1", pod("ns", "p1", "u1"));
 
     let got = a.add(&req).unwrap();
-    assert_eq!(n.counts(), (0, 1, 1), "uncontended ADD: one read, one create");
-    let start = range("10.0.0.0/16").nth(walk_start(&req, 0) % range("10.0.0.0/16").usable_count()).unwrap();
-    assert_eq!(got[0].address, start, "the walk starts where the pod's identity says");
+    assert_eq!(
+        n.counts(),
+        (0, 1, 1),
+        "uncontended ADD: one read, one create"
+    );
+    let start = range("10.0.0.0/16")
+        .nth(walk_start(&req, 0) % range("10.0.0.0/16").usable_count())
+        .unwrap();
+    assert_eq!(
+        got[0].address, start,
+        "the walk starts where the pod's identity says"
+    );
 
     n.reset();
     assert_eq!(a.add(&req).unwrap(), got, "repeated ADD");
-    assert_eq!(n.counts(), (0, 1, 0), "repeated ADD: one read of the journaled record");
+    assert_eq!(
+        n.counts(),
+        (0, 1, 0),
+        "repeated ADD: one read of the journaled record"
+    );
 
     n.reset();
     assert_eq!(a.check("c1", "net1").unwrap()[0].address, got[0].address);
@@ -136,12 +158,19 @@ fn add_del_check_cost_single_records_and_never_a_list() {
     n.reset();
     assert_eq!(a.del("c1", "net1").unwrap().len(), 1);
     assert_eq!(n.counts(), (0, 0, 1), "DEL: one conditional write, no read");
-    assert!(matches!(n.rec(got[0].address).unwrap().state, LeaseState::Released { .. }));
+    assert!(matches!(
+        n.rec(got[0].address).unwrap().state,
+        LeaseState::Released { .. }
+    ));
 
     n.reset();
     assert!(a.del("c1", "net1").unwrap().is_empty());
     assert!(a.del("never-added", "net1").unwrap().is_empty());
-    assert_eq!(n.counts(), (0, 0, 0), "DEL of an attachment this node does not hold: no request");
+    assert_eq!(
+        n.counts(),
+        (0, 0, 0),
+        "DEL of an attachment this node does not hold: no request"
+    );
     assert!(a.check("c1", "net1").is_err());
 }
 
@@ -153,12 +182,22 @@ fn cost_does_not_grow_with_the_leases_of_the_network() {
     let a = alloc(&n, "10.0.0.0/16", &NoProbe, &clock);
     // (The file store standing for the cluster rewrites one file per write: keep it small.)
     for i in 0..300 {
-        a.add(&req_on(&n, &format!("fill-{i}"), pod("ns", &format!("fill-{i}"), "u"))).unwrap();
+        a.add(&req_on(
+            &n,
+            &format!("fill-{i}"),
+            pod("ns", &format!("fill-{i}"), "u"),
+        ))
+        .unwrap();
     }
     let mut reads = 0;
     for i in 0..50 {
         n.reset();
-        a.add(&req_on(&n, &format!("m-{i}"), pod("ns", &format!("m-{i}"), "u"))).unwrap();
+        a.add(&req_on(
+            &n,
+            &format!("m-{i}"),
+            pod("ns", &format!("m-{i}"), "u"),
+        ))
+        .unwrap();
         let (lists, gets, writes) = n.counts();
         assert_eq!((lists, writes), (0, 1), "ADD {i}");
         reads += gets;
@@ -206,7 +245,11 @@ fn a_claim_cut_short_is_found_by_the_journal() {
     n.journal.record(NET, &entry).unwrap(); // back to the version-less record
     n.reset();
     assert_eq!(a.del("c1", "net1").unwrap()[0].address, addr);
-    assert_eq!(n.counts(), (0, 1, 1), "a version-less record is read, then released");
+    assert_eq!(
+        n.counts(),
+        (0, 1, 1),
+        "a version-less record is read, then released"
+    );
 }
 
 #[test]
@@ -217,23 +260,42 @@ fn sandbox_recreate_and_sticky_without_a_list() {
     let a = alloc(&na, "10.0.0.0/24", &NoProbe, &clock);
     let b = alloc(&nb, "10.0.0.0/24", &NoProbe, &clock);
 
-    let first = a.add(&req_on(&na, "c1", pod("ns", "train-0", "u1"))).unwrap()[0].address;
+    let first = a
+        .add(&req_on(&na, "c1", pod("ns", "train-0", "u1")))
+        .unwrap()[0]
+        .address;
     // The kubelet re-creates the sandbox without a DEL: the same pod object, a new container.
     na.reset();
-    let again = a.add(&req_on(&na, "c2", pod("ns", "train-0", "u1"))).unwrap();
+    let again = a
+        .add(&req_on(&na, "c2", pod("ns", "train-0", "u1")))
+        .unwrap();
     assert_eq!(again[0].address, first);
     assert_eq!(again[0].container_id, "c2");
     assert_eq!(na.counts().0, 0);
-    assert!(na.journal.lookup(NET, "c1", "net1", &Default::default()).unwrap().mine.is_none(), "the old sandbox's entry lets go");
+    assert!(
+        na.journal
+            .lookup(NET, "c1", "net1", &Default::default())
+            .unwrap()
+            .mine
+            .is_none(),
+        "the old sandbox's entry lets go"
+    );
     // Other pods fill the addresses right after train-0's, then train-0 goes away.
     for i in 0..5 {
-        a.add(&req_on(&na, &format!("o{i}"), pod("ns", &format!("other-{i}"), "u"))).unwrap();
+        a.add(&req_on(
+            &na,
+            &format!("o{i}"),
+            pod("ns", &format!("other-{i}"), "u"),
+        ))
+        .unwrap();
     }
     a.del("c2", "net1").unwrap();
     clock.advance(3600); // past the cooldown
     // The StatefulSet brings train-0 back on another node, with a new UID: same address.
     nb.reset();
-    let back = b.add(&req_on(&nb, "c3", pod("ns", "train-0", "u2"))).unwrap();
+    let back = b
+        .add(&req_on(&nb, "c3", pod("ns", "train-0", "u2")))
+        .unwrap();
     assert_eq!(back[0].address, first, "sticky across nodes");
     assert_eq!(nb.counts(), (0, 1, 1));
 }
@@ -251,14 +313,22 @@ fn sticky_beyond_a_free_address() {
     let start = walk_start(&probe, 0) % r.usable_count();
     let second = r.nth((start + 1) % r.usable_count()).unwrap();
     // Someone holds train-1's first candidate, so train-1 gets the second.
-    let squat = with_requested(req_on(&n, "s", pod("ns", "squatter", "u")), &[&r.nth(start).unwrap().to_string()]);
+    let squat = with_requested(
+        req_on(&n, "s", pod("ns", "squatter", "u")),
+        &[&r.nth(start).unwrap().to_string()],
+    );
     a.add(&squat).unwrap();
     assert_eq!(a.add(&probe).unwrap()[0].address, second);
     a.del("c1", "net1").unwrap();
     a.del("s", "net1").unwrap();
     clock.advance(3600);
-    let back = a.add(&req_on(&n, "c2", pod("ns", "train-1", "u2"))).unwrap();
-    assert_eq!(back[0].address, second, "its own released record wins over an older free one");
+    let back = a
+        .add(&req_on(&n, "c2", pod("ns", "train-1", "u2")))
+        .unwrap();
+    assert_eq!(
+        back[0].address, second,
+        "its own released record wins over an older free one"
+    );
 }
 
 #[test]
@@ -270,14 +340,41 @@ fn small_range_exhausted_with_exact_counts_without_a_list() {
     let a = alloc(&n, "10.20.30.241-10.20.30.250/24", &prober, &clock);
     prober.in_use(ip("10.20.30.250"), "02:00:00:00:00:99");
     for i in 0..9 {
-        a.add(&req_on(&n, &format!("c{i}"), pod("ns", &format!("p{i}"), "u"))).unwrap();
+        a.add(&req_on(
+            &n,
+            &format!("c{i}"),
+            pod("ns", &format!("p{i}"), "u"),
+        ))
+        .unwrap();
     }
     n.reset();
-    let e = a.add(&req_on(&n, "late", pod("ns", "late", "u"))).unwrap_err();
-    assert!(matches!(e, AllocError::Exhausted { leased: 9, quarantined: 1, usable: 10, .. }), "{e}");
-    assert!(e.to_string().contains("10 usable, 9 leased, 1 quarantined"), "{e}");
+    let e = a
+        .add(&req_on(&n, "late", pod("ns", "late", "u")))
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AllocError::Exhausted {
+                leased: 9,
+                quarantined: 1,
+                usable: 10,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("10 usable, 9 leased, 1 quarantined"),
+        "{e}"
+    );
     assert_eq!(n.counts().0, 0, "a range of 10 is read address by address");
-    assert!(n.journal.lookup(NET, "late", "net1", &Default::default()).unwrap().mine.is_none());
+    assert!(
+        n.journal
+            .lookup(NET, "late", "net1", &Default::default())
+            .unwrap()
+            .mine
+            .is_none()
+    );
 }
 
 #[test]
@@ -292,7 +389,10 @@ fn a_nearly_full_large_range_falls_back_to_one_list() {
     let start = walk_start(&last_req, 0) % r.usable_count();
     let spare = r.nth((start + 100) % r.usable_count()).unwrap();
     for (i, addr) in r.candidates(0).filter(|x| *x != spare).enumerate() {
-        let q = with_requested(req_on(&n, &format!("c{i}"), pod("ns", &format!("p{i}"), "u")), &[&addr.to_string()]);
+        let q = with_requested(
+            req_on(&n, &format!("c{i}"), pod("ns", &format!("p{i}"), "u")),
+            &[&addr.to_string()],
+        );
         a.add(&q).unwrap();
     }
     n.reset();
@@ -301,8 +401,13 @@ fn a_nearly_full_large_range_falls_back_to_one_list() {
     let (lists, gets, _) = n.counts();
     assert_eq!(lists, 1, "one snapshot after the bounded walk");
     assert_eq!(gets, Policy::default().max_point_reads);
-    let e = a.add(&req_on(&n, "more", pod("ns", "more", "u"))).unwrap_err();
-    assert!(matches!(e, AllocError::Exhausted { leased: 126, .. }), "{e}");
+    let e = a
+        .add(&req_on(&n, "more", pod("ns", "more", "u")))
+        .unwrap_err();
+    assert!(
+        matches!(e, AllocError::Exhausted { leased: 126, .. }),
+        "{e}"
+    );
 }
 
 #[test]
@@ -317,10 +422,26 @@ fn gc_releases_only_this_nodes_leases() {
     let b1 = b.add(&req_on(&nb, "b1", pod("ns", "b1", "u"))).unwrap()[0].address;
     // A CNI 1.1 runtime on node a knows only a1.
     let report = a.gc(&[Attachment::new("a1", "net1")]).unwrap();
-    assert_eq!(report.released.iter().map(|l| l.address).collect::<Vec<_>>(), vec![a2]);
+    assert_eq!(
+        report
+            .released
+            .iter()
+            .map(|l| l.address)
+            .collect::<Vec<_>>(),
+        vec![a2]
+    );
     assert!(na.rec(a1).unwrap().is_leased());
-    assert!(na.rec(b1).unwrap().is_leased(), "node b's lease is not node a's to judge");
-    assert!(na.journal.lookup(NET, "a2", "net1", &Default::default()).unwrap().mine.is_none());
+    assert!(
+        na.rec(b1).unwrap().is_leased(),
+        "node b's lease is not node a's to judge"
+    );
+    assert!(
+        na.journal
+            .lookup(NET, "a2", "net1", &Default::default())
+            .unwrap()
+            .mine
+            .is_none()
+    );
     assert!(b.check("b1", "net1").is_ok());
 }
 
@@ -359,15 +480,33 @@ fn a_failed_repeat_add_keeps_what_the_attachment_held() {
     let (c, d) = (TempDir::new("pm-keep-c"), TempDir::new("pm-keep-d"));
     let n = Node::new(&c, &d, "a");
     let clock = FakeClock::new(1_000_000);
-    let one = Allocator::new(NET, vec![range("10.0.0.0/24")], Policy::default(), &n, &NoProbe, &clock);
+    let one = Allocator::new(
+        NET,
+        vec![range("10.0.0.0/24")],
+        Policy::default(),
+        &n,
+        &NoProbe,
+        &clock,
+    );
     let req = req_on(&n, "c1", pod("ns", "p1", "u1"));
     let held = one.add(&req).unwrap()[0].address;
     let full = with_requested(req_on(&n, "other", pod("ns", "other", "u")), &["10.9.0.1"]);
-    let two = Allocator::new(NET, vec![range("10.0.0.0/24"), range("10.9.0.1-10.9.0.1/24")], Policy::default(), &n, &NoProbe, &clock);
+    let two = Allocator::new(
+        NET,
+        vec![range("10.0.0.0/24"), range("10.9.0.1-10.9.0.1/24")],
+        Policy::default(),
+        &n,
+        &NoProbe,
+        &clock,
+    );
     let mut f = full.clone();
-    f.requested.insert(0, tether_pool::RequestedIp::parse("10.0.0.200").unwrap());
+    f.requested
+        .insert(0, tether_pool::RequestedIp::parse("10.0.0.200").unwrap());
     two.add(&f).unwrap();
-    assert!(matches!(two.add(&req).unwrap_err(), AllocError::Exhausted { .. }));
+    assert!(matches!(
+        two.add(&req).unwrap_err(),
+        AllocError::Exhausted { .. }
+    ));
     assert!(n.rec(held).unwrap().is_leased());
     assert_eq!(one.del("c1", "net1").unwrap()[0].address, held);
 }

@@ -8,11 +8,16 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL};
-use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage};
-use netlink_packet_route::link::{
-    InfoData, InfoIpVlan, InfoKind, IpVlanFlags, IpVlanMode, LinkAttribute, LinkExtentMask, LinkFlags, LinkInfo as NlLinkInfo, LinkMessage,
+use netlink_packet_route::address::{
+    AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
 };
-use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType};
+use netlink_packet_route::link::{
+    InfoData, InfoIpVlan, InfoKind, IpVlanFlags, IpVlanMode, LinkAttribute, LinkExtentMask,
+    LinkFlags, LinkInfo as NlLinkInfo, LinkMessage,
+};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
+};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use crate::netns::{NetNs, NetnsError};
@@ -45,8 +50,14 @@ impl NetlinkError {
 
     fn new(op: impl Into<String>, f: Failure) -> Self {
         match f {
-            Failure::Errno(errno) => NetlinkError::Kernel { op: op.into(), errno },
-            Failure::Io(e) => NetlinkError::Protocol { op: op.into(), msg: e.to_string() },
+            Failure::Errno(errno) => NetlinkError::Kernel {
+                op: op.into(),
+                errno,
+            },
+            Failure::Io(e) => NetlinkError::Protocol {
+                op: op.into(),
+                msg: e.to_string(),
+            },
             Failure::Protocol(msg) => NetlinkError::Protocol { op: op.into(), msg },
         }
     }
@@ -93,7 +104,10 @@ impl Link {
 }
 
 pub fn format_mac(m: &[u8]) -> String {
-    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// An address on a link.
@@ -123,7 +137,9 @@ pub struct Netlink {
 impl Netlink {
     /// A handle in the calling thread's netns.
     pub fn current() -> Result<Netlink, NetlinkError> {
-        Socket::open().map(|sock| Netlink { sock }).map_err(NetlinkError::Socket)
+        Socket::open()
+            .map(|sock| Netlink { sock })
+            .map_err(NetlinkError::Socket)
     }
 
     /// A handle whose socket lives in `ns`, opened from a short-lived thread inside it.
@@ -131,7 +147,11 @@ impl Netlink {
         ns.run(Netlink::current)?
     }
 
-    fn link_get(&self, msg: LinkMessage, what: impl FnOnce() -> String) -> Result<Option<Link>, NetlinkError> {
+    fn link_get(
+        &self,
+        msg: LinkMessage,
+        what: impl FnOnce() -> String,
+    ) -> Result<Option<Link>, NetlinkError> {
         match self.sock.request(RouteNetlinkMessage::GetLink(msg), 0) {
             Ok(v) => Ok(v.iter().find_map(|m| match m {
                 RouteNetlinkMessage::NewLink(l) => Some(parse_link(l)),
@@ -147,22 +167,28 @@ impl Netlink {
         let mut msg = LinkMessage::default();
         msg.attributes.push(LinkAttribute::IfName(name.to_string()));
         // Counters are most of a link message and nobody here reads them.
-        msg.attributes.push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
+        msg.attributes
+            .push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
         self.link_get(msg, || format!("looking up link {name:?}"))
     }
 
     pub fn link_by_index(&self, index: u32) -> Result<Option<Link>, NetlinkError> {
         let mut msg = LinkMessage::default();
         msg.header.index = index;
-        msg.attributes.push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
+        msg.attributes
+            .push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
         self.link_get(msg, || format!("looking up link #{index}"))
     }
 
     /// Every link in this netns.
     pub fn links(&self) -> Result<Vec<Link>, NetlinkError> {
         let mut msg = LinkMessage::default();
-        msg.attributes.push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
-        let msgs = self.sock.dump(RouteNetlinkMessage::GetLink(msg)).map_err(|f| NetlinkError::new("listing links", f))?;
+        msg.attributes
+            .push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
+        let msgs = self
+            .sock
+            .dump(RouteNetlinkMessage::GetLink(msg))
+            .map_err(|f| NetlinkError::new("listing links", f))?;
         Ok(msgs
             .iter()
             .filter_map(|m| match m {
@@ -172,8 +198,16 @@ impl Netlink {
             .collect())
     }
 
-    fn change(&self, msg: RouteNetlinkMessage, flags: u16, op: impl FnOnce() -> String) -> Result<(), NetlinkError> {
-        self.sock.request(msg, flags).map(|_| ()).map_err(|f| NetlinkError::new(op(), f))
+    fn change(
+        &self,
+        msg: RouteNetlinkMessage,
+        flags: u16,
+        op: impl FnOnce() -> String,
+    ) -> Result<(), NetlinkError> {
+        self.sock
+            .request(msg, flags)
+            .map(|_| ())
+            .map_err(|f| NetlinkError::new(op(), f))
     }
 
     /// Create an ipvlan on `parent` (an index in this handle's netns), straight into `target` when given.
@@ -205,15 +239,24 @@ impl Netlink {
         if let Some(ns) = target {
             msg.attributes.push(LinkAttribute::NetNsFd(ns.raw_fd()));
         }
-        msg.attributes.push(LinkAttribute::LinkInfo(vec![NlLinkInfo::Kind(InfoKind::IpVlan), NlLinkInfo::Data(InfoData::IpVlan(data))]));
-        self.change(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL, || format!("creating ipvlan {name:?} on link #{parent}"))
+        msg.attributes.push(LinkAttribute::LinkInfo(vec![
+            NlLinkInfo::Kind(InfoKind::IpVlan),
+            NlLinkInfo::Data(InfoData::IpVlan(data)),
+        ]));
+        self.change(
+            RouteNetlinkMessage::NewLink(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+            || format!("creating ipvlan {name:?} on link #{parent}"),
+        )
     }
 
     pub fn rename(&self, index: u32, name: &str) -> Result<(), NetlinkError> {
         let mut msg = LinkMessage::default();
         msg.header.index = index;
         msg.attributes.push(LinkAttribute::IfName(name.to_string()));
-        self.change(RouteNetlinkMessage::SetLink(msg), 0, || format!("renaming link #{index} to {name:?}"))
+        self.change(RouteNetlinkMessage::SetLink(msg), 0, || {
+            format!("renaming link #{index} to {name:?}")
+        })
     }
 
     fn set_flag_up(&self, index: u32, up: bool) -> Result<(), NetlinkError> {
@@ -223,7 +266,9 @@ impl Netlink {
         if up {
             msg.header.flags = LinkFlags::Up;
         }
-        self.change(RouteNetlinkMessage::SetLink(msg), 0, || format!("setting link #{index} {}", if up { "up" } else { "down" }))
+        self.change(RouteNetlinkMessage::SetLink(msg), 0, || {
+            format!("setting link #{index} {}", if up { "up" } else { "down" })
+        })
     }
 
     pub fn set_up(&self, index: u32) -> Result<(), NetlinkError> {
@@ -259,7 +304,8 @@ impl Netlink {
                 if let IpNet::V4(n) = addr
                     && n.prefix_len() < 31
                 {
-                    msg.attributes.push(AddressAttribute::Broadcast(n.broadcast()));
+                    msg.attributes
+                        .push(AddressAttribute::Broadcast(n.broadcast()));
                 }
             }
             IpAddr::V6(v6) => {
@@ -269,9 +315,14 @@ impl Netlink {
             }
         }
         if nodad {
-            msg.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
+            msg.attributes
+                .push(AddressAttribute::Flags(AddressFlags::Nodad));
         }
-        self.change(RouteNetlinkMessage::NewAddress(msg), NLM_F_CREATE | NLM_F_EXCL, || format!("adding address {addr} to link #{index}"))
+        self.change(
+            RouteNetlinkMessage::NewAddress(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+            || format!("adding address {addr} to link #{index}"),
+        )
     }
 
     /// Addresses on link `index` (both families).
@@ -308,25 +359,48 @@ impl Netlink {
                     AddressAttribute::Flags(f) => Some(*f),
                     _ => None,
                 }) {
-                    Some(f) => (f.contains(AddressFlags::Tentative), f.contains(AddressFlags::Dadfailed)),
+                    Some(f) => (
+                        f.contains(AddressFlags::Tentative),
+                        f.contains(AddressFlags::Dadfailed),
+                    ),
                     None => (
                         m.header.flags.contains(AddressHeaderFlags::Tentative),
                         m.header.flags.contains(AddressHeaderFlags::Dadfailed),
                     ),
                 };
-                Some(Address { index, address: IpNet::new(ip, m.header.prefix_len).ok()?, tentative, dad_failed })
+                Some(Address {
+                    index,
+                    address: IpNet::new(ip, m.header.prefix_len).ok()?,
+                    tentative,
+                    dad_failed,
+                })
             })
             .collect())
     }
 
     pub fn add_route(&self, route: &Route) -> Result<(), NetlinkError> {
-        let op = || format!("adding route to {}{}", route.dst, route.gateway.map(|g| format!(" via {g}")).unwrap_or_default());
+        let op = || {
+            format!(
+                "adding route to {}{}",
+                route.dst,
+                route
+                    .gateway
+                    .map(|g| format!(" via {g}"))
+                    .unwrap_or_default()
+            )
+        };
         let family = match route.dst {
             IpNet::V4(_) => AddressFamily::Inet,
             IpNet::V6(_) => AddressFamily::Inet6,
         };
-        if route.gateway.is_some_and(|g| g.is_ipv4() != route.dst.addr().is_ipv4()) {
-            return Err(NetlinkError::Protocol { op: op(), msg: "the gateway is not of the destination's family".into() });
+        if route
+            .gateway
+            .is_some_and(|g| g.is_ipv4() != route.dst.addr().is_ipv4())
+        {
+            return Err(NetlinkError::Protocol {
+                op: op(),
+                msg: "the gateway is not of the destination's family".into(),
+            });
         }
         let mut msg = RouteMessage::default();
         msg.header.address_family = family;
@@ -335,8 +409,13 @@ impl Netlink {
         msg.header.protocol = RouteProtocol::Static;
         msg.header.kind = RouteType::Unicast;
         // A route without a gateway is on-link.
-        msg.header.scope = if route.gateway.is_some() { RouteScope::Universe } else { RouteScope::Link };
-        msg.attributes.push(RouteAttribute::Destination(route_addr(route.dst.addr())));
+        msg.header.scope = if route.gateway.is_some() {
+            RouteScope::Universe
+        } else {
+            RouteScope::Link
+        };
+        msg.attributes
+            .push(RouteAttribute::Destination(route_addr(route.dst.addr())));
         if let Some(gw) = route.gateway {
             msg.attributes.push(RouteAttribute::Gateway(route_addr(gw)));
         }
@@ -355,17 +434,28 @@ impl Netlink {
                 }
             }
         }
-        self.change(RouteNetlinkMessage::NewRoute(msg), NLM_F_CREATE | NLM_F_EXCL, op)
+        self.change(
+            RouteNetlinkMessage::NewRoute(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+            op,
+        )
     }
 
     /// Routes of one family: in every table, or only in `table` (filtered by the kernel).
-    fn routes_in(&self, family: AddressFamily, table: Option<u8>) -> Result<Vec<Route>, NetlinkError> {
+    fn routes_in(
+        &self,
+        family: AddressFamily,
+        table: Option<u8>,
+    ) -> Result<Vec<Route>, NetlinkError> {
         let mut msg = RouteMessage::default();
         msg.header.address_family = family;
         if let Some(t) = table {
             msg.header.table = t;
         }
-        let msgs = self.sock.dump(RouteNetlinkMessage::GetRoute(msg)).map_err(|f| NetlinkError::new("listing routes", f))?;
+        let msgs = self
+            .sock
+            .dump(RouteNetlinkMessage::GetRoute(msg))
+            .map_err(|f| NetlinkError::new("listing routes", f))?;
         Ok(msgs
             .iter()
             .filter_map(|m| match m {
@@ -391,7 +481,13 @@ impl Netlink {
     pub fn default_route_link(&self) -> Result<Option<Link>, NetlinkError> {
         let main = RouteHeader::RT_TABLE_MAIN;
         let routes = self.routes_in(AddressFamily::Inet, Some(main))?;
-        let Some(oif) = routes.iter().filter(|r| r.dst.prefix_len() == 0 && r.table.unwrap_or(u32::from(main)) == u32::from(main)).find_map(|r| r.oif) else {
+        let Some(oif) = routes
+            .iter()
+            .filter(|r| {
+                r.dst.prefix_len() == 0 && r.table.unwrap_or(u32::from(main)) == u32::from(main)
+            })
+            .find_map(|r| r.oif)
+        else {
             return Ok(None);
         };
         self.link_by_index(oif)
@@ -431,11 +527,21 @@ fn parse_link(m: &LinkMessage) -> Link {
                             l.ipvlan_flag = Some(IpvlanFlag::Bridge);
                             for x in d {
                                 match x {
-                                    InfoIpVlan::Mode(IpVlanMode::L2) => l.ipvlan_mode = Some(IpvlanMode::L2),
-                                    InfoIpVlan::Mode(IpVlanMode::L3) => l.ipvlan_mode = Some(IpvlanMode::L3),
-                                    InfoIpVlan::Mode(IpVlanMode::L3S) => l.ipvlan_mode = Some(IpvlanMode::L3s),
-                                    InfoIpVlan::Flags(f) if f.contains(IpVlanFlags::Private) => l.ipvlan_flag = Some(IpvlanFlag::Private),
-                                    InfoIpVlan::Flags(f) if f.contains(IpVlanFlags::Vepa) => l.ipvlan_flag = Some(IpvlanFlag::Vepa),
+                                    InfoIpVlan::Mode(IpVlanMode::L2) => {
+                                        l.ipvlan_mode = Some(IpvlanMode::L2)
+                                    }
+                                    InfoIpVlan::Mode(IpVlanMode::L3) => {
+                                        l.ipvlan_mode = Some(IpvlanMode::L3)
+                                    }
+                                    InfoIpVlan::Mode(IpVlanMode::L3S) => {
+                                        l.ipvlan_mode = Some(IpvlanMode::L3s)
+                                    }
+                                    InfoIpVlan::Flags(f) if f.contains(IpVlanFlags::Private) => {
+                                        l.ipvlan_flag = Some(IpvlanFlag::Private)
+                                    }
+                                    InfoIpVlan::Flags(f) if f.contains(IpVlanFlags::Vepa) => {
+                                        l.ipvlan_flag = Some(IpvlanFlag::Vepa)
+                                    }
                                     _ => {}
                                 }
                             }
@@ -478,7 +584,13 @@ fn parse_route(m: &RouteMessage) -> Option<Route> {
         _ => return None,
     };
     let mut dst = family_zero;
-    let mut r = Route { dst: IpNet::new(family_zero, 0).ok()?, gateway: None, oif: None, priority: None, table: Some(u32::from(m.header.table)) };
+    let mut r = Route {
+        dst: IpNet::new(family_zero, 0).ok()?,
+        gateway: None,
+        oif: None,
+        priority: None,
+        table: Some(u32::from(m.header.table)),
+    };
     for a in &m.attributes {
         match a {
             RouteAttribute::Destination(d) => dst = route_ip(d)?,

@@ -21,15 +21,23 @@ pub enum NetnsError {
     #[error("network namespace {path} does not exist")]
     Missing { path: PathBuf },
     #[error("cannot open network namespace {path}: {source}")]
-    Open { path: PathBuf, source: std::io::Error },
-    #[error("{path} is not a network namespace (filesystem magic {magic:#x}; expected nsfs or proc)")]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{path} is not a network namespace (filesystem magic {magic:#x}; expected nsfs or proc)"
+    )]
     NotANetns { path: PathBuf, magic: i64 },
     #[error("cannot enter network namespace {path}: {source}")]
     Enter { path: PathBuf, source: nix::Error },
     #[error("the helper thread for network namespace {path} died")]
     Thread { path: PathBuf },
     #[error("cannot start a helper thread for network namespace {path}: {source}")]
-    Spawn { path: PathBuf, source: std::io::Error },
+    Spawn {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// An open network namespace.
@@ -43,18 +51,32 @@ impl NetNs {
     /// Open `path` and check that it is a netns, so a plain directory or file fails clearly.
     pub fn open(path: &Path) -> Result<NetNs, NetnsError> {
         let file = File::open(path).map_err(|source| match source.kind() {
-            std::io::ErrorKind::NotFound => NetnsError::Missing { path: path.to_owned() },
-            _ => NetnsError::Open { path: path.to_owned(), source },
+            std::io::ErrorKind::NotFound => NetnsError::Missing {
+                path: path.to_owned(),
+            },
+            _ => NetnsError::Open {
+                path: path.to_owned(),
+                source,
+            },
         })?;
-        let st = nix::sys::statfs::fstatfs(&file).map_err(|e| NetnsError::Open { path: path.to_owned(), source: e.into() })?;
+        let st = nix::sys::statfs::fstatfs(&file).map_err(|e| NetnsError::Open {
+            path: path.to_owned(),
+            source: e.into(),
+        })?;
         #[allow(clippy::unnecessary_cast)] // the field's width differs between libc targets
         let magic = st.filesystem_type().0 as i64;
         if magic != NSFS_MAGIC && magic != PROC_SUPER_MAGIC {
-            return Err(NetnsError::NotANetns { path: path.to_owned(), magic });
+            return Err(NetnsError::NotANetns {
+                path: path.to_owned(),
+                magic,
+            });
         }
         // A regular file on procfs (e.g. /proc/self/status) passes the magic test but setns would reject
         // it; the ns/ entries are the only files we are handed there, and entering is checked anyway.
-        Ok(NetNs { file, path: path.to_owned() })
+        Ok(NetNs {
+            file,
+            path: path.to_owned(),
+        })
     }
 
     /// The netns of the calling thread.
@@ -78,12 +100,18 @@ impl NetNs {
     pub fn run<T: Send, F: FnOnce() -> T + Send>(&self, f: F) -> Result<T, NetnsError> {
         std::thread::scope(|s| {
             s.spawn(|| {
-                setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET)
-                    .map_err(|source| NetnsError::Enter { path: self.path.clone(), source })?;
+                setns(self.file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|source| {
+                    NetnsError::Enter {
+                        path: self.path.clone(),
+                        source,
+                    }
+                })?;
                 Ok(f())
             })
             .join()
-            .map_err(|_| NetnsError::Thread { path: self.path.clone() })?
+            .map_err(|_| NetnsError::Thread {
+                path: self.path.clone(),
+            })?
         })
     }
 
@@ -91,7 +119,10 @@ impl NetNs {
     /// one ADD pays for one thread and one setns however many things it does in the pod.
     pub fn thread(&self) -> Result<NsThread, NetnsError> {
         let path = self.path.clone();
-        let spawn_err = |source| NetnsError::Spawn { path: path.clone(), source };
+        let spawn_err = |source| NetnsError::Spawn {
+            path: path.clone(),
+            source,
+        };
         let fd = self.file.try_clone().map_err(spawn_err)?;
         let (jobs, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready) = mpsc::sync_channel(1);
@@ -110,7 +141,11 @@ impl NetNs {
             })
             .map_err(spawn_err)?;
         match ready.recv() {
-            Ok(Ok(())) => Ok(NsThread { jobs: Some(jobs), handle: Some(handle), path }),
+            Ok(Ok(())) => Ok(NsThread {
+                jobs: Some(jobs),
+                handle: Some(handle),
+                path,
+            }),
             Ok(Err(source)) => Err(NetnsError::Enter { path, source }),
             Err(_) => Err(NetnsError::Thread { path }),
         }
@@ -130,13 +165,22 @@ pub struct NsThread {
 
 impl NsThread {
     /// Run `f` inside the netns and wait for its result.
-    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T, NetnsError> {
+    pub fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, NetnsError> {
         let (tx, rx) = mpsc::sync_channel(1);
         let job: Job = Box::new(move || {
             let _ = tx.send(f());
         });
-        let dead = || NetnsError::Thread { path: self.path.clone() };
-        self.jobs.as_ref().ok_or_else(dead)?.send(job).map_err(|_| dead())?;
+        let dead = || NetnsError::Thread {
+            path: self.path.clone(),
+        };
+        self.jobs
+            .as_ref()
+            .ok_or_else(dead)?
+            .send(job)
+            .map_err(|_| dead())?;
         // A panicking job drops `tx` without sending.
         rx.recv().map_err(|_| dead())
     }

@@ -8,7 +8,8 @@ use std::io;
 use std::os::fd::AsRawFd;
 
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NetlinkBuffer, NetlinkHeader,
+    NetlinkMessage, NetlinkPayload,
 };
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{Socket as NlSocket, protocols::NETLINK_ROUTE};
@@ -42,7 +43,10 @@ impl Socket {
         // The kernel then filters dumps by the header's fields (an address dump by ifindex, a route
         // dump by table) instead of sending everything.
         sock.set_netlink_get_strict_chk(true)?;
-        Ok(Socket { sock, seq: Cell::new(0) })
+        Ok(Socket {
+            sock,
+            seq: Cell::new(0),
+        })
     }
 
     fn send(&self, msg: RouteNetlinkMessage, flags: u16) -> Result<u32, Failure> {
@@ -62,7 +66,14 @@ impl Socket {
     fn recv(&self, buf: &mut Vec<u8>) -> Result<(), Failure> {
         buf.clear();
         loop {
-            let n = unsafe { libc::recv(self.sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.capacity(), libc::MSG_TRUNC) };
+            let n = unsafe {
+                libc::recv(
+                    self.sock.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.capacity(),
+                    libc::MSG_TRUNC,
+                )
+            };
             if n < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -72,7 +83,10 @@ impl Socket {
             }
             let n = n as usize;
             if n > buf.capacity() {
-                return Err(Failure::Protocol(format!("a {n}-byte reply does not fit the {}-byte buffer", buf.capacity())));
+                return Err(Failure::Protocol(format!(
+                    "a {n}-byte reply does not fit the {}-byte buffer",
+                    buf.capacity()
+                )));
             }
             unsafe { buf.set_len(n) };
             return Ok(());
@@ -81,7 +95,11 @@ impl Socket {
 
     /// Send `msg` and collect its replies: until the ACK for a plain request (NLM_F_ACK is added), until
     /// NLMSG_DONE for a dump. Returns the replies and whether a dump was interrupted.
-    fn exchange(&self, msg: RouteNetlinkMessage, flags: u16) -> Result<(Vec<RouteNetlinkMessage>, bool), Failure> {
+    fn exchange(
+        &self,
+        msg: RouteNetlinkMessage,
+        flags: u16,
+    ) -> Result<(Vec<RouteNetlinkMessage>, bool), Failure> {
         let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
         let seq = self.send(msg, if dump { flags } else { flags | NLM_F_ACK })?;
         let mut out = Vec::new();
@@ -96,7 +114,8 @@ impl Socket {
                     .length() as usize;
                 let raw = &buf[off..off + len];
                 off += (len + 3) & !3;
-                let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(raw).map_err(|e| Failure::Protocol(format!("unreadable reply: {e}")))?;
+                let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(raw)
+                    .map_err(|e| Failure::Protocol(format!("unreadable reply: {e}")))?;
                 if msg.header.sequence_number != seq {
                     continue; // a late reply to an earlier request
                 }
@@ -109,7 +128,9 @@ impl Socket {
                             Some(c) => Err(Failure::Errno(c.get().abs())),
                         };
                     }
-                    NetlinkPayload::Done(d) if d.code != 0 => return Err(Failure::Errno(d.code.abs())),
+                    NetlinkPayload::Done(d) if d.code != 0 => {
+                        return Err(Failure::Errno(d.code.abs()));
+                    }
                     NetlinkPayload::Done(_) => return Ok((out, interrupted)),
                     _ => {}
                 }
@@ -118,12 +139,19 @@ impl Socket {
     }
 
     /// A request that is acknowledged (and may return objects, e.g. a GET by name).
-    pub(crate) fn request(&self, msg: RouteNetlinkMessage, flags: u16) -> Result<Vec<RouteNetlinkMessage>, Failure> {
+    pub(crate) fn request(
+        &self,
+        msg: RouteNetlinkMessage,
+        flags: u16,
+    ) -> Result<Vec<RouteNetlinkMessage>, Failure> {
         self.exchange(msg, flags).map(|(v, _)| v)
     }
 
     /// A dump, retried when a concurrent change interrupted it (its view may be inconsistent).
-    pub(crate) fn dump(&self, msg: RouteNetlinkMessage) -> Result<Vec<RouteNetlinkMessage>, Failure> {
+    pub(crate) fn dump(
+        &self,
+        msg: RouteNetlinkMessage,
+    ) -> Result<Vec<RouteNetlinkMessage>, Failure> {
         for _ in 0..DUMP_ATTEMPTS {
             let (v, interrupted) = self.exchange(msg.clone(), NLM_F_DUMP)?;
             if !interrupted {
@@ -131,6 +159,8 @@ impl Socket {
             }
             log::debug!("netlink dump interrupted by a concurrent change; retrying");
         }
-        Err(Failure::Protocol(format!("dump interrupted by concurrent changes {DUMP_ATTEMPTS} times in a row")))
+        Err(Failure::Protocol(format!(
+            "dump interrupted by concurrent changes {DUMP_ATTEMPTS} times in a row"
+        )))
     }
 }

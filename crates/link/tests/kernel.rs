@@ -12,15 +12,28 @@ struct TempNs(String);
 impl TempNs {
     fn new(tag: &str) -> TempNs {
         let name = format!("tl-{tag}-{}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &name]).stderr(std::process::Stdio::null()).status();
-        assert!(Command::new("ip").args(["netns", "add", &name]).status().unwrap().success());
+        let _ = Command::new("ip")
+            .args(["netns", "del", &name])
+            .stderr(std::process::Stdio::null())
+            .status();
+        assert!(
+            Command::new("ip")
+                .args(["netns", "add", &name])
+                .status()
+                .unwrap()
+                .success()
+        );
         TempNs(name)
     }
     fn path(&self) -> PathBuf {
         PathBuf::from(format!("/run/netns/{}", self.0))
     }
     fn ip(&self, args: &str) {
-        let st = Command::new("ip").args(["-n", &self.0]).args(args.split_whitespace()).status().unwrap();
+        let st = Command::new("ip")
+            .args(["-n", &self.0])
+            .args(args.split_whitespace())
+            .status()
+            .unwrap();
         assert!(st.success(), "ip -n {} {args}", self.0);
     }
 }
@@ -55,24 +68,66 @@ fn rename_up_address_route_delete() {
     nl.rename(va.index, "net1").unwrap();
     // Renaming onto an existing name is EEXIST.
     let vb = nl.link_by_name("vb").unwrap().unwrap();
-    assert_eq!(nl.rename(vb.index, "net1").unwrap_err().errno(), Some(libc::EEXIST));
-    nl.add_address(va.index, "10.9.8.7/24".parse().unwrap(), false).unwrap();
-    nl.add_address(va.index, "fd00:9::7/64".parse().unwrap(), false).unwrap();
-    assert_eq!(nl.add_address(va.index, "10.9.8.7/24".parse().unwrap(), false).unwrap_err().errno(), Some(libc::EEXIST));
+    assert_eq!(
+        nl.rename(vb.index, "net1").unwrap_err().errno(),
+        Some(libc::EEXIST)
+    );
+    nl.add_address(va.index, "10.9.8.7/24".parse().unwrap(), false)
+        .unwrap();
+    nl.add_address(va.index, "fd00:9::7/64".parse().unwrap(), false)
+        .unwrap();
+    assert_eq!(
+        nl.add_address(va.index, "10.9.8.7/24".parse().unwrap(), false)
+            .unwrap_err()
+            .errno(),
+        Some(libc::EEXIST)
+    );
     nl.set_up(vb.index).unwrap();
     nl.set_up(va.index).unwrap();
     assert!(nl.link_by_name("net1").unwrap().unwrap().up);
-    let addrs: Vec<String> = nl.addresses(va.index).unwrap().iter().map(|a| a.address.to_string()).collect();
-    assert!(addrs.contains(&"10.9.8.7/24".to_string()) && addrs.contains(&"fd00:9::7/64".to_string()), "{addrs:?}");
-    let r = Route { dst: "10.50.0.0/16".parse().unwrap(), gateway: Some("10.9.8.1".parse().unwrap()), oif: Some(va.index), priority: None, table: None };
+    let addrs: Vec<String> = nl
+        .addresses(va.index)
+        .unwrap()
+        .iter()
+        .map(|a| a.address.to_string())
+        .collect();
+    assert!(
+        addrs.contains(&"10.9.8.7/24".to_string()) && addrs.contains(&"fd00:9::7/64".to_string()),
+        "{addrs:?}"
+    );
+    let r = Route {
+        dst: "10.50.0.0/16".parse().unwrap(),
+        gateway: Some("10.9.8.1".parse().unwrap()),
+        oif: Some(va.index),
+        priority: None,
+        table: None,
+    };
     nl.add_route(&r).unwrap();
-    let onlink = Route { dst: "10.60.0.0/16".parse().unwrap(), gateway: None, oif: Some(va.index), priority: Some(7), table: None };
+    let onlink = Route {
+        dst: "10.60.0.0/16".parse().unwrap(),
+        gateway: None,
+        oif: Some(va.index),
+        priority: Some(7),
+        table: None,
+    };
     nl.add_route(&onlink).unwrap();
     let routes = nl.all_routes().unwrap();
-    assert!(routes.iter().any(|x| x.dst == r.dst && x.gateway == r.gateway && x.oif == Some(va.index)), "{routes:?}");
-    assert!(routes.iter().any(|x| x.dst == onlink.dst && x.priority == Some(7)));
+    assert!(
+        routes
+            .iter()
+            .any(|x| x.dst == r.dst && x.gateway == r.gateway && x.oif == Some(va.index)),
+        "{routes:?}"
+    );
+    assert!(
+        routes
+            .iter()
+            .any(|x| x.dst == onlink.dst && x.priority == Some(7))
+    );
     assert!(nl.delete_link(va.index).unwrap());
-    assert!(!nl.delete_link(va.index).unwrap(), "second delete reports already gone");
+    assert!(
+        !nl.delete_link(va.index).unwrap(),
+        "second delete reports already gone"
+    );
 }
 
 #[test]
@@ -107,11 +162,21 @@ fn netns_thread_runs_every_job_inside() {
     let t = netns.thread().unwrap();
     let nl = t.run(Netlink::current).unwrap().unwrap();
     let va = nl.link_by_name("va").unwrap().expect("va is in the pod");
-    assert_eq!(t.run(|| tether_link::sysctl::set_interface("ipv4", "va", "arp_notify", "1")).unwrap().ok(), Some(()));
-    let inside = t.run(|| tether_link::sysctl::get_interface("ipv4", "va", "arp_notify").unwrap()).unwrap();
+    assert_eq!(
+        t.run(|| tether_link::sysctl::set_interface("ipv4", "va", "arp_notify", "1"))
+            .unwrap()
+            .ok(),
+        Some(())
+    );
+    let inside = t
+        .run(|| tether_link::sysctl::get_interface("ipv4", "va", "arp_notify").unwrap())
+        .unwrap();
     assert_eq!(inside, "1");
     // Same thread for both jobs: one setns per ADD.
-    let (a, b) = (t.run(|| std::thread::current().id()).unwrap(), t.run(|| std::thread::current().id()).unwrap());
+    let (a, b) = (
+        t.run(|| std::thread::current().id()).unwrap(),
+        t.run(|| std::thread::current().id()).unwrap(),
+    );
     assert_eq!(a, b);
     assert_ne!(a, std::thread::current().id());
     assert_eq!(nl.link_by_index(va.index).unwrap().unwrap().name, "va");
@@ -130,10 +195,18 @@ fn nodad_address_is_never_tentative() {
     ns.ip("link set va up");
     let nl = Netlink::in_netns(&NetNs::open(&ns.path()).unwrap()).unwrap();
     let va = nl.link_by_name("va").unwrap().unwrap();
-    nl.add_address(va.index, "fd00:9::1/64".parse().unwrap(), true).unwrap();
-    nl.add_address(va.index, "fd00:9::2/64".parse().unwrap(), false).unwrap();
+    nl.add_address(va.index, "fd00:9::1/64".parse().unwrap(), true)
+        .unwrap();
+    nl.add_address(va.index, "fd00:9::2/64".parse().unwrap(), false)
+        .unwrap();
     let addrs = nl.addresses(va.index).unwrap();
-    let find = |s: &str| addrs.iter().find(|a| a.address.to_string() == s).unwrap_or_else(|| panic!("{s} in {addrs:?}")).clone();
+    let find = |s: &str| {
+        addrs
+            .iter()
+            .find(|a| a.address.to_string() == s)
+            .unwrap_or_else(|| panic!("{s} in {addrs:?}"))
+            .clone()
+    };
     assert!(!find("fd00:9::1/64").tentative, "{addrs:?}");
     assert!(find("fd00:9::2/64").tentative, "{addrs:?}");
 }
@@ -147,7 +220,12 @@ fn addresses_of_one_link_links_and_down() {
     ns.ip("addr add 10.9.2.1/24 dev vb");
     let nl = Netlink::in_netns(&NetNs::open(&ns.path()).unwrap()).unwrap();
     let va = nl.link_by_name("va").unwrap().unwrap();
-    let got: Vec<String> = nl.addresses(va.index).unwrap().iter().map(|a| a.address.to_string()).collect();
+    let got: Vec<String> = nl
+        .addresses(va.index)
+        .unwrap()
+        .iter()
+        .map(|a| a.address.to_string())
+        .collect();
     assert_eq!(got, ["10.9.1.1/24"]);
     let names: Vec<String> = nl.links().unwrap().into_iter().map(|l| l.name).collect();
     for n in ["lo", "va", "vb"] {

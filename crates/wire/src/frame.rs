@@ -39,12 +39,22 @@ fn arp(op: u16, sha: Mac, spa: Ipv4Addr, tha: Mac, tpa: Ipv4Addr) -> Vec<u8> {
 
 /// RFC 5227 §2.1.1 probe: sender IP 0.0.0.0 so no neighbour caches the candidate against our MAC.
 pub fn arp_probe(mac: Mac, candidate: Ipv4Addr) -> Vec<u8> {
-    ethernet(BROADCAST, mac, ETHERTYPE_ARP, &arp(ARP_REQUEST, mac, Ipv4Addr::UNSPECIFIED, [0; 6], candidate))
+    ethernet(
+        BROADCAST,
+        mac,
+        ETHERTYPE_ARP,
+        &arp(ARP_REQUEST, mac, Ipv4Addr::UNSPECIFIED, [0; 6], candidate),
+    )
 }
 
 /// RFC 5227 §2.3 announcement (gratuitous ARP): sender and target IP are the address.
 pub fn arp_announce(mac: Mac, ip: Ipv4Addr) -> Vec<u8> {
-    ethernet(BROADCAST, mac, ETHERTYPE_ARP, &arp(ARP_REQUEST, mac, ip, [0; 6], ip))
+    ethernet(
+        BROADCAST,
+        mac,
+        ETHERTYPE_ARP,
+        &arp(ARP_REQUEST, mac, ip, [0; 6], ip),
+    )
 }
 
 /// A received ARP packet.
@@ -70,12 +80,26 @@ pub fn parse_arp(frame: &[u8]) -> Option<Arp> {
         return None;
     }
     let ip = |o: usize| Ipv4Addr::new(p[o], p[o + 1], p[o + 2], p[o + 3]);
-    Some(Arp { is_reply: op == ARP_REPLY, sha: p[8..14].try_into().ok()?, spa: ip(14), tpa: ip(24) })
+    Some(Arp {
+        is_reply: op == ARP_REPLY,
+        sha: p[8..14].try_into().ok()?,
+        spa: ip(14),
+        tpa: ip(24),
+    })
 }
 
 pub fn solicited_node(ip: Ipv6Addr) -> Ipv6Addr {
     let o = ip.octets();
-    Ipv6Addr::new(0xff02, 0, 0, 0, 0, 1, 0xff00 | u16::from(o[13]), u16::from_be_bytes([o[14], o[15]]))
+    Ipv6Addr::new(
+        0xff02,
+        0,
+        0,
+        0,
+        0,
+        1,
+        0xff00 | u16::from(o[13]),
+        u16::from_be_bytes([o[14], o[15]]),
+    )
 }
 
 fn multicast_mac(group: Ipv6Addr) -> Mac {
@@ -101,7 +125,13 @@ fn icmpv6_checksum(src: Ipv6Addr, dst: Ipv6Addr, msg: &[u8]) -> u16 {
     !(sum as u16)
 }
 
-fn ipv6_icmp(src_mac: Mac, dst_mac: Mac, src: Ipv6Addr, dst: Ipv6Addr, mut msg: Vec<u8>) -> Vec<u8> {
+fn ipv6_icmp(
+    src_mac: Mac,
+    dst_mac: Mac,
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    mut msg: Vec<u8>,
+) -> Vec<u8> {
     let ck = icmpv6_checksum(src, dst, &msg);
     msg[2..4].copy_from_slice(&ck.to_be_bytes());
     let mut ip = Vec::with_capacity(40 + msg.len());
@@ -153,7 +183,9 @@ pub fn parse_ndp(frame: &[u8]) -> Option<Ndp> {
     if ip[0] >> 4 != 6 || ip[6] != ICMPV6 || ip[7] != 255 {
         return None;
     }
-    let addr = |o: usize| -> Option<Ipv6Addr> { Some(Ipv6Addr::from(<[u8; 16]>::try_from(&ip[o..o + 16]).ok()?)) };
+    let addr = |o: usize| -> Option<Ipv6Addr> {
+        Some(Ipv6Addr::from(<[u8; 16]>::try_from(&ip[o..o + 16]).ok()?))
+    };
     let src = addr(8)?;
     let msg = &ip[40..];
     let kind = msg[0];
@@ -173,11 +205,20 @@ pub fn parse_ndp(frame: &[u8]) -> Option<Ndp> {
         }
         opts = &opts[len..];
     }
-    Some(Ndp { kind, eth_src: frame[6..12].try_into().ok()?, src, target, tlla })
+    Some(Ndp {
+        kind,
+        eth_src: frame[6..12].try_into().ok()?,
+        src,
+        target,
+        tlla,
+    })
 }
 
 pub fn format_mac(m: &Mac) -> String {
-    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 #[cfg(test)]
@@ -192,26 +233,46 @@ mod tests {
         assert_eq!(f.len(), 42);
         assert_eq!(&f[0..6], &BROADCAST);
         let a = parse_arp(&f).unwrap();
-        assert_eq!((a.is_reply, a.sha, a.spa, a.tpa), (false, MAC, Ipv4Addr::UNSPECIFIED, "10.1.2.9".parse().unwrap()));
+        assert_eq!(
+            (a.is_reply, a.sha, a.spa, a.tpa),
+            (
+                false,
+                MAC,
+                Ipv4Addr::UNSPECIFIED,
+                "10.1.2.9".parse().unwrap()
+            )
+        );
         let g = parse_arp(&arp_announce(MAC, "10.1.2.9".parse().unwrap())).unwrap();
-        assert_eq!((g.spa, g.tpa), ("10.1.2.9".parse().unwrap(), "10.1.2.9".parse().unwrap()));
+        assert_eq!(
+            (g.spa, g.tpa),
+            ("10.1.2.9".parse().unwrap(), "10.1.2.9".parse().unwrap())
+        );
         assert!(parse_arp(&f[..30]).is_none());
     }
 
     #[test]
     fn solicited_node_group_and_mac() {
         let t: Ipv6Addr = "fd00::12:3456".parse().unwrap();
-        assert_eq!(solicited_node(t), "ff02::1:ff12:3456".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(
+            solicited_node(t),
+            "ff02::1:ff12:3456".parse::<Ipv6Addr>().unwrap()
+        );
         let f = ndp_probe(MAC, t);
         assert_eq!(&f[0..6], &[0x33, 0x33, 0xff, 0x12, 0x34, 0x56]);
         let n = parse_ndp(&f).unwrap();
-        assert_eq!((n.kind, n.src, n.target, n.tlla), (NDP_NS, Ipv6Addr::UNSPECIFIED, t, None));
+        assert_eq!(
+            (n.kind, n.src, n.target, n.tlla),
+            (NDP_NS, Ipv6Addr::UNSPECIFIED, t, None)
+        );
     }
 
     #[test]
     fn checksum_verifies_to_zero() {
         // Summing a message with its checksum in place gives 0xffff, i.e. a complemented 0.
-        for f in [ndp_probe(MAC, "fd00::9".parse().unwrap()), ndp_announce(MAC, "fd00::9".parse().unwrap())] {
+        for f in [
+            ndp_probe(MAC, "fd00::9".parse().unwrap()),
+            ndp_announce(MAC, "fd00::9".parse().unwrap()),
+        ] {
             let src = Ipv6Addr::from(<[u8; 16]>::try_from(&f[22..38]).unwrap());
             let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&f[38..54]).unwrap());
             assert_eq!(icmpv6_checksum(src, dst, &f[54..]), 0);

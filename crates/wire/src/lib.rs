@@ -19,13 +19,27 @@ use socket::{Filter, PacketSocket, schedule};
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
     #[error("cannot open a packet socket on interface #{ifindex}: {source}")]
-    Open { ifindex: u32, source: std::io::Error },
-    #[error("cannot widen the packet filter on interface #{ifindex} to another address family: {source}")]
-    Filter { ifindex: u32, source: std::io::Error },
+    Open {
+        ifindex: u32,
+        source: std::io::Error,
+    },
+    #[error(
+        "cannot widen the packet filter on interface #{ifindex} to another address family: {source}"
+    )]
+    Filter {
+        ifindex: u32,
+        source: std::io::Error,
+    },
     #[error("sending on interface #{ifindex}: {source}")]
-    Send { ifindex: u32, source: std::io::Error },
+    Send {
+        ifindex: u32,
+        source: std::io::Error,
+    },
     #[error("receiving on interface #{ifindex}: {source}")]
-    Recv { ifindex: u32, source: std::io::Error },
+    Recv {
+        ifindex: u32,
+        source: std::io::Error,
+    },
 }
 
 /// What a probe found.
@@ -33,7 +47,9 @@ pub enum WireError {
 pub enum ProbeOutcome {
     Free,
     /// Someone answered for the address, or is probing for it too; `mac` is theirs.
-    InUse { mac: String },
+    InUse {
+        mac: String,
+    },
 }
 
 /// How long to listen and how many probes to send in that time.
@@ -45,14 +61,25 @@ pub struct ProbeBudget {
 
 impl Default for ProbeBudget {
     fn default() -> Self {
-        ProbeBudget { timeout: Duration::from_millis(100), attempts: 1 }
+        ProbeBudget {
+            timeout: Duration::from_millis(100),
+            attempts: 1,
+        }
     }
 }
 
 /// Probe `candidate` on interface `ifindex` whose MAC is `mac`. Listens for the whole budget unless a
 /// conflict shows up earlier.
-pub fn probe(ifindex: u32, mac: Mac, candidate: IpAddr, budget: ProbeBudget) -> Result<ProbeOutcome, WireError> {
-    Probe::start(ifindex, mac, candidate, budget)?.wait().pop().expect("one address, one outcome")
+pub fn probe(
+    ifindex: u32,
+    mac: Mac,
+    candidate: IpAddr,
+    budget: ProbeBudget,
+) -> Result<ProbeOutcome, WireError> {
+    Probe::start(ifindex, mac, candidate, budget)?
+        .wait()
+        .pop()
+        .expect("one address, one outcome")
 }
 
 /// Probes under way on one interface: one packet socket, opened when the first address is probed,
@@ -93,7 +120,14 @@ impl Candidate {
             IpAddr::V4(v4) => frame::arp_probe(mac, v4),
             IpAddr::V6(v6) => frame::ndp_probe(mac, v6),
         };
-        Candidate { address, packet, start: Instant::now(), sends: schedule(budget.timeout, budget.attempts).into_iter(), budget: budget.timeout, outcome: None }
+        Candidate {
+            address,
+            packet,
+            start: Instant::now(),
+            sends: schedule(budget.timeout, budget.attempts).into_iter(),
+            budget: budget.timeout,
+            outcome: None,
+        }
     }
 
     fn deadline(&self) -> Instant {
@@ -101,14 +135,19 @@ impl Candidate {
     }
 
     /// Send every probe whose time has come; the next send's time, if any is left.
-    fn send_due(&mut self, sock: &PacketSocket, ifindex: u32) -> Result<Option<Instant>, WireError> {
+    fn send_due(
+        &mut self,
+        sock: &PacketSocket,
+        ifindex: u32,
+    ) -> Result<Option<Instant>, WireError> {
         let now = Instant::now();
         while let Some(at) = self.sends.as_slice().first().map(|d| self.start + *d) {
             if at > now {
                 return Ok(Some(at));
             }
             self.sends.next();
-            sock.send(&self.packet).map_err(|source| WireError::Send { ifindex, source })?;
+            sock.send(&self.packet)
+                .map_err(|source| WireError::Send { ifindex, source })?;
         }
         Ok(None)
     }
@@ -116,10 +155,22 @@ impl Candidate {
 
 impl Probe {
     /// Open the socket (in the calling thread's netns) and send the first probe for `candidate`.
-    pub fn start(ifindex: u32, mac: Mac, candidate: IpAddr, budget: ProbeBudget) -> Result<Probe, WireError> {
+    pub fn start(
+        ifindex: u32,
+        mac: Mac,
+        candidate: IpAddr,
+        budget: ProbeBudget,
+    ) -> Result<Probe, WireError> {
         let filter = filter_for(candidate);
-        let sock = PacketSocket::open(ifindex, filter).map_err(|source| WireError::Open { ifindex, source })?;
-        let mut p = Probe { sock, ifindex, mac, filter, candidates: Vec::new() };
+        let sock = PacketSocket::open(ifindex, filter)
+            .map_err(|source| WireError::Open { ifindex, source })?;
+        let mut p = Probe {
+            sock,
+            ifindex,
+            mac,
+            filter,
+            candidates: Vec::new(),
+        };
         p.add(candidate, budget)?;
         Ok(p)
     }
@@ -130,7 +181,9 @@ impl Probe {
         let ifindex = self.ifindex;
         let wanted = self.filter.with(filter_for(candidate));
         if wanted != self.filter {
-            self.sock.set_filter(wanted).map_err(|source| WireError::Filter { ifindex, source })?;
+            self.sock
+                .set_filter(wanted)
+                .map_err(|source| WireError::Filter { ifindex, source })?;
             self.filter = wanted;
         }
         let mut c = Candidate::new(self.mac, candidate, budget);
@@ -169,31 +222,50 @@ impl Probe {
                 break;
             }
             let Some(wake) = wake else { break };
-            let mut fds = [libc::pollfd { fd: self.sock.raw_fd(), events: libc::POLLIN, revents: 0 }];
-            if let Err(source) = socket::poll(&mut fds, wake.saturating_duration_since(Instant::now())) {
+            let mut fds = [libc::pollfd {
+                fd: self.sock.raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            if let Err(source) =
+                socket::poll(&mut fds, wake.saturating_duration_since(Instant::now()))
+            {
                 self.fail_unsettled(&source);
                 break;
             }
         }
-        std::mem::take(&mut self.candidates).into_iter().map(|c| c.outcome.unwrap_or(Ok(ProbeOutcome::Free))).collect()
+        std::mem::take(&mut self.candidates)
+            .into_iter()
+            .map(|c| c.outcome.unwrap_or(Ok(ProbeOutcome::Free)))
+            .collect()
     }
 
     /// Receiving failed: every address not yet settled fails with it.
     fn fail_unsettled(&mut self, source: &std::io::Error) {
         let ifindex = self.ifindex;
         for c in self.candidates.iter_mut().filter(|c| c.outcome.is_none()) {
-            c.outcome = Some(Err(WireError::Recv { ifindex, source: std::io::Error::new(source.kind(), source.to_string()) }));
+            c.outcome = Some(Err(WireError::Recv {
+                ifindex,
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            }));
         }
     }
 
     /// Read what is queued, matching each frame against every address still open; then settle as Free
     /// every address whose budget is over.
     fn drain(&mut self, buf: &mut [u8]) -> std::io::Result<()> {
-        let last_deadline = self.candidates.iter().filter(|c| c.outcome.is_none()).map(Candidate::deadline).max();
+        let last_deadline = self
+            .candidates
+            .iter()
+            .filter(|c| c.outcome.is_none())
+            .map(Candidate::deadline)
+            .max();
         while let Some(n) = self.sock.try_recv(buf)? {
             for c in self.candidates.iter_mut().filter(|c| c.outcome.is_none()) {
                 if let Some(holder) = conflict(&buf[..n], self.mac, c.address) {
-                    c.outcome = Some(Ok(ProbeOutcome::InUse { mac: format_mac(&holder) }));
+                    c.outcome = Some(Ok(ProbeOutcome::InUse {
+                        mac: format_mac(&holder),
+                    }));
                 }
             }
             // A flood of unrelated ARP must not keep the probes past their budget.
@@ -202,7 +274,11 @@ impl Probe {
             }
         }
         let now = Instant::now();
-        for c in self.candidates.iter_mut().filter(|c| c.outcome.is_none() && now >= c.deadline()) {
+        for c in self
+            .candidates
+            .iter_mut()
+            .filter(|c| c.outcome.is_none() && now >= c.deadline())
+        {
             c.outcome = Some(Ok(ProbeOutcome::Free));
         }
         Ok(())
@@ -236,7 +312,13 @@ fn conflict(f: &[u8], ours: Mac, candidate: IpAddr) -> Option<Mac> {
 
 /// Announce each address `count` times, `interval` apart: gratuitous ARP for IPv4, unsolicited NA for
 /// IPv6. Call only once the addresses are configured.
-pub fn announce(ifindex: u32, mac: Mac, addrs: &[IpAddr], count: u32, interval: Duration) -> Result<(), WireError> {
+pub fn announce(
+    ifindex: u32,
+    mac: Mac,
+    addrs: &[IpAddr],
+    count: u32,
+    interval: Duration,
+) -> Result<(), WireError> {
     if addrs.is_empty() {
         return Ok(());
     }
@@ -248,13 +330,15 @@ pub fn announce(ifindex: u32, mac: Mac, addrs: &[IpAddr], count: u32, interval: 
         })
         .collect();
     // The filter only governs receiving; this socket never reads.
-    let sock = PacketSocket::open(ifindex, Filter::Arp).map_err(|source| WireError::Open { ifindex, source })?;
+    let sock = PacketSocket::open(ifindex, Filter::Arp)
+        .map_err(|source| WireError::Open { ifindex, source })?;
     for i in 0..count {
         if i > 0 {
             std::thread::sleep(interval);
         }
         for f in &frames {
-            sock.send(f).map_err(|source| WireError::Send { ifindex, source })?;
+            sock.send(f)
+                .map_err(|source| WireError::Send { ifindex, source })?;
         }
     }
     Ok(())
@@ -262,7 +346,11 @@ pub fn announce(ifindex: u32, mac: Mac, addrs: &[IpAddr], count: u32, interval: 
 
 /// Parse `aa:bb:cc:dd:ee:ff`.
 pub fn parse_mac(s: &str) -> Option<Mac> {
-    let parts: Vec<u8> = s.split(':').map(|p| u8::from_str_radix(p, 16)).collect::<Result<_, _>>().ok()?;
+    let parts: Vec<u8> = s
+        .split(':')
+        .map(|p| u8::from_str_radix(p, 16))
+        .collect::<Result<_, _>>()
+        .ok()?;
     parts.try_into().ok()
 }
 
@@ -277,21 +365,61 @@ mod tests {
     fn arp_conflict_rules() {
         let c: IpAddr = "10.1.2.9".parse().unwrap();
         // Someone announcing the candidate.
-        assert_eq!(conflict(&frame::arp_announce(THEM, "10.1.2.9".parse().unwrap()), US, c), Some(THEM));
+        assert_eq!(
+            conflict(
+                &frame::arp_announce(THEM, "10.1.2.9".parse().unwrap()),
+                US,
+                c
+            ),
+            Some(THEM)
+        );
         // Another prober for the same address.
-        assert_eq!(conflict(&frame::arp_probe(THEM, "10.1.2.9".parse().unwrap()), US, c), Some(THEM));
+        assert_eq!(
+            conflict(&frame::arp_probe(THEM, "10.1.2.9".parse().unwrap()), US, c),
+            Some(THEM)
+        );
         // Our own probe echoed back, or traffic about other addresses: no conflict.
-        assert_eq!(conflict(&frame::arp_probe(US, "10.1.2.9".parse().unwrap()), US, c), None);
-        assert_eq!(conflict(&frame::arp_announce(THEM, "10.1.2.8".parse().unwrap()), US, c), None);
+        assert_eq!(
+            conflict(&frame::arp_probe(US, "10.1.2.9".parse().unwrap()), US, c),
+            None
+        );
+        assert_eq!(
+            conflict(
+                &frame::arp_announce(THEM, "10.1.2.8".parse().unwrap()),
+                US,
+                c
+            ),
+            None
+        );
     }
 
     #[test]
     fn ndp_conflict_rules() {
         let c: IpAddr = "fd00::9".parse().unwrap();
-        assert_eq!(conflict(&frame::ndp_announce(THEM, "fd00::9".parse().unwrap()), US, c), Some(THEM));
-        assert_eq!(conflict(&frame::ndp_probe(THEM, "fd00::9".parse().unwrap()), US, c), Some(THEM));
-        assert_eq!(conflict(&frame::ndp_probe(US, "fd00::9".parse().unwrap()), US, c), None);
-        assert_eq!(conflict(&frame::ndp_announce(THEM, "fd00::8".parse().unwrap()), US, c), None);
+        assert_eq!(
+            conflict(
+                &frame::ndp_announce(THEM, "fd00::9".parse().unwrap()),
+                US,
+                c
+            ),
+            Some(THEM)
+        );
+        assert_eq!(
+            conflict(&frame::ndp_probe(THEM, "fd00::9".parse().unwrap()), US, c),
+            Some(THEM)
+        );
+        assert_eq!(
+            conflict(&frame::ndp_probe(US, "fd00::9".parse().unwrap()), US, c),
+            None
+        );
+        assert_eq!(
+            conflict(
+                &frame::ndp_announce(THEM, "fd00::8".parse().unwrap()),
+                US,
+                c
+            ),
+            None
+        );
     }
 
     #[test]
@@ -303,8 +431,18 @@ mod tests {
 
     #[test]
     fn schedule_spreads_attempts() {
-        assert_eq!(schedule(Duration::from_millis(100), 1), vec![Duration::ZERO]);
-        assert_eq!(schedule(Duration::from_millis(90), 3), vec![Duration::ZERO, Duration::from_millis(30), Duration::from_millis(60)]);
+        assert_eq!(
+            schedule(Duration::from_millis(100), 1),
+            vec![Duration::ZERO]
+        );
+        assert_eq!(
+            schedule(Duration::from_millis(90), 3),
+            vec![
+                Duration::ZERO,
+                Duration::from_millis(30),
+                Duration::from_millis(60)
+            ]
+        );
         assert_eq!(schedule(Duration::from_millis(90), 0).len(), 1);
     }
 }

@@ -22,7 +22,11 @@ pub enum Filter {
 impl Filter {
     /// The filter that lets through what `self` and `other` do.
     pub fn with(self, other: Filter) -> Filter {
-        if self == other { self } else { Filter::ArpOrIcmpv6 }
+        if self == other {
+            self
+        } else {
+            Filter::ArpOrIcmpv6
+        }
     }
 }
 
@@ -32,7 +36,11 @@ pub struct PacketSocket {
 }
 
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r) }
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
 }
 
 fn bpf(filter: Filter) -> Vec<libc::sock_filter> {
@@ -42,7 +50,12 @@ fn bpf(filter: Filter) -> Vec<libc::sock_filter> {
     const JEQ: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
     const RET: u16 = 0x06; // BPF_RET | BPF_K
     match filter {
-        Filter::Arp => vec![op(LDH, 0, 0, 12), op(JEQ, 0, 1, u32::from(ETHERTYPE_ARP)), op(RET, 0, 0, 0xffff), op(RET, 0, 0, 0)],
+        Filter::Arp => vec![
+            op(LDH, 0, 0, 12),
+            op(JEQ, 0, 1, u32::from(ETHERTYPE_ARP)),
+            op(RET, 0, 0, 0xffff),
+            op(RET, 0, 0, 0),
+        ],
         // IPv6 with next header ICMPv6 (no extension headers: NDP never carries them).
         Filter::Icmpv6 => vec![
             op(LDH, 0, 0, 12),
@@ -66,7 +79,10 @@ fn bpf(filter: Filter) -> Vec<libc::sock_filter> {
 
 fn attach(fd: &OwnedFd, filter: Filter) -> io::Result<()> {
     let prog = bpf(filter);
-    let fprog = libc::sock_fprog { len: prog.len() as u16, filter: prog.as_ptr() as *mut _ };
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr() as *mut _,
+    };
     cvt(unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
@@ -81,9 +97,11 @@ fn attach(fd: &OwnedFd, filter: Filter) -> io::Result<()> {
 
 impl PacketSocket {
     pub fn open(ifindex: u32, filter: Filter) -> io::Result<PacketSocket> {
-        let ifindex = i32::try_from(ifindex).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let ifindex =
+            i32::try_from(ifindex).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         // Protocol 0 receives nothing until bound, so no unfiltered frame is queued before the filter.
-        let fd = cvt(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) })?;
+        let fd =
+            cvt(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) })?;
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         attach(&fd, filter)?;
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
@@ -91,7 +109,11 @@ impl PacketSocket {
         sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
         sll.sll_ifindex = ifindex;
         cvt(unsafe {
-            libc::bind(fd.as_raw_fd(), (&sll as *const libc::sockaddr_ll).cast(), std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t)
+            libc::bind(
+                fd.as_raw_fd(),
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
         })?;
         Ok(PacketSocket { fd, ifindex })
     }
@@ -118,7 +140,11 @@ impl PacketSocket {
                 std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
             )
         };
-        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
     }
 
     /// A frame already queued (our own outgoing frames are skipped), without waiting.
@@ -127,7 +153,14 @@ impl PacketSocket {
             let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
             let mut len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
             let n = unsafe {
-                libc::recvfrom(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT, (&mut from as *mut libc::sockaddr_ll).cast(), &mut len)
+                libc::recvfrom(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                    (&mut from as *mut libc::sockaddr_ll).cast(),
+                    &mut len,
+                )
             };
             if n < 0 {
                 let e = io::Error::last_os_error();
@@ -190,9 +223,17 @@ pub fn interface(name: &str) -> io::Result<Option<Interface>> {
         *dst = src as libc::c_char;
     }
     // SAFETY: plain socket(2); the fd is owned at once.
-    let fd = unsafe { OwnedFd::from_raw_fd(cvt(libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0))?) };
+    let fd = unsafe {
+        OwnedFd::from_raw_fd(cvt(libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            0,
+        ))?)
+    };
     // SAFETY: each request fills the member of `ifr_ifru` that is read after it.
-    let ioctl = |req: &mut libc::ifreq, request| cvt(unsafe { libc::ioctl(fd.as_raw_fd(), request as _, req as *mut libc::ifreq) });
+    let ioctl = |req: &mut libc::ifreq, request| {
+        cvt(unsafe { libc::ioctl(fd.as_raw_fd(), request as _, req as *mut libc::ifreq) })
+    };
     match ioctl(&mut req, libc::SIOCGIFINDEX) {
         Err(e) if e.raw_os_error() == Some(libc::ENODEV) => return Ok(None),
         r => r?,
@@ -202,7 +243,8 @@ pub fn interface(name: &str) -> io::Result<Option<Interface>> {
     let up = unsafe { req.ifr_ifru.ifru_flags } as libc::c_int & libc::IFF_UP != 0;
     ioctl(&mut req, libc::SIOCGIFHWADDR)?;
     let hw = unsafe { req.ifr_ifru.ifru_hwaddr };
-    let mac = (hw.sa_family == libc::ARPHRD_ETHER).then(|| std::array::from_fn(|i| hw.sa_data[i] as u8));
+    let mac =
+        (hw.sa_family == libc::ARPHRD_ETHER).then(|| std::array::from_fn(|i| hw.sa_data[i] as u8));
     Ok(Some(Interface { index, mac, up }))
 }
 

@@ -5,5 +5,7 @@ fn main() {
     // A closed pipe (`tether leases | head`) ends the program quietly, as for any CLI.
     // SAFETY: at the start of main, before any thread exists.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    std::process::exit(tether_ipam::operator::cli::run(std::env::args_os().collect()));
+    std::process::exit(tether_ipam::operator::cli::run(
+        std::env::args_os().collect(),
+    ));
 }

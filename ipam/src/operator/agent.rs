@@ -36,10 +36,18 @@ pub struct ServiceAccount {
 impl ServiceAccount {
     /// From the in-cluster environment.
     pub fn in_cluster(dir: PathBuf) -> Result<ServiceAccount, String> {
-        let host = std::env::var("KUBERNETES_SERVICE_HOST").map_err(|_| "KUBERNETES_SERVICE_HOST is not set: not running in a pod?".to_string())?;
+        let host = std::env::var("KUBERNETES_SERVICE_HOST")
+            .map_err(|_| "KUBERNETES_SERVICE_HOST is not set: not running in a pod?".to_string())?;
         let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
-        let host = if host.contains(':') { format!("[{host}]") } else { host };
-        Ok(ServiceAccount { dir, server: format!("https://{host}:{port}") })
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host
+        };
+        Ok(ServiceAccount {
+            dir,
+            server: format!("https://{host}:{port}"),
+        })
     }
 }
 
@@ -50,11 +58,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<boo
         fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
         return Ok(false);
     }
-    let dir = path.parent().ok_or_else(|| std::io::Error::other(format!("{} has no parent directory", path.display())))?;
+    let dir = path.parent().ok_or_else(|| {
+        std::io::Error::other(format!("{} has no parent directory", path.display()))
+    })?;
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
     let result = (|| {
-        let mut f = OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&tmp)?;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
         f.write_all(bytes)?;
         f.set_permissions(fs::Permissions::from_mode(mode))?;
         f.sync_all()?;
@@ -74,7 +89,9 @@ pub fn install_binaries(src: &Path, dst: &Path) -> Result<Vec<String>, String> {
     for b in BINARIES {
         let from = src.join(b);
         let bytes = fs::read(&from).map_err(|e| format!("reading {}: {e}", from.display()))?;
-        if write_atomic(&dst.join(b), &bytes, 0o755).map_err(|e| format!("installing {b} into {}: {e}", dst.display()))? {
+        if write_atomic(&dst.join(b), &bytes, 0o755)
+            .map_err(|e| format!("installing {b} into {}: {e}", dst.display()))?
+        {
             changed.push(b.to_string());
         }
     }
@@ -83,8 +100,11 @@ pub fn install_binaries(src: &Path, dst: &Path) -> Result<Vec<String>, String> {
 
 /// A kubeconfig with the token and CA embedded, so the plugin needs no access to the pod's mounts.
 pub fn kubeconfig(sa: &ServiceAccount) -> Result<String, String> {
-    let read = |f: &str| fs::read(sa.dir.join(f)).map_err(|e| format!("reading {}: {e}", sa.dir.join(f).display()));
-    let token = String::from_utf8(read("token")?).map_err(|_| "the service-account token is not text".to_string())?;
+    let read = |f: &str| {
+        fs::read(sa.dir.join(f)).map_err(|e| format!("reading {}: {e}", sa.dir.join(f).display()))
+    };
+    let token = String::from_utf8(read("token")?)
+        .map_err(|_| "the service-account token is not text".to_string())?;
     let ca = read("ca.crt")?;
     Ok(format!(
         "# Written by tether node-agent from the tether service account; rewritten when the token rotates.\n\
@@ -101,19 +121,29 @@ pub fn kubeconfig(sa: &ServiceAccount) -> Result<String, String> {
 
 /// Write the kubeconfig (0600) into a 0700 directory; returns whether it changed.
 pub fn write_kubeconfig(sa: &ServiceAccount, out: &Path) -> Result<bool, String> {
-    let dir = out.parent().ok_or_else(|| format!("{} has no parent directory", out.display()))?;
+    let dir = out
+        .parent()
+        .ok_or_else(|| format!("{} has no parent directory", out.display()))?;
     if !dir.is_dir() {
-        fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
     }
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(|e| format!("{}: {e}", dir.display()))?;
-    write_atomic(out, kubeconfig(sa)?.as_bytes(), 0o600).map_err(|e| format!("writing {}: {e}", out.display()))
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    write_atomic(out, kubeconfig(sa)?.as_bytes(), 0o600)
+        .map_err(|e| format!("writing {}: {e}", out.display()))
 }
 
 fn base64(data: &[u8]) -> String {
     const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for c in data.chunks(3) {
-        let n = (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
         for i in 0..4 {
             if i <= c.len() {
                 out.push(T[(n >> (18 - 6 * i)) as usize & 63] as char);
@@ -142,7 +172,15 @@ pub struct AgentOptions {
 /// Install, then keep the kubeconfig fresh until killed.
 pub fn run(opts: &AgentOptions, mut each_pass: impl FnMut()) -> Result<(), String> {
     let changed = install_binaries(&opts.source_dir, &opts.cni_bin_dir)?;
-    log::warn!("installed into {}: {}", opts.cni_bin_dir.display(), if changed.is_empty() { "already current".into() } else { changed.join(", ") });
+    log::warn!(
+        "installed into {}: {}",
+        opts.cni_bin_dir.display(),
+        if changed.is_empty() {
+            "already current".into()
+        } else {
+            changed.join(", ")
+        }
+    );
     let sa = ServiceAccount::in_cluster(opts.service_account_dir.clone())?;
     let stop = Arc::new(AtomicBool::new(false));
     let mut reconciler: Option<std::thread::JoinHandle<()>> = None;
@@ -205,7 +243,15 @@ mod tests {
 
     #[test]
     fn base64_matches_rfc4648_vectors() {
-        for (i, o) in [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foob", "Zm9vYg=="), ("fooba", "Zm9vYmE="), ("foobar", "Zm9vYmFy")] {
+        for (i, o) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
             assert_eq!(base64(i.as_bytes()), o);
         }
     }
@@ -219,14 +265,35 @@ mod tests {
             fs::write(src.join(b), format!("v1 {b}")).unwrap();
         }
         assert_eq!(install_binaries(&src, &dst).unwrap().len(), 2);
-        assert_eq!(fs::metadata(dst.join("tether-ipam")).unwrap().permissions().mode() & 0o777, 0o755);
-        assert!(install_binaries(&src, &dst).unwrap().is_empty(), "unchanged binaries are not rewritten");
+        assert_eq!(
+            fs::metadata(dst.join("tether-ipam"))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o755
+        );
+        assert!(
+            install_binaries(&src, &dst).unwrap().is_empty(),
+            "unchanged binaries are not rewritten"
+        );
         fs::write(src.join("tether-ipam"), "v2").unwrap();
-        assert_eq!(install_binaries(&src, &dst).unwrap(), vec!["tether-ipam".to_string()]);
+        assert_eq!(
+            install_binaries(&src, &dst).unwrap(),
+            vec!["tether-ipam".to_string()]
+        );
         assert_eq!(fs::read_to_string(dst.join("tether-ipam")).unwrap(), "v2");
-        let leftovers: Vec<_> = fs::read_dir(&dst).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with('.')).collect();
+        let leftovers: Vec<_> = fs::read_dir(&dst)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+            .collect();
         assert!(leftovers.is_empty(), "no temporary files left");
-        assert!(install_binaries(&d.join("missing"), &dst).unwrap_err().contains("missing"));
+        assert!(
+            install_binaries(&d.join("missing"), &dst)
+                .unwrap_err()
+                .contains("missing")
+        );
     }
 
     #[test]
@@ -236,19 +303,46 @@ mod tests {
         fs::create_dir_all(&sa_dir).unwrap();
         fs::write(sa_dir.join("token"), "token-one\n").unwrap();
         fs::write(sa_dir.join("ca.crt"), "CA").unwrap();
-        let sa = ServiceAccount { dir: sa_dir.clone(), server: "https://10.43.0.1:443".into() };
+        let sa = ServiceAccount {
+            dir: sa_dir.clone(),
+            server: "https://10.43.0.1:443".into(),
+        };
         let out = d.join("net.d/tether.d/tether.kubeconfig");
         assert!(write_kubeconfig(&sa, &out).unwrap());
         let text = fs::read_to_string(&out).unwrap();
-        assert!(text.contains("token: token-one\n") && text.contains("certificate-authority-data: Q0E=") && text.contains("server: https://10.43.0.1:443"));
-        assert_eq!(fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o600);
-        assert_eq!(fs::metadata(out.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
-        assert!(!write_kubeconfig(&sa, &out).unwrap(), "unchanged token: no rewrite");
+        assert!(
+            text.contains("token: token-one\n")
+                && text.contains("certificate-authority-data: Q0E=")
+                && text.contains("server: https://10.43.0.1:443")
+        );
+        assert_eq!(
+            fs::metadata(&out).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(
+            fs::metadata(out.parent().unwrap())
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o700
+        );
+        assert!(
+            !write_kubeconfig(&sa, &out).unwrap(),
+            "unchanged token: no rewrite"
+        );
         fs::write(sa_dir.join("token"), "token-two").unwrap();
         assert!(write_kubeconfig(&sa, &out).unwrap());
-        assert!(fs::read_to_string(&out).unwrap().contains("token: token-two\n"));
+        assert!(
+            fs::read_to_string(&out)
+                .unwrap()
+                .contains("token: token-two\n")
+        );
         fs::remove_file(sa_dir.join("token")).unwrap();
         assert!(write_kubeconfig(&sa, &out).is_err());
-        assert!(fs::read_to_string(&out).unwrap().contains("token-two"), "a failed refresh keeps the old file");
+        assert!(
+            fs::read_to_string(&out).unwrap().contains("token-two"),
+            "a failed refresh keeps the old file"
+        );
     }
 }

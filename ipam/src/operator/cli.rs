@@ -19,7 +19,6 @@ use super::output::{EXIT_FAILED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, Output, prin
 use super::reconcile;
 use super::store_access::{OpenStore, StoreArgs, read_network_config};
 
-
 #[derive(Parser, Debug)]
 #[command(
     name = "tether",
@@ -175,7 +174,11 @@ pub struct ReconcileArgs {
 
 impl ReconcileArgs {
     /// Reconciler options; `kube` from `kubeconfig`, else in-cluster/KUBECONFIG when available.
-    pub fn options(&self, kubeconfig: Option<PathBuf>, data_dir: Option<PathBuf>) -> Result<reconcile::Options, String> {
+    pub fn options(
+        &self,
+        kubeconfig: Option<PathBuf>,
+        data_dir: Option<PathBuf>,
+    ) -> Result<reconcile::Options, String> {
         let node = self
             .node
             .clone()
@@ -209,7 +212,11 @@ impl ReconcileArgs {
             return Err("--agent-selector must not be empty (it would take every pod of the namespace for an agent)".into());
         }
         o.agent_selector = self.agent_selector.trim().to_string();
-        o.metrics_addr = self.metrics_addr.as_deref().map(crate::operator::metrics::parse_listen_addr).transpose()?;
+        o.metrics_addr = self
+            .metrics_addr
+            .as_deref()
+            .map(crate::operator::metrics::parse_listen_addr)
+            .transpose()?;
         if self.monitor_interval_s == 0 {
             return Err("--monitor-interval-s must be at least 1".into());
         }
@@ -233,11 +240,40 @@ pub fn run(args: Vec<OsString>) -> i32 {
             println!("tether {}", env!("CARGO_PKG_VERSION"));
             Ok(EXIT_OK)
         }
-        Cmd::Leases { network, store, output } => leases(network.as_deref(), &store, output),
-        Cmd::Release { address, network, force, store, output } => release(address, &network, force, &store, output),
-        Cmd::Doctor { config, max_probes, output } => doctor::run(&config, max_probes, output),
-        Cmd::Validate { config, node_local, strict } => validate(&config, node_local, strict),
-        Cmd::NodeAgent { cni_bin_dir, kubeconfig_out, data_dir, source_dir, service_account_dir, refresh_s, reconcile, kubeconfig, no_reconcile, once } => {
+        Cmd::Leases {
+            network,
+            store,
+            output,
+        } => leases(network.as_deref(), &store, output),
+        Cmd::Release {
+            address,
+            network,
+            force,
+            store,
+            output,
+        } => release(address, &network, force, &store, output),
+        Cmd::Doctor {
+            config,
+            max_probes,
+            output,
+        } => doctor::run(&config, max_probes, output),
+        Cmd::Validate {
+            config,
+            node_local,
+            strict,
+        } => validate(&config, node_local, strict),
+        Cmd::NodeAgent {
+            cni_bin_dir,
+            kubeconfig_out,
+            data_dir,
+            source_dir,
+            service_account_dir,
+            refresh_s,
+            reconcile,
+            kubeconfig,
+            no_reconcile,
+            once,
+        } => {
             tether_cni::logging::install("tether");
             let reconcile = if no_reconcile {
                 None
@@ -262,7 +298,13 @@ pub fn run(args: Vec<OsString>) -> i32 {
             };
             crate::operator::agent::run(&opts, || {}).map(|()| EXIT_OK)
         }
-        Cmd::Reconcile { kubeconfig, data_dir, reconcile, once, output } => {
+        Cmd::Reconcile {
+            kubeconfig,
+            data_dir,
+            reconcile,
+            once,
+            output,
+        } => {
             let opts = match reconcile.options(kubeconfig, data_dir) {
                 Ok(o) => o,
                 Err(e) => {
@@ -290,7 +332,10 @@ pub fn run(args: Vec<OsString>) -> i32 {
 }
 
 fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// `5s`, `3m`, `2h`, `4d`.
@@ -346,13 +391,26 @@ pub fn lease_json(l: &Lease, now: u64) -> Value {
 
 fn validate(path: &PathBuf, node_local: bool, strict: bool) -> Result<i32, String> {
     let cfg = PoolConfig::from_value(&read_network_config(path)?).map_err(|e| e.to_string())?;
-    let ranges: Vec<String> = cfg.ranges.iter().map(|r| format!("{r} ({} usable)", r.usable_count())).collect();
-    println!("network {}: {}; {:?} store", cfg.network_name, ranges.join(", "), cfg.store);
+    let ranges: Vec<String> = cfg
+        .ranges
+        .iter()
+        .map(|r| format!("{r} ({} usable)", r.usable_count()))
+        .collect();
+    println!(
+        "network {}: {}; {:?} store",
+        cfg.network_name,
+        ranges.join(", "),
+        cfg.store
+    );
     let warnings = validate_warnings(&cfg, node_local);
     for w in &warnings {
         eprintln!("tether: warning: {w}");
     }
-    Ok(if strict && !warnings.is_empty() { EXIT_FAILED } else { EXIT_OK })
+    Ok(if strict && !warnings.is_empty() {
+        EXIT_FAILED
+    } else {
+        EXIT_OK
+    })
 }
 
 /// What `validate` warns about in a config that parses.
@@ -376,12 +434,22 @@ pub fn validate_warnings(cfg: &PoolConfig, node_local: bool) -> Vec<String> {
 
 fn leases(network: Option<&str>, args: &StoreArgs, output: Output) -> Result<i32, String> {
     let (open, cfg) = OpenStore::open(args)?;
-    let only = network.map(str::to_string).or_else(|| args.config.as_ref().and(cfg.as_ref().map(|c| c.network_name.clone())));
+    let only = network.map(str::to_string).or_else(|| {
+        args.config
+            .as_ref()
+            .and(cfg.as_ref().map(|c| c.network_name.clone()))
+    });
     let mut all = open.leases(only.as_deref())?;
     all.sort_by(|a, b| (&a.network, a.address).cmp(&(&b.network, b.address)));
     let now = now();
     match output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&all.iter().map(|l| lease_json(l, now)).collect::<Vec<_>>()).expect("json")),
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &all.iter().map(|l| lease_json(l, now)).collect::<Vec<_>>()
+            )
+            .expect("json")
+        ),
         Output::Table => {
             let rows: Vec<Vec<String>> = all
                 .iter()
@@ -396,7 +464,10 @@ fn leases(network: Option<&str>, args: &StoreArgs, output: Output) -> Result<i32
                     ]
                 })
                 .collect();
-            print_table(&["NETWORK", "ADDRESS", "POD", "NODE", "STATE", "AGE"], &rows);
+            print_table(
+                &["NETWORK", "ADDRESS", "POD", "NODE", "STATE", "AGE"],
+                &rows,
+            );
         }
     }
     Ok(EXIT_OK)
@@ -426,7 +497,9 @@ fn pod_check(lease: &Lease, api: Option<&KubeStore>) -> Result<String, String> {
     match api.pod_uid(ns, name) {
         Ok(None) => Ok(format!("pod {ns}/{name} no longer exists")),
         Ok(Some(uid)) => match &lease.pod.uid {
-            Some(held) if *held != uid => Ok(format!("pod {ns}/{name} is now another pod (uid {uid}, the lease names {held})")),
+            Some(held) if *held != uid => Ok(format!(
+                "pod {ns}/{name} is now another pod (uid {uid}, the lease names {held})"
+            )),
             _ => Err(format!(
                 "{} is leased to pod {ns}/{name} (uid {uid}), which exists: releasing it would hand a live address to \
                  another pod. Delete the pod first, or pass --force if you are sure.",
@@ -440,7 +513,13 @@ fn pod_check(lease: &Lease, api: Option<&KubeStore>) -> Result<String, String> {
     }
 }
 
-fn release(address: IpAddr, network: &str, force: bool, args: &StoreArgs, output: Output) -> Result<i32, String> {
+fn release(
+    address: IpAddr,
+    network: &str,
+    force: bool,
+    args: &StoreArgs,
+    output: Output,
+) -> Result<i32, String> {
     let (open, _) = OpenStore::open(args)?;
     let leases = open.store().list(network).map_err(|e| e.to_string())?;
     let Some(lease) = leases.iter().find(|l| l.address == address) else {
@@ -453,21 +532,37 @@ fn release(address: IpAddr, network: &str, force: bool, args: &StoreArgs, output
             Err(refusal) => {
                 eprintln!("tether: {refusal}");
                 if output == Output::Json {
-                    println!("{}", json!({"refused": address.to_string(), "network": network, "reason": refusal, "lease": lease_json(lease, now())}));
+                    println!(
+                        "{}",
+                        json!({"refused": address.to_string(), "network": network, "reason": refusal, "lease": lease_json(lease, now())})
+                    );
                 }
                 return Ok(EXIT_REFUSED);
             }
         },
         LeaseState::Released { .. } => "already released; its cooldown ends now".to_string(),
-        LeaseState::Quarantined { mac, .. } => format!("quarantine lifted ({mac} had answered for it)"),
+        LeaseState::Quarantined { mac, .. } => {
+            format!("quarantine lifted ({mac} had answered for it)")
+        }
     };
     match open.store().remove(lease).map_err(|e| e.to_string())? {
         Ok(()) => {}
-        Err(_) => return Err(format!("{address} changed while releasing it; look again with `tether leases`")),
+        Err(_) => {
+            return Err(format!(
+                "{address} changed while releasing it; look again with `tether leases`"
+            ));
+        }
     }
     match output {
-        Output::Json => println!("{}", json!({"released": address.to_string(), "network": network, "reason": why, "was": lease_json(lease, now())})),
-        Output::Table => println!("released {address} in network {network} (was {} of {}): {why}", state_text(&lease.state), pod_text(lease)),
+        Output::Json => println!(
+            "{}",
+            json!({"released": address.to_string(), "network": network, "reason": why, "was": lease_json(lease, now())})
+        ),
+        Output::Table => println!(
+            "released {address} in network {network} (was {} of {}): {why}",
+            state_text(&lease.state),
+            pod_text(lease)
+        ),
     }
     Ok(EXIT_OK)
 }
@@ -510,14 +605,22 @@ fn run_reconcile(opts: reconcile::Options, once: bool, output: Output) -> Result
                     report.released.len(),
                     report.lost_races,
                     report.confirmed_alive,
-                    if report.swept { "; swept deleted nodes" } else { "" }
+                    if report.swept {
+                        "; swept deleted nodes"
+                    } else {
+                        ""
+                    }
                 );
             }
         }
         for e in &report.errors {
             eprintln!("tether: reconcile: {e}");
         }
-        return Ok(if report.errors.is_empty() { EXIT_OK } else { EXIT_FAILED });
+        return Ok(if report.errors.is_empty() {
+            EXIT_OK
+        } else {
+            EXIT_FAILED
+        });
     }
     tether_cni::logging::install("tether");
     static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

@@ -36,10 +36,18 @@ struct Report(Vec<Finding>);
 
 impl Report {
     fn ok(&mut self, check: &'static str, detail: impl Into<String>) {
-        self.0.push(Finding { check, ok: true, detail: detail.into() });
+        self.0.push(Finding {
+            check,
+            ok: true,
+            detail: detail.into(),
+        });
     }
     fn fail(&mut self, check: &'static str, detail: impl Into<String>) {
-        self.0.push(Finding { check, ok: false, detail: detail.into() });
+        self.0.push(Finding {
+            check,
+            ok: false,
+            detail: detail.into(),
+        });
     }
 }
 
@@ -48,16 +56,31 @@ pub fn run(config: &PathBuf, max_probes: u32, output: Output) -> Result<i32, Str
     diagnose(config, max_probes, &mut r);
     match output {
         Output::Json => {
-            let v: Vec<Value> = r.0.iter().map(|f| json!({"check": f.check, "ok": f.ok, "detail": f.detail})).collect();
+            let v: Vec<Value> =
+                r.0.iter()
+                    .map(|f| json!({"check": f.check, "ok": f.ok, "detail": f.detail}))
+                    .collect();
             println!("{}", serde_json::to_string_pretty(&v).expect("json"));
         }
         Output::Table => {
             let rows: Vec<Vec<String>> =
-                r.0.iter().map(|f| vec![if f.ok { "OK" } else { "FAIL" }.to_string(), f.check.to_string(), f.detail.clone()]).collect();
+                r.0.iter()
+                    .map(|f| {
+                        vec![
+                            if f.ok { "OK" } else { "FAIL" }.to_string(),
+                            f.check.to_string(),
+                            f.detail.clone(),
+                        ]
+                    })
+                    .collect();
             print_table(&["STATUS", "CHECK", "DETAIL"], &rows);
         }
     }
-    Ok(if r.0.iter().all(|f| f.ok) { EXIT_OK } else { EXIT_FAILED })
+    Ok(if r.0.iter().all(|f| f.ok) {
+        EXIT_OK
+    } else {
+        EXIT_FAILED
+    })
 }
 
 fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
@@ -69,7 +92,16 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
         Ok(c) => c,
         Err(e) => return r.fail("config", format!("{e}; fix the ipam section")),
     };
-    r.ok("config", format!("network {}: {} range(s), {:?} store", cfg.network_name, cfg.ranges.len(), cfg.store).to_lowercase());
+    r.ok(
+        "config",
+        format!(
+            "network {}: {} range(s), {:?} store",
+            cfg.network_name,
+            cfg.ranges.len(),
+            cfg.store
+        )
+        .to_lowercase(),
+    );
 
     let master = check_master(&raw, r);
 
@@ -78,13 +110,23 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
         return;
     }
 
-    let (open, _) = match OpenStore::open(&StoreArgs { config: Some(path.clone()), ..StoreArgs::default() }) {
+    let (open, _) = match OpenStore::open(&StoreArgs {
+        config: Some(path.clone()),
+        ..StoreArgs::default()
+    }) {
         Ok(s) => s,
         Err(e) => return r.fail("store", e),
     };
     let leases = match open.store().list(&cfg.network_name) {
         Ok(l) => {
-            r.ok("store", format!("readable; {} record(s) for network {}", l.len(), cfg.network_name));
+            r.ok(
+                "store",
+                format!(
+                    "readable; {} record(s) for network {}",
+                    l.len(),
+                    cfg.network_name
+                ),
+            );
             l
         }
         Err(e) => return r.fail("store", format!("{e}")),
@@ -108,20 +150,36 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
         Err(e) => r.fail("pool", e.to_string()),
     }
 
-    let Some((index, mac, name)) = master else { return };
+    let Some((index, mac, name)) = master else {
+        return;
+    };
     if matches!(cfg.probe, ProbeConfig::Disabled) {
-        r.ok("conflicts", "probing is disabled in the config (\"probe\": false); not probing");
+        r.ok(
+            "conflicts",
+            "probing is disabled in the config (\"probe\": false); not probing",
+        );
         return;
     }
     let budget = match cfg.probe {
-        ProbeConfig::Enabled { timeout_ms, attempts } => crate::plugin::prober::budget(timeout_ms, attempts),
+        ProbeConfig::Enabled {
+            timeout_ms,
+            attempts,
+        } => crate::plugin::prober::budget(timeout_ms, attempts),
         ProbeConfig::Disabled => ProbeBudget::default(),
     };
-    let held: Vec<IpAddr> = leases.iter().filter(|l| l.is_leased()).map(|l| l.address).collect();
+    let held: Vec<IpAddr> = leases
+        .iter()
+        .filter(|l| l.is_leased())
+        .map(|l| l.address)
+        .collect();
     let mut probed = 0;
     let mut conflicts = 0;
     for range in &cfg.ranges {
-        for addr in range.candidates(0).filter(|a| !held.contains(a)).take(max_probes as usize) {
+        for addr in range
+            .candidates(0)
+            .filter(|a| !held.contains(a))
+            .take(max_probes as usize)
+        {
             probed += 1;
             match tether_wire::probe(index, mac, addr, budget) {
                 Ok(ProbeOutcome::Free) => {}
@@ -137,14 +195,27 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
         }
     }
     if conflicts == 0 {
-        r.ok("conflicts", format!("{probed} unleased pool address(es) probed on {name}; none answered"));
+        r.ok(
+            "conflicts",
+            format!("{probed} unleased pool address(es) probed on {name}; none answered"),
+        );
     }
 }
 
 /// The verbs tether needs: (API group, resource, verbs, what breaks without them).
 const NEEDED: &[(&str, &str, &[&str], &str)] = &[
-    ("ipam.tether.dev", "ipleases", &["get", "list", "watch", "create", "update", "delete"], "allocation fails"),
-    ("", "pods", &["get", "list", "watch"], "leases of deleted pods and nodes are not reclaimed and `release` cannot check pods"),
+    (
+        "ipam.tether.dev",
+        "ipleases",
+        &["get", "list", "watch", "create", "update", "delete"],
+        "allocation fails",
+    ),
+    (
+        "",
+        "pods",
+        &["get", "list", "watch"],
+        "leases of deleted pods and nodes are not reclaimed and `release` cannot check pods",
+    ),
 ];
 
 /// The Kubernetes checks; false when the API cannot be used at all (later checks would only repeat it).
@@ -171,7 +242,10 @@ fn check_kubernetes(cfg: &PoolConfig, r: &mut Report) -> bool {
         }
     };
     match store.server_version() {
-        Ok(v) => r.ok("api", format!("{} answers (Kubernetes {v})", store.server())),
+        Ok(v) => r.ok(
+            "api",
+            format!("{} answers (Kubernetes {v})", store.server()),
+        ),
         Err(e) => {
             r.fail("api", e.to_string());
             return false;
@@ -180,13 +254,32 @@ fn check_kubernetes(cfg: &PoolConfig, r: &mut Report) -> bool {
     store.restart_budget();
     let mut usable = true;
     match store.crd_state() {
-        Ok(CrdState::Established) => r.ok("crd", format!("{} is installed and established", tether_kube_store::crd::CRD_NAME)),
+        Ok(CrdState::Established) => r.ok(
+            "crd",
+            format!(
+                "{} is installed and established",
+                tether_kube_store::crd::CRD_NAME
+            ),
+        ),
         Ok(CrdState::Missing) => {
-            r.fail("crd", KubeStoreError::CrdMissing { server: store.server().to_string() }.to_string());
+            r.fail(
+                "crd",
+                KubeStoreError::CrdMissing {
+                    server: store.server().to_string(),
+                }
+                .to_string(),
+            );
             usable = false;
         }
         Ok(CrdState::NotEstablished(detail)) => {
-            r.fail("crd", KubeStoreError::CrdNotEstablished { server: store.server().to_string(), detail }.to_string());
+            r.fail(
+                "crd",
+                KubeStoreError::CrdNotEstablished {
+                    server: store.server().to_string(),
+                    detail,
+                }
+                .to_string(),
+            );
             usable = false;
         }
         Ok(CrdState::Unreadable(msg)) => {
@@ -206,13 +299,21 @@ fn check_kubernetes(cfg: &PoolConfig, r: &mut Report) -> bool {
         }
     }
     'resources: for (group, resource, verbs, without) in NEEDED {
-        let qualified = if group.is_empty() { resource.to_string() } else { format!("{resource}.{group}") };
+        let qualified = if group.is_empty() {
+            resource.to_string()
+        } else {
+            format!("{resource}.{group}")
+        };
         let mut denied = Vec::new();
         for verb in *verbs {
             store.restart_budget();
             match store.can_i(verb, group, resource) {
                 Ok(a) if a.allowed => {}
-                Ok(a) => denied.push(if a.reason.is_empty() { verb.to_string() } else { format!("{verb} ({})", a.reason) }),
+                Ok(a) => denied.push(if a.reason.is_empty() {
+                    verb.to_string()
+                } else {
+                    format!("{verb} ({})", a.reason)
+                }),
                 Err(e) => {
                     r.fail(
                         "rbac",
@@ -223,7 +324,10 @@ fn check_kubernetes(cfg: &PoolConfig, r: &mut Report) -> bool {
             }
         }
         if denied.is_empty() {
-            r.ok("rbac", format!("{} on {qualified} allowed", verbs.join(", ")));
+            r.ok(
+                "rbac",
+                format!("{} on {qualified} allowed", verbs.join(", ")),
+            );
         } else {
             r.fail(
                 "rbac",
@@ -242,7 +346,10 @@ fn check_kubernetes(cfg: &PoolConfig, r: &mut Report) -> bool {
 /// The master NIC exists and is up. Returns what probing needs.
 fn check_master(raw: &Value, r: &mut Report) -> Option<(u32, [u8; 6], String)> {
     if raw.get("linkInContainer").and_then(Value::as_bool) == Some(true) {
-        r.ok("master", "linkInContainer: the master lives in the pod's netns; checked at ADD");
+        r.ok(
+            "master",
+            "linkInContainer: the master lives in the pod's netns; checked at ADD",
+        );
         return None;
     }
     let link = (|| -> Result<tether_link::Link, String> {
@@ -259,11 +366,20 @@ fn check_master(raw: &Value, r: &mut Report) -> Option<(u32, [u8; 6], String)> {
     })();
     match link {
         Ok(l) if !l.up => {
-            r.fail("master", format!("{} exists but is down: `ip link set {} up` (and check cabling/bond members)", l.name, l.name));
+            r.fail(
+                "master",
+                format!(
+                    "{} exists but is down: `ip link set {} up` (and check cabling/bond members)",
+                    l.name, l.name
+                ),
+            );
             None
         }
         Ok(l) => {
-            r.ok("master", format!("{} exists and is up (mtu {})", l.name, l.mtu.unwrap_or(0)));
+            r.ok(
+                "master",
+                format!("{} exists and is up (mtu {})", l.name, l.mtu.unwrap_or(0)),
+            );
             let mac = l.mac.as_deref().and_then(|m| <[u8; 6]>::try_from(m).ok())?;
             Some((l.index, mac, l.name))
         }

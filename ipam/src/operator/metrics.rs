@@ -76,10 +76,14 @@ impl Registry {
                 tether_leases::reclaim::StaleReason::PodGone => "pod_gone",
                 tether_leases::reclaim::StaleReason::PodReplaced { .. } => "pod_replaced",
             };
-            *s.reclaimed.entry((x.lease.network.clone(), reason)).or_insert(0) += 1;
+            *s.reclaimed
+                .entry((x.lease.network.clone(), reason))
+                .or_insert(0) += 1;
         }
         s.pruned += r.pruned as u64;
-        *s.passes.entry(if full { "full" } else { "event" }).or_insert(0) += 1;
+        *s.passes
+            .entry(if full { "full" } else { "event" })
+            .or_insert(0) += 1;
         s.pass_errors += r.errors.len() as u64;
         s.last_pass = Some(now);
         if let Some(me) = r.sweeper {
@@ -104,7 +108,11 @@ impl Registry {
 
     /// One conflict detected.
     pub fn conflict(&self, network: &str, address: &str, mac: &str) {
-        *self.state().conflicts.entry((network.to_string(), address.to_string(), mac.to_string())).or_insert(0) += 1;
+        *self
+            .state()
+            .conflicts
+            .entry((network.to_string(), address.to_string(), mac.to_string()))
+            .or_insert(0) += 1;
     }
 
     /// The quarantine records of this node now: (network, address, mac) → when.
@@ -114,7 +122,11 @@ impl Registry {
 
     /// One conflict Event posted (`true`) or not (`false`).
     pub fn event(&self, posted: bool) {
-        *self.state().events.entry(if posted { "posted" } else { "failed" }).or_insert(0) += 1;
+        *self
+            .state()
+            .events
+            .entry(if posted { "posted" } else { "failed" })
+            .or_insert(0) += 1;
     }
 
     /// One monitor round done at `now`, with `errors` failures.
@@ -138,7 +150,11 @@ impl Registry {
             s.pools
                 .iter()
                 .map(|p| {
-                    let mut l = vec![("network", p.network.as_str()), ("range", p.status.range.as_str()), ("store", store_label(p.store))];
+                    let mut l = vec![
+                        ("network", p.network.as_str()),
+                        ("range", p.status.range.as_str()),
+                        ("store", store_label(p.store)),
+                    ];
                     if let Some(n) = &p.node {
                         l.push(("node", n));
                     }
@@ -146,80 +162,177 @@ impl Registry {
                 })
                 .collect()
         };
-        family("tether_pool_size", "gauge", "Usable addresses of a range of a network.", pool(|r| r.usable as f64));
-        family("tether_pool_leased", "gauge", "Leased addresses of a range.", pool(|r| r.leased as f64));
-        family("tether_pool_quarantined", "gauge", "Addresses of a range quarantined after a conflict probe was answered.", pool(|r| r.quarantined as f64));
-        family("tether_pool_cooling", "gauge", "Released addresses of a range still in their cooldown.", pool(|r| r.cooling as f64));
-        family("tether_pool_free", "gauge", "Addresses of a range an ADD could get: size - leased - quarantined.", pool(|r| r.free as f64));
+        family(
+            "tether_pool_size",
+            "gauge",
+            "Usable addresses of a range of a network.",
+            pool(|r| r.usable as f64),
+        );
+        family(
+            "tether_pool_leased",
+            "gauge",
+            "Leased addresses of a range.",
+            pool(|r| r.leased as f64),
+        );
+        family(
+            "tether_pool_quarantined",
+            "gauge",
+            "Addresses of a range quarantined after a conflict probe was answered.",
+            pool(|r| r.quarantined as f64),
+        );
+        family(
+            "tether_pool_cooling",
+            "gauge",
+            "Released addresses of a range still in their cooldown.",
+            pool(|r| r.cooling as f64),
+        );
+        family(
+            "tether_pool_free",
+            "gauge",
+            "Addresses of a range an ADD could get: size - leased - quarantined.",
+            pool(|r| r.free as f64),
+        );
         family(
             "tether_pool_reporter",
             "gauge",
             "1 when this agent reports the pools of the cluster-wide (kubernetes) store: one agent does, the dead-node sweeper.",
-            vec![(String::new(), if s.pool_reporter == Some(true) { 1.0 } else { 0.0 })],
+            vec![(
+                String::new(),
+                if s.pool_reporter == Some(true) {
+                    1.0
+                } else {
+                    0.0
+                },
+            )],
         );
         family(
             "tether_node_lease_records",
             "gauge",
             "Lease records of this node by network, store and state.",
-            s.node_leases.iter().map(|((n, st, state), v)| (labels(&[("network", n), ("store", st), ("state", state)]), *v as f64)).collect(),
+            s.node_leases
+                .iter()
+                .map(|((n, st, state), v)| {
+                    (
+                        labels(&[("network", n), ("store", st), ("state", state)]),
+                        *v as f64,
+                    )
+                })
+                .collect(),
         );
         family(
             "tether_address_conflicts_total",
             "counter",
             "Address conflicts detected on this node: a probed address answered by another MAC (the address is quarantined).",
-            s.conflicts.iter().map(|((n, a, m), v)| (labels(&[("network", n), ("address", a), ("mac", m)]), *v as f64)).collect(),
+            s.conflicts
+                .iter()
+                .map(|((n, a, m), v)| {
+                    (
+                        labels(&[("network", n), ("address", a), ("mac", m)]),
+                        *v as f64,
+                    )
+                })
+                .collect(),
         );
         family(
             "tether_address_conflict_timestamp_seconds",
             "gauge",
             "When the address answered a conflict probe on this node (unix time), while its quarantine record exists: alert on time() minus this.",
-            s.conflict_times.iter().map(|((n, a, m), v)| (labels(&[("network", n), ("address", a), ("mac", m)]), *v as f64)).collect(),
+            s.conflict_times
+                .iter()
+                .map(|((n, a, m), v)| {
+                    (
+                        labels(&[("network", n), ("address", a), ("mac", m)]),
+                        *v as f64,
+                    )
+                })
+                .collect(),
         );
         family(
             "tether_conflict_events_total",
             "counter",
             "Warning Events (reason AddressConflict) this agent posted on pods, or failed to post.",
-            s.events.iter().map(|(r, v)| (labels(&[("result", r)]), *v as f64)).collect(),
+            s.events
+                .iter()
+                .map(|(r, v)| (labels(&[("result", r)]), *v as f64))
+                .collect(),
         );
         family(
             "tether_leases_reclaimed_total",
             "counter",
             "Leases the reconciler released because their pod is gone or was replaced.",
-            s.reclaimed.iter().map(|((n, r), v)| (labels(&[("network", n), ("reason", r)]), *v as f64)).collect(),
+            s.reclaimed
+                .iter()
+                .map(|((n, r), v)| (labels(&[("network", n), ("reason", r)]), *v as f64))
+                .collect(),
         );
-        family("tether_lease_records_pruned_total", "counter", "Day-old released or quarantined records of this node deleted.", vec![(String::new(), s.pruned as f64)]);
+        family(
+            "tether_lease_records_pruned_total",
+            "counter",
+            "Day-old released or quarantined records of this node deleted.",
+            vec![(String::new(), s.pruned as f64)],
+        );
         family(
             "tether_reconcile_passes_total",
             "counter",
             "Reconcile passes: full (periodic) or event (after pod deletions).",
-            ["full", "event"].iter().map(|k| (labels(&[("kind", k)]), s.passes.get(k).copied().unwrap_or(0) as f64)).collect(),
+            ["full", "event"]
+                .iter()
+                .map(|k| {
+                    (
+                        labels(&[("kind", k)]),
+                        s.passes.get(k).copied().unwrap_or(0) as f64,
+                    )
+                })
+                .collect(),
         );
-        family("tether_reconcile_errors_total", "counter", "Failures within reconcile passes (each pass goes on past them; see the log).", vec![(String::new(), s.pass_errors as f64)]);
+        family(
+            "tether_reconcile_errors_total",
+            "counter",
+            "Failures within reconcile passes (each pass goes on past them; see the log).",
+            vec![(String::new(), s.pass_errors as f64)],
+        );
         family(
             "tether_reconcile_last_pass_timestamp_seconds",
             "gauge",
             "When the last reconcile pass ended (unix time).",
-            s.last_pass.map(|t| (String::new(), t as f64)).into_iter().collect(),
+            s.last_pass
+                .map(|t| (String::new(), t as f64))
+                .into_iter()
+                .collect(),
         );
-        family("tether_monitor_errors_total", "counter", "Failures reading leases or NetworkAttachmentDefinitions for these metrics (see the log).", vec![(String::new(), s.monitor_errors as f64)]);
+        family(
+            "tether_monitor_errors_total",
+            "counter",
+            "Failures reading leases or NetworkAttachmentDefinitions for these metrics (see the log).",
+            vec![(String::new(), s.monitor_errors as f64)],
+        );
         family(
             "tether_monitor_last_run_timestamp_seconds",
             "gauge",
             "When the pool and conflict metrics were last refreshed (unix time).",
-            s.last_monitor.map(|t| (String::new(), t as f64)).into_iter().collect(),
+            s.last_monitor
+                .map(|t| (String::new(), t as f64))
+                .into_iter()
+                .collect(),
         );
         drop(s);
         family(
             "tether_api_requests_total",
             "counter",
             "Kubernetes API requests of this agent by verb.",
-            tether_kube_store::monitoring::api_requests().into_iter().map(|(v, n)| (labels(&[("verb", v)]), n as f64)).collect(),
+            tether_kube_store::monitoring::api_requests()
+                .into_iter()
+                .map(|(v, n)| (labels(&[("verb", v)]), n as f64))
+                .collect(),
         );
         family(
             "tether_api_errors_total",
             "counter",
             "Failed Kubernetes API requests of this agent by verb and code (HTTP status, timeout, network, decode).",
-            tether_kube_store::monitoring::api_errors().into_iter().map(|(v, c, n)| (labels(&[("verb", v), ("code", &c)]), n as f64)).collect(),
+            tether_kube_store::monitoring::api_errors()
+                .into_iter()
+                .map(|(v, c, n)| (labels(&[("verb", v), ("code", &c)]), n as f64))
+                .collect(),
         );
         out
     }
@@ -232,7 +345,14 @@ fn labels(pairs: &[(&str, &str)]) -> String {
     }
     let body: Vec<String> = pairs
         .iter()
-        .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")))
+        .map(|(k, v)| {
+            format!(
+                "{k}=\"{}\"",
+                v.replace('\\', "\\\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', "\\n")
+            )
+        })
         .collect();
     format!("{{{}}}", body.join(","))
 }
@@ -251,7 +371,9 @@ pub fn serve(listener: TcpListener, registry: &Registry, stop: &AtomicBool) {
                     log::debug!("metrics: {e}");
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(100)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(100))
+            }
             Err(e) => {
                 log::warn!("metrics: accepting a connection: {e}");
                 std::thread::sleep(Duration::from_millis(100));
@@ -277,7 +399,10 @@ fn answer(conn: TcpStream, registry: &Registry) -> std::io::Result<()> {
     let path = path.split('?').next().unwrap_or("");
     let (status, body) = match (method, path) {
         ("GET", "/metrics") => ("200 OK", registry.render()),
-        ("GET", _) => ("404 Not Found", "tether node-agent: metrics are at /metrics\n".to_string()),
+        ("GET", _) => (
+            "404 Not Found",
+            "tether node-agent: metrics are at /metrics\n".to_string(),
+        ),
         _ => ("405 Method Not Allowed", String::new()),
     };
     let mut conn = conn;
@@ -299,15 +424,25 @@ pub fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
     let bad = || format!("{s:?} is not IP:PORT (e.g. 0.0.0.0:9464, [::]:9464, :9464)");
     let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
     let port: u16 = port.parse().map_err(|_| bad())?;
-    let ip: std::net::IpAddr = if host.is_empty() { std::net::Ipv4Addr::UNSPECIFIED.into() } else { host.parse().map_err(|_| bad())? };
+    let ip: std::net::IpAddr = if host.is_empty() {
+        std::net::Ipv4Addr::UNSPECIFIED.into()
+    } else {
+        host.parse().map_err(|_| bad())?
+    };
     Ok(SocketAddr::new(ip, port))
 }
 
 /// Bind `addr` and serve on a thread of its own; the bound address (port 0 picks one).
-pub fn start(addr: SocketAddr, registry: std::sync::Arc<Registry>, stop: std::sync::Arc<AtomicBool>) -> std::io::Result<(SocketAddr, std::thread::JoinHandle<()>)> {
+pub fn start(
+    addr: SocketAddr,
+    registry: std::sync::Arc<Registry>,
+    stop: std::sync::Arc<AtomicBool>,
+) -> std::io::Result<(SocketAddr, std::thread::JoinHandle<()>)> {
     let listener = TcpListener::bind(addr)?;
     let bound = listener.local_addr()?;
-    let h = std::thread::Builder::new().name("metrics".into()).spawn(move || serve(listener, &registry, &stop))?;
+    let h = std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || serve(listener, &registry, &stop))?;
     Ok((bound, h))
 }
 
@@ -322,7 +457,14 @@ mod tests {
             network: "mgmt".into(),
             store: StoreName::Kubernetes,
             node: None,
-            status: RangeStatus { range: "10.0.0.241-10.0.0.250".into(), usable: 10, leased: 9, quarantined: 1, cooling: 0, free: 0 },
+            status: RangeStatus {
+                range: "10.0.0.241-10.0.0.250".into(),
+                usable: 10,
+                leased: 9,
+                quarantined: 1,
+                cooling: 0,
+                free: 0,
+            },
         }]);
         r.conflict("mgmt", "10.0.0.245", "02:00:00:00:00:01");
         r.conflict("mgmt", "10.0.0.245", "02:00:00:00:00:01");
@@ -330,7 +472,11 @@ mod tests {
         assert!(t.contains("# TYPE tether_pool_size gauge\ntether_pool_size{network=\"mgmt\",range=\"10.0.0.241-10.0.0.250\",store=\"kubernetes\"} 10\n"), "{t}");
         assert!(t.contains("tether_pool_leased{network=\"mgmt\",range=\"10.0.0.241-10.0.0.250\",store=\"kubernetes\"} 9\n"), "{t}");
         assert!(t.contains("tether_address_conflicts_total{network=\"mgmt\",address=\"10.0.0.245\",mac=\"02:00:00:00:00:01\"} 2\n"), "{t}");
-        assert!(t.contains("tether_pool_reporter 0\n") && t.contains("tether_reconcile_passes_total{kind=\"full\"} 0\n"), "{t}");
+        assert!(
+            t.contains("tether_pool_reporter 0\n")
+                && t.contains("tether_reconcile_passes_total{kind=\"full\"} 0\n"),
+            "{t}"
+        );
         // Every sample line belongs to the family announced above it.
         let mut family = String::new();
         for l in t.lines() {
@@ -372,7 +518,12 @@ mod tests {
             s
         };
         let m = get("/metrics");
-        assert!(m.starts_with("HTTP/1.1 200 OK\r\n") && m.contains("text/plain; version=0.0.4") && m.contains("# TYPE tether_pool_size gauge"), "{m}");
+        assert!(
+            m.starts_with("HTTP/1.1 200 OK\r\n")
+                && m.contains("text/plain; version=0.0.4")
+                && m.contains("# TYPE tether_pool_size gauge"),
+            "{m}"
+        );
         assert!(get("/").starts_with("HTTP/1.1 404"));
         stop.store(true, Ordering::Relaxed);
         h.join().unwrap();

@@ -69,7 +69,9 @@ impl Monitor {
     /// metrics are served).
     pub fn new(opts: &reconcile::Options, registry: Arc<Registry>) -> Result<Monitor, String> {
         let store = match &opts.kube {
-            Some(s) => Some(KubeStore::connect(reconcile::long_lived(s)).map_err(|e| e.to_string())?),
+            Some(s) => {
+                Some(KubeStore::connect(reconcile::long_lived(s)).map_err(|e| e.to_string())?)
+            }
             None => None,
         };
         Ok(Monitor {
@@ -109,7 +111,9 @@ impl Monitor {
                     LeaseState::Released { .. } => "released",
                     LeaseState::Quarantined { .. } => "quarantined",
                 };
-                *counts.entry((l.network.clone(), store_label(which), state)).or_insert(0) += 1;
+                *counts
+                    .entry((l.network.clone(), store_label(which), state))
+                    .or_insert(0) += 1;
                 if state == "quarantined" {
                     quarantined.push(l);
                 }
@@ -131,7 +135,8 @@ impl Monitor {
                     for n in nets {
                         match fs.list(&n) {
                             Ok(ls) => tally(StoreName::File, ls),
-                            Err(e) => errors.push(format!("reading network {n} in {}: {e}", dir.display())),
+                            Err(e) => errors
+                                .push(format!("reading network {n} in {}: {e}", dir.display())),
                         }
                         file_networks.push(n);
                     }
@@ -158,10 +163,14 @@ impl Monitor {
         let mut present = HashSet::new();
         let mut times = BTreeMap::new();
         for l in quarantined {
-            let LeaseState::Quarantined { mac, at } = &l.state else { continue };
+            let LeaseState::Quarantined { mac, at } = &l.state else {
+                continue;
+            };
             let key: Conflict = (l.network.clone(), l.address, mac.clone(), *at);
             present.insert(key.clone());
-            let t = times.entry((l.network.clone(), l.address.to_string(), mac.clone())).or_insert(*at);
+            let t = times
+                .entry((l.network.clone(), l.address.to_string(), mac.clone()))
+                .or_insert(*at);
             *t = (*t).max(*at);
             if self.seen.contains(&key) {
                 continue;
@@ -176,7 +185,10 @@ impl Monitor {
                     namespace: ns.clone(),
                     pod: name.clone(),
                     uid: l.pod.uid.clone(),
-                    key: format!("{:016x}", reconcile::fnv(&format!("{}/{}/{mac}/{at}", l.network, l.address))),
+                    key: format!(
+                        "{:016x}",
+                        reconcile::fnv(&format!("{}/{}/{mac}/{at}", l.network, l.address))
+                    ),
                     reason: CONFLICT_REASON.into(),
                     message: conflict_message(l, mac, &node),
                     node: node.clone(),
@@ -190,17 +202,29 @@ impl Monitor {
                     match s.post_pod_event(w) {
                         Ok(Posted::Created) => {
                             self.registry.event(true);
-                            (true, format!("Event {CONFLICT_REASON} posted on pod {}/{}", w.namespace, w.pod))
+                            (
+                                true,
+                                format!(
+                                    "Event {CONFLICT_REASON} posted on pod {}/{}",
+                                    w.namespace, w.pod
+                                ),
+                            )
                         }
                         // Posted (and counted) by this node's agent before a restart.
                         Ok(Posted::AlreadyThere) => (false, String::new()),
                         Err(e) if e.is_transient() => {
-                            errors.push(format!("posting the conflict Event for {} of network {}: {e}; retrying", l.address, l.network));
+                            errors.push(format!(
+                                "posting the conflict Event for {} of network {}: {e}; retrying",
+                                l.address, l.network
+                            ));
                             continue;
                         }
                         Err(e) => {
                             self.registry.event(false);
-                            let msg = format!("cannot post the conflict Event on pod {}/{}: {e}", w.namespace, w.pod);
+                            let msg = format!(
+                                "cannot post the conflict Event on pod {}/{}: {e}",
+                                w.namespace, w.pod
+                            );
                             // Usually RBAC (events: create), the same for every Event: say it once.
                             if self.warned.insert("event".into()) {
                                 log::error!("monitor: {msg}");
@@ -214,13 +238,18 @@ impl Monitor {
                 _ => (*at >= self.started, String::new()),
             };
             if counted {
-                self.registry.conflict(&l.network, &l.address.to_string(), mac);
+                self.registry
+                    .conflict(&l.network, &l.address.to_string(), mac);
                 log::warn!(
                     "address conflict on node {node}: {} of network {} answered the probe from MAC {mac} (ADD of pod {}){}",
                     l.address,
                     l.network,
                     l.pod,
-                    if how.is_empty() { String::new() } else { format!("; {how}") }
+                    if how.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; {how}")
+                    }
                 );
             }
             self.seen.insert(key);
@@ -230,7 +259,11 @@ impl Monitor {
     }
 
     /// The pool gauges, or `None` to keep the last ones (the NADs could not be read).
-    fn pools(&mut self, file_networks: &[String], errors: &mut Vec<String>) -> Option<Vec<PoolGauge>> {
+    fn pools(
+        &mut self,
+        file_networks: &[String],
+        errors: &mut Vec<String>,
+    ) -> Option<Vec<PoolGauge>> {
         let reporter = self.registry.pool_reporter();
         let store = self.store.as_ref()?;
         if !reporter && file_networks.is_empty() {
@@ -249,7 +282,9 @@ impl Monitor {
                 return Some(Vec::new());
             }
             Err(e) => {
-                errors.push(format!("listing the NetworkAttachmentDefinitions (pool sizes): {e}"));
+                errors.push(format!(
+                    "listing the NetworkAttachmentDefinitions (pool sizes): {e}"
+                ));
                 return None;
             }
         };
@@ -259,23 +294,44 @@ impl Monitor {
             let (which, node, usage) = match cfg.store {
                 StoreKind::Kubernetes if reporter => {
                     store.restart_budget();
-                    (StoreName::Kubernetes, None, Allocator::from_config(cfg, store as &dyn LeaseStore, &NoProbe, &SystemClock).usage())
+                    (
+                        StoreName::Kubernetes,
+                        None,
+                        Allocator::from_config(
+                            cfg,
+                            store as &dyn LeaseStore,
+                            &NoProbe,
+                            &SystemClock,
+                        )
+                        .usage(),
+                    )
                 }
                 StoreKind::File if file_networks.contains(&cfg.network_name) => {
                     let Some(dir) = &self.data_dir else { continue };
                     let fs = FileStore::new(dir.clone());
-                    (StoreName::File, Some(self.node.clone()), Allocator::from_config(cfg, &fs, &NoProbe, &SystemClock).usage())
+                    (
+                        StoreName::File,
+                        Some(self.node.clone()),
+                        Allocator::from_config(cfg, &fs, &NoProbe, &SystemClock).usage(),
+                    )
                 }
                 _ => continue,
             };
             match usage {
-                Ok(ranges) => out.extend(ranges.into_iter().map(|status| PoolGauge { network: cfg.network_name.clone(), store: which, node: node.clone(), status })),
-                Err(e) => errors.push(format!("counting network {} (NAD {}): {e}", cfg.network_name, nc.nad)),
+                Ok(ranges) => out.extend(ranges.into_iter().map(|status| PoolGauge {
+                    network: cfg.network_name.clone(),
+                    store: which,
+                    node: node.clone(),
+                    status,
+                })),
+                Err(e) => errors.push(format!(
+                    "counting network {} (NAD {}): {e}",
+                    cfg.network_name, nc.nad
+                )),
             }
         }
         Some(out)
     }
-
 }
 
 /// One configuration per network from the NADs using tether-ipam (first NAD by namespace/name
@@ -307,7 +363,13 @@ fn network_configs(nads: &[NadConfig], warned: &mut HashSet<String>) -> Vec<Netw
                 }
                 Some(_) => {}
                 None => {
-                    by_network.insert(cfg.network_name.clone(), NetworkConfig { nad: name.clone(), cfg });
+                    by_network.insert(
+                        cfg.network_name.clone(),
+                        NetworkConfig {
+                            nad: name.clone(),
+                            cfg,
+                        },
+                    );
                 }
             }
         }
@@ -319,7 +381,9 @@ fn network_configs(nads: &[NadConfig], warned: &mut HashSet<String>) -> Vec<Netw
 /// itself, or each plugin of a conflist (with the list's `name` and `cniVersion`). Without a
 /// `name`, the NAD's name is the network's, as Multus makes it.
 pub fn tether_ipam_configs(text: &str, nad_name: &str) -> Vec<Value> {
-    let Ok(mut v) = serde_json::from_str::<Value>(text) else { return Vec::new() };
+    let Ok(mut v) = serde_json::from_str::<Value>(text) else {
+        return Vec::new();
+    };
     if let Some(obj) = v.as_object_mut()
         && !obj.contains_key("name")
     {
@@ -369,11 +433,28 @@ mod tests {
         let got = tether_ipam_configs(list, "nad");
         assert_eq!(got.len(), 1);
         assert_eq!(got[0]["name"], "compute");
-        assert_eq!(PoolConfig::from_value(&got[0]).unwrap().network_name, "compute");
-        assert!(tether_ipam_configs(r#"{"name":"x","type":"macvlan","ipam":{"type":"whereabouts"}}"#, "nad").is_empty());
-        assert!(tether_ipam_configs("", "nad").is_empty() && tether_ipam_configs("not json", "nad").is_empty());
+        assert_eq!(
+            PoolConfig::from_value(&got[0]).unwrap().network_name,
+            "compute"
+        );
+        assert!(
+            tether_ipam_configs(
+                r#"{"name":"x","type":"macvlan","ipam":{"type":"whereabouts"}}"#,
+                "nad"
+            )
+            .is_empty()
+        );
+        assert!(
+            tether_ipam_configs("", "nad").is_empty()
+                && tether_ipam_configs("not json", "nad").is_empty()
+        );
         // No name: the NAD's.
         let unnamed = r#"{"cniVersion":"1.0.0","type":"tether-ipvlan","ipam":{"type":"tether-ipam","range":"10.0.0.0/29"}}"#;
-        assert_eq!(PoolConfig::from_value(&tether_ipam_configs(unnamed, "storage")[0]).unwrap().network_name, "storage");
+        assert_eq!(
+            PoolConfig::from_value(&tether_ipam_configs(unnamed, "storage")[0])
+                .unwrap()
+                .network_name,
+            "storage"
+        );
     }
 }

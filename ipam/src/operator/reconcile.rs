@@ -109,7 +109,8 @@ pub const DEFAULT_AGENT_SELECTOR: &str = "app.kubernetes.io/name=tether";
 /// namespace file says.
 pub const FALLBACK_AGENT_NAMESPACE: &str = "kube-system";
 /// The service account's namespace, as mounted in every pod.
-pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
+    "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
 /// The node-agent's namespace by default: `$POD_NAMESPACE`, else the service account's namespace
 /// file, else `kube-system`.
@@ -261,7 +262,10 @@ pub(crate) fn fnv(s: &str) -> u64 {
 
 /// The sweeper among `candidates` (the nodes that run an agent pod).
 pub fn sweeper(candidates: &[String]) -> Option<&str> {
-    candidates.iter().min_by_key(|n| (fnv(n), n.as_str())).map(String::as_str)
+    candidates
+        .iter()
+        .min_by_key(|n| (fnv(n), n.as_str()))
+        .map(String::as_str)
 }
 
 /// The reconciler of one node.
@@ -285,7 +289,10 @@ impl Reconciler {
             None => None,
         };
         if store.is_none() && opts.data_dir.is_none() {
-            return Err("nothing to reconcile: give a kubeconfig (or run in a pod) and/or --data-dir".into());
+            return Err(
+                "nothing to reconcile: give a kubeconfig (or run in a pod) and/or --data-dir"
+                    .into(),
+            );
         }
         Ok(Reconciler {
             opts,
@@ -346,7 +353,8 @@ impl Reconciler {
         let pods = match self.node_pods(store) {
             Ok(p) => p,
             Err(e) => {
-                r.errors.push(format!("listing the pods of node {}: {e}", self.opts.node));
+                r.errors
+                    .push(format!("listing the pods of node {}: {e}", self.opts.node));
                 return r;
             }
         };
@@ -360,7 +368,10 @@ impl Reconciler {
             Err(KubeStoreError::CrdMissing { .. }) => {
                 log::debug!("the IPLease CRD is not installed: no cluster-wide leases to reconcile")
             }
-            Err(e) => r.errors.push(format!("listing the leases of node {}: {e}", self.opts.node)),
+            Err(e) => r.errors.push(format!(
+                "listing the leases of node {}: {e}",
+                self.opts.node
+            )),
         }
         // The node-local file store.
         if let Some(dir) = &self.opts.data_dir {
@@ -369,12 +380,18 @@ impl Reconciler {
                 Ok(nets) => {
                     for n in nets {
                         match fs.list(&n) {
-                            Ok(leases) => self.judge(StoreName::File, &leases, &pods, now, store, &mut r),
-                            Err(e) => r.errors.push(format!("reading network {n} in {}: {e}", dir.display())),
+                            Ok(leases) => {
+                                self.judge(StoreName::File, &leases, &pods, now, store, &mut r)
+                            }
+                            Err(e) => r
+                                .errors
+                                .push(format!("reading network {n} in {}: {e}", dir.display())),
                         }
                     }
                 }
-                Err(e) => r.errors.push(format!("listing the networks in {}: {e}", dir.display())),
+                Err(e) => r
+                    .errors
+                    .push(format!("listing the networks in {}: {e}", dir.display())),
             }
         }
         // Served pool metrics need to know the sweeper even when it does not sweep.
@@ -386,13 +403,23 @@ impl Reconciler {
 
     /// Judge `leases` against `pods` (a cache: only finds candidates), confirm each candidate with
     /// a GET of its pod, release conditionally.
-    fn judge(&self, which: StoreName, leases: &[Lease], pods: &PodIndex, now: u64, store: &KubeStore, r: &mut PassReport) {
+    fn judge(
+        &self,
+        which: StoreName,
+        leases: &[Lease],
+        pods: &PodIndex,
+        now: u64,
+        store: &KubeStore,
+        r: &mut PassReport,
+    ) {
         r.examined += leases.len();
         for l in leases {
             // A young lease whose pod the cache does not show: look again when its grace ends.
             if l.is_leased() && now.saturating_sub(l.since) < self.opts.grace_s {
                 let known = match (&l.pod.namespace, &l.pod.name) {
-                    (Some(ns), Some(n)) => pods.get(&(ns.clone(), n.clone())).is_some_and(|u| l.pod.uid.as_ref().is_none_or(|h| h == u)),
+                    (Some(ns), Some(n)) => pods
+                        .get(&(ns.clone(), n.clone()))
+                        .is_some_and(|u| l.pod.uid.as_ref().is_none_or(|h| h == u)),
                     _ => true,
                 };
                 if !known {
@@ -402,7 +429,9 @@ impl Reconciler {
             }
         }
         for (lease, _) in stale(leases, pods, now, self.opts.grace_s) {
-            let (Some(ns), Some(name)) = (&lease.pod.namespace, &lease.pod.name) else { continue };
+            let (Some(ns), Some(name)) = (&lease.pod.namespace, &lease.pod.name) else {
+                continue;
+            };
             store.restart_budget();
             let reason = match store.pod_uid(ns, name) {
                 Ok(None) => StaleReason::PodGone,
@@ -414,7 +443,10 @@ impl Reconciler {
                     }
                 },
                 Err(e) => {
-                    r.errors.push(format!("checking pod {ns}/{name} of {}: {e}", lease.address));
+                    r.errors.push(format!(
+                        "checking pod {ns}/{name} of {}: {e}",
+                        lease.address
+                    ));
                     continue;
                 }
             };
@@ -428,17 +460,31 @@ impl Reconciler {
     /// delete carries the record's uid and resourceVersion: one re-leased since stays.
     fn prune(&self, leases: &[Lease], now: u64, store: &KubeStore, r: &mut PassReport) {
         let retain = tether_leases::Policy::default().retain_released_s;
-        for l in leases.iter().filter(|l| !l.is_leased() && now.saturating_sub(l.since) >= retain) {
+        for l in leases
+            .iter()
+            .filter(|l| !l.is_leased() && now.saturating_sub(l.since) >= retain)
+        {
             store.restart_budget();
             match store.remove(l) {
                 Ok(Ok(())) => r.pruned += 1,
                 Ok(Err(_)) => r.lost_races += 1,
-                Err(e) => r.errors.push(format!("deleting the old record of {} in network {}: {e}", l.address, l.network)),
+                Err(e) => r.errors.push(format!(
+                    "deleting the old record of {} in network {}: {e}",
+                    l.address, l.network
+                )),
             }
         }
     }
 
-    fn release(&self, which: StoreName, lease: &Lease, reason: StaleReason, now: u64, store: &KubeStore, r: &mut PassReport) {
+    fn release(
+        &self,
+        which: StoreName,
+        lease: &Lease,
+        reason: StaleReason,
+        now: u64,
+        store: &KubeStore,
+        r: &mut PassReport,
+    ) {
         let outcome: Result<Result<Lease, tether_leases::Taken>, StoreError> = match which {
             StoreName::Kubernetes => {
                 store.restart_budget();
@@ -461,28 +507,48 @@ impl Reconciler {
                     &lease.container_id[..lease.container_id.len().min(12)],
                     lease.ifname
                 );
-                r.released.push(Released { store: which, lease: lease.clone(), reason });
+                r.released.push(Released {
+                    store: which,
+                    lease: lease.clone(),
+                    reason,
+                });
             }
             Ok(Err(taken)) => {
-                log::info!("reconcile: {} of network {} changed meanwhile ({taken}); left alone", lease.address, lease.network);
+                log::info!(
+                    "reconcile: {} of network {} changed meanwhile ({taken}); left alone",
+                    lease.address,
+                    lease.network
+                );
                 r.lost_races += 1;
             }
-            Err(e) => r.errors.push(format!("releasing {} of network {}: {e}", lease.address, lease.network)),
+            Err(e) => r.errors.push(format!(
+                "releasing {} of network {}: {e}",
+                lease.address, lease.network
+            )),
         }
     }
 
     /// Leases of nodes that run no agent pod (deleted nodes), when this agent is the sweeper.
     /// Records in `r.sweeper` whether it is.
     fn sweep(&self, now: u64, store: &KubeStore, r: &mut PassReport) {
-        let (ns, sel) = (self.opts.agent_namespace.as_str(), self.opts.agent_selector.as_str());
-        let missed = if self.opts.sweep_dead_nodes { "leases of deleted nodes are not reclaimed" } else { "the cluster's pool metrics are not reported" };
+        let (ns, sel) = (
+            self.opts.agent_namespace.as_str(),
+            self.opts.agent_selector.as_str(),
+        );
+        let missed = if self.opts.sweep_dead_nodes {
+            "leases of deleted nodes are not reclaimed"
+        } else {
+            "the cluster's pool metrics are not reported"
+        };
         store.restart_budget();
         // The live nodes, and the sweeper candidates: the nodes running an agent pod.
         let live = match store.agent_nodes(ns, sel) {
             Ok(n) => n,
             Err(e) => {
                 if !self.warned_agents.swap(true, Ordering::Relaxed) {
-                    log::warn!("reconcile: cannot list the node-agent's pods (namespace {ns}, selector {sel}), so {missed} by this agent: {e}");
+                    log::warn!(
+                        "reconcile: cannot list the node-agent's pods (namespace {ns}, selector {sel}), so {missed} by this agent: {e}"
+                    );
                 }
                 return;
             }
@@ -510,14 +576,21 @@ impl Reconciler {
             Err(KubeStoreError::CrdMissing { .. }) => return,
             Err(e) => return r.errors.push(format!("listing the leases' nodes: {e}")),
         };
-        let live_labels: std::collections::HashSet<String> =
-            live.iter().map(|n| tether_kube_store::crd::label_value(n)).collect();
-        for label in labels.keys().filter(|l| !l.is_empty() && !live_labels.contains(*l)) {
+        let live_labels: std::collections::HashSet<String> = live
+            .iter()
+            .map(|n| tether_kube_store::crd::label_value(n))
+            .collect();
+        for label in labels
+            .keys()
+            .filter(|l| !l.is_empty() && !live_labels.contains(*l))
+        {
             store.restart_budget();
             let leases = match store.list_node_label(label) {
                 Ok(l) => l,
                 Err(e) => {
-                    r.errors.push(format!("listing the leases of node {label} (no agent pod): {e}"));
+                    r.errors.push(format!(
+                        "listing the leases of node {label} (no agent pod): {e}"
+                    ));
                     continue;
                 }
             };
@@ -526,7 +599,10 @@ impl Reconciler {
             // passes here (the sweep runs in periodic passes only).
             let pods = PodIndex::new();
             let due = r.next_due;
-            log::info!("reconcile: node {label} runs no node-agent pod; judging its {} lease record(s)", leases.len());
+            log::info!(
+                "reconcile: node {label} runs no node-agent pod; judging its {} lease record(s)",
+                leases.len()
+            );
             self.judge(StoreName::Kubernetes, &leases, &pods, now, store, r);
             r.next_due = due;
         }
@@ -536,7 +612,11 @@ impl Reconciler {
     /// (debounced), when a young lease leaves its grace period, and a full pass every interval;
     /// the monitor and the metrics server on threads of their own (see the module docs).
     /// `on_pass` sees each report (after logging).
-    pub fn run(&self, stop: &AtomicBool, mut on_pass: impl FnMut(&PassReport)) -> Result<(), String> {
+    pub fn run(
+        &self,
+        stop: &AtomicBool,
+        mut on_pass: impl FnMut(&PassReport),
+    ) -> Result<(), String> {
         let (tx, rx) = mpsc::channel();
         let stop_watch = Arc::new(AtomicBool::new(false));
         let watcher = match &self.opts.kube {
@@ -580,10 +660,12 @@ impl Reconciler {
         }
         if self.opts.conflict_events || self.opts.metrics_addr.is_some() {
             let (opts, registry, stop) = (self.opts.clone(), self.metrics.clone(), stop.clone());
-            let spawned = std::thread::Builder::new().name("monitor".into()).spawn(move || match Monitor::new(&opts, registry) {
-                Ok(mut m) => m.run(opts.monitor_interval, &stop),
-                Err(e) => log::error!("monitor: {e}; no conflict Events or pool metrics"),
-            });
+            let spawned = std::thread::Builder::new()
+                .name("monitor".into())
+                .spawn(move || match Monitor::new(&opts, registry) {
+                    Ok(mut m) => m.run(opts.monitor_interval, &stop),
+                    Err(e) => log::error!("monitor: {e}; no conflict Events or pool metrics"),
+                });
             match spawned {
                 Ok(h) => threads.push(h),
                 Err(e) => log::error!("cannot start the monitor: {e}"),
@@ -592,7 +674,12 @@ impl Reconciler {
         threads
     }
 
-    fn pass_loop(&self, stop: &AtomicBool, rx: &Receiver<Trigger>, on_pass: &mut dyn FnMut(&PassReport)) -> Result<(), String> {
+    fn pass_loop(
+        &self,
+        stop: &AtomicBool,
+        rx: &Receiver<Trigger>,
+        on_pass: &mut dyn FnMut(&PassReport),
+    ) -> Result<(), String> {
         let mut next_full = Instant::now();
         let mut next_due: Option<u64> = None;
         while !stop.load(Ordering::Relaxed) {
@@ -669,14 +756,25 @@ fn log_report(r: &PassReport, full: bool) {
             r.confirmed_alive
         );
     } else {
-        log::debug!("reconcile ({}): {} record(s) examined, nothing to release", if full { "full pass" } else { "pod event" }, r.examined);
+        log::debug!(
+            "reconcile ({}): {} record(s) examined, nothing to release",
+            if full { "full pass" } else { "pod event" },
+            r.examined
+        );
     }
 }
 
 /// Keep `cache` = the pods of this node: list, then watch from the list's resourceVersion;
 /// re-list on expiry (410) or error (with backoff). Wakes the pass loop on pod deletions and
 /// after each re-list.
-fn watch_loop(store: &KubeStore, sel: &str, timeout: Duration, cache: &Mutex<PodCache>, tx: &Sender<Trigger>, stop: &AtomicBool) {
+fn watch_loop(
+    store: &KubeStore,
+    sel: &str,
+    timeout: Duration,
+    cache: &Mutex<PodCache>,
+    tx: &Sender<Trigger>,
+    stop: &AtomicBool,
+) {
     let keep_going = || !stop.load(Ordering::Relaxed);
     let mut backoff = Duration::from_millis(500);
     let sleep = |d: Duration| {
@@ -693,7 +791,10 @@ fn watch_loop(store: &KubeStore, sel: &str, timeout: Duration, cache: &Mutex<Pod
         }) {
             Ok(rv) => rv,
             Err(e) => {
-                log::error!("reconcile: listing pods ({sel}): {e}; retrying in {}s", backoff.as_secs_f32());
+                log::error!(
+                    "reconcile: listing pods ({sel}): {e}; retrying in {}s",
+                    backoff.as_secs_f32()
+                );
                 cache.lock().unwrap_or_else(|p| p.into_inner()).synced = false;
                 sleep(backoff);
                 backoff = (backoff * 2).min(Duration::from_secs(30));
@@ -713,7 +814,10 @@ fn watch_loop(store: &KubeStore, sel: &str, timeout: Duration, cache: &Mutex<Pod
                 let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
                 match ev {
                     PodEvent::Upsert(k) => {
-                        let replaced = c.pods.get(&(k.namespace.clone(), k.name.clone())).is_some_and(|u| *u != k.uid);
+                        let replaced = c
+                            .pods
+                            .get(&(k.namespace.clone(), k.name.clone()))
+                            .is_some_and(|u| *u != k.uid);
                         c.pods.insert((k.namespace, k.name), k.uid);
                         if replaced {
                             let _ = tx.send(Trigger::PodGone);
@@ -741,7 +845,10 @@ fn watch_loop(store: &KubeStore, sel: &str, timeout: Duration, cache: &Mutex<Pod
                     continue 'relist;
                 }
                 Err(e) => {
-                    log::error!("reconcile: watching pods ({sel}): {e}; listing again in {}s", backoff.as_secs_f32());
+                    log::error!(
+                        "reconcile: watching pods ({sel}): {e}; listing again in {}s",
+                        backoff.as_secs_f32()
+                    );
                     cache.lock().unwrap_or_else(|p| p.into_inner()).synced = false;
                     sleep(backoff);
                     backoff = (backoff * 2).min(Duration::from_secs(30));
@@ -774,7 +881,10 @@ mod tests {
 
     #[test]
     fn one_sweeper_whatever_the_order() {
-        let a: Vec<String> = ["n1", "n2", "n3", "gpu-17"].iter().map(|s| s.to_string()).collect();
+        let a: Vec<String> = ["n1", "n2", "n3", "gpu-17"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         let mut b = a.clone();
         b.reverse();
         assert_eq!(sweeper(&a), sweeper(&b));

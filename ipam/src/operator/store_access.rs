@@ -33,23 +33,33 @@ pub struct StoreArgs {
 /// or a NetworkAttachmentDefinition object as JSON (`kubectl get net-attach-def NAME -o json`),
 /// whose `spec.config` is used with the NAD's name injected as Multus does.
 pub fn read_network_config(path: &PathBuf) -> Result<Value, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let mut v: Value = serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut v: Value =
+        serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
     if v.get("kind").and_then(Value::as_str) == Some("NetworkAttachmentDefinition") {
         let config = v
             .pointer("/spec/config")
             .and_then(Value::as_str)
-            .ok_or_else(|| format!("the NetworkAttachmentDefinition in {} has no spec.config", path.display()))?;
-        let mut inner: Value =
-            serde_json::from_str(config).map_err(|e| format!("spec.config in {} is not JSON: {e}", path.display()))?;
-        if let (Some(obj), Some(name)) = (inner.as_object_mut(), v.pointer("/metadata/name").cloned())
+            .ok_or_else(|| {
+                format!(
+                    "the NetworkAttachmentDefinition in {} has no spec.config",
+                    path.display()
+                )
+            })?;
+        let mut inner: Value = serde_json::from_str(config)
+            .map_err(|e| format!("spec.config in {} is not JSON: {e}", path.display()))?;
+        if let (Some(obj), Some(name)) =
+            (inner.as_object_mut(), v.pointer("/metadata/name").cloned())
             && !obj.contains_key("name")
         {
             obj.insert("name".to_string(), name);
         }
         v = inner;
     }
-    let Some(plugins) = v.get("plugins").and_then(Value::as_array) else { return Ok(v) };
+    let Some(plugins) = v.get("plugins").and_then(Value::as_array) else {
+        return Ok(v);
+    };
     let mut p = plugins
         .iter()
         .find(|p| p.get("ipam").is_some())
@@ -85,7 +95,9 @@ pub struct OpenStore {
 impl OpenStore {
     pub fn open(args: &StoreArgs) -> Result<(OpenStore, Option<PoolConfig>), String> {
         let cfg = match &args.config {
-            Some(p) => Some(PoolConfig::from_value(&read_network_config(p)?).map_err(|e| e.to_string())?),
+            Some(p) => {
+                Some(PoolConfig::from_value(&read_network_config(p)?).map_err(|e| e.to_string())?)
+            }
             None => None,
         };
         let kind = match &cfg {
@@ -95,7 +107,9 @@ impl OpenStore {
         };
         let settings = || -> Result<Option<KubeSettings>, String> {
             let mut s = match cfg.as_ref().and_then(|c| c.kubernetes.as_ref()) {
-                Some(k) => Some(KubeSettings::from_kubernetes_config(Some(k)).map_err(|e| e.to_string())?),
+                Some(k) => {
+                    Some(KubeSettings::from_kubernetes_config(Some(k)).map_err(|e| e.to_string())?)
+                }
                 None => None,
             };
             if let Some(p) = &args.kubeconfig {
@@ -115,11 +129,23 @@ impl OpenStore {
                     Some(s) => Some(connect(s)?),
                     None => None,
                 };
-                Ok((OpenStore { backend: Backend::File(FileStore::new(dir)), api }, cfg))
+                Ok((
+                    OpenStore {
+                        backend: Backend::File(FileStore::new(dir)),
+                        api,
+                    },
+                    cfg,
+                ))
             }
             StoreKind::Kubernetes => {
                 let s = settings()?.unwrap_or_default();
-                Ok((OpenStore { backend: Backend::Kube(connect(s)?), api: None }, cfg))
+                Ok((
+                    OpenStore {
+                        backend: Backend::Kube(connect(s)?),
+                        api: None,
+                    },
+                    cfg,
+                ))
             }
         }
     }

@@ -47,6 +47,11 @@ impl Plugin for Cni {
         if probed.is_empty() {
             return Map::new();
         }
-        [(PROBED_KEY.to_string(), probed.iter().map(|a| Value::from(a.to_string())).collect())].into_iter().collect()
+        [(
+            PROBED_KEY.to_string(),
+            probed.iter().map(|a| Value::from(a.to_string())).collect(),
+        )]
+        .into_iter()
+        .collect()
     }
 }

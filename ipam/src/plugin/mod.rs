@@ -17,7 +17,10 @@ use tether_kube_store::{KubeSettings, KubeStore, KubeStoreError};
 
 /// The node journal of the Kubernetes store, under `dataDir`.
 pub const JOURNAL_DIR: &str = "journal";
-use tether_leases::{AddRequest, AllocError, Allocator, Attachment, FileStore, Lease, LeaseStore, NoProbe, Prober, SystemClock};
+use tether_leases::{
+    AddRequest, AllocError, Allocator, Attachment, FileStore, Lease, LeaseStore, NoProbe, Prober,
+    SystemClock,
+};
 use tether_pool::{ConfigError, PoolConfig, ProbeConfig, StoreKind};
 
 pub struct Ipam;
@@ -59,7 +62,12 @@ fn node_name() -> Option<String> {
 pub fn kube_error(e: KubeStoreError) -> CniError {
     let c = if e.is_transient() {
         code::TRY_AGAIN_LATER
-    } else if matches!(e, KubeStoreError::Config { .. } | KubeStoreError::Kubeconfig { .. } | KubeStoreError::NoCredentials) {
+    } else if matches!(
+        e,
+        KubeStoreError::Config { .. }
+            | KubeStoreError::Kubeconfig { .. }
+            | KubeStoreError::NoCredentials
+    ) {
         code::INVALID_CONFIG
     } else {
         code::STORE
@@ -136,7 +144,8 @@ impl Context {
         let ips = leases
             .iter()
             .map(|l| IpConfig {
-                address: ipnet::IpNet::new(l.address, l.prefix_len).expect("lease prefix fits its family"),
+                address: ipnet::IpNet::new(l.address, l.prefix_len)
+                    .expect("lease prefix fits its family"),
                 gateway: l.range_index.and_then(|i| self.cfg.gateway_for(i)),
                 interface: None,
             })
@@ -145,11 +154,29 @@ impl Context {
             .cfg
             .routes
             .iter()
-            .map(|r| CniRoute { dst: r.dst, gw: r.gw, mtu: None, adv_mss: None, priority: None, table: None, scope: None })
+            .map(|r| CniRoute {
+                dst: r.dst,
+                gw: r.gw,
+                mtu: None,
+                adv_mss: None,
+                priority: None,
+                table: None,
+                scope: None,
+            })
             .collect();
         let d = &self.cfg.dns;
-        let dns = CniDns { nameservers: d.nameservers.clone(), domain: d.domain.clone(), search: d.search.clone(), options: d.options.clone() };
-        CniResult { interfaces: Vec::new(), ips, routes, dns }
+        let dns = CniDns {
+            nameservers: d.nameservers.clone(),
+            domain: d.domain.clone(),
+            search: d.search.clone(),
+            options: d.options.clone(),
+        };
+        CniResult {
+            interfaces: Vec::new(),
+            ips,
+            routes,
+            dns,
+        }
     }
 }
 
@@ -184,12 +211,18 @@ impl Plugin for Ipam {
 
     fn del(&self, req: &Request) -> Result<(), CniError> {
         let ctx = Context::new(req)?;
-        ctx.allocator(&NoProbe).del(req.env.container_id(), req.env.ifname()).map(|_| ()).map_err(to_cni)
+        ctx.allocator(&NoProbe)
+            .del(req.env.container_id(), req.env.ifname())
+            .map(|_| ())
+            .map_err(to_cni)
     }
 
     fn check(&self, req: &Request) -> Result<(), CniError> {
         let ctx = Context::new(req)?;
-        ctx.allocator(&NoProbe).check(req.env.container_id(), req.env.ifname()).map(|_| ()).map_err(to_cni)
+        ctx.allocator(&NoProbe)
+            .check(req.env.container_id(), req.env.ifname())
+            .map(|_| ())
+            .map_err(to_cni)
     }
 
     fn status(&self, req: &Request) -> Result<(), CniError> {
@@ -198,7 +231,10 @@ impl Plugin for Ipam {
         if let Store::Kube(k) = &ctx.store {
             k.ready().map_err(|e| not_ready(e.to_string()))?;
         }
-        let ranges = ctx.allocator(&NoProbe).status().map_err(|e| not_ready(e.to_string()))?;
+        let ranges = ctx
+            .allocator(&NoProbe)
+            .status()
+            .map_err(|e| not_ready(e.to_string()))?;
         if let Some(full) = ranges.iter().find(|r| r.free == 0) {
             return Err(not_ready(format!(
                 "range {} of network {} has no free address: {} usable, {} leased, {} quarantined",
@@ -220,8 +256,16 @@ impl Plugin for Ipam {
             .collect();
         let report = ctx.allocator(&NoProbe).gc(&valid).map_err(to_cni)?;
         for l in &report.released {
-            log::info!("GC released {} (container {}, {})", l.address, l.container_id, l.ifname);
+            log::info!(
+                "GC released {} (container {}, {})",
+                l.address,
+                l.container_id,
+                l.ifname
+            );
         }
-        report.into_result(&ctx.cfg.network_name).map(|_| ()).map_err(to_cni)
+        report
+            .into_result(&ctx.cfg.network_name)
+            .map(|_| ())
+            .map_err(to_cni)
     }
 }

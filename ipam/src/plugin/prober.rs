@@ -39,7 +39,10 @@ use tether_wire::{Probe, ProbeBudget};
 #[derive(Debug, Clone)]
 enum Target {
     /// A named link in the host netns (None) or the pod netns (Some).
-    Named { name: String, netns: Option<PathBuf> },
+    Named {
+        name: String,
+        netns: Option<PathBuf>,
+    },
     /// CNI_IFNAME in the pod netns, or its ipvlan parent.
     PodInterface { ifname: String, netns: PathBuf },
 }
@@ -57,7 +60,12 @@ struct Iface {
 
 impl Iface {
     /// Probe `address`: on `running`'s socket when earlier ranges' probes are under way, else on a new one.
-    fn start(&self, running: Option<Probe>, address: IpAddr, budget: ProbeBudget) -> Result<Probe, ProbeError> {
+    fn start(
+        &self,
+        running: Option<Probe>,
+        address: IpAddr,
+        budget: ProbeBudget,
+    ) -> Result<Probe, ProbeError> {
         let (index, mac) = (self.index, self.mac);
         let start = move || match running {
             Some(mut p) => p.add(address, budget).map(|()| p),
@@ -85,7 +93,12 @@ struct Session {
     spent: Vec<Probe>,
 }
 
-static SESSION: Mutex<Session> = Mutex::new(Session { concurrent: false, proved: Vec::new(), redo: None, spent: Vec::new() });
+static SESSION: Mutex<Session> = Mutex::new(Session {
+    concurrent: false,
+    proved: Vec::new(),
+    redo: None,
+    spent: Vec::new(),
+});
 
 fn session<T>(f: impl FnOnce(&mut Session) -> T) -> T {
     f(&mut SESSION.lock().unwrap_or_else(|p| p.into_inner()))
@@ -105,40 +118,83 @@ pub struct WireProber {
 impl WireProber {
     /// The prober for this request; None when there is nothing to probe through (no master and no
     /// netns: e.g. cnitool against a runtime that gives no netns), which the caller treats as an error.
-    pub fn for_request(req: &Request, ranges: &[IpRange], budget: ProbeBudget) -> Option<WireProber> {
+    pub fn for_request(
+        req: &Request,
+        ranges: &[IpRange],
+        budget: ProbeBudget,
+    ) -> Option<WireProber> {
         let v = &req.conf.value;
-        let in_container = v.get("linkInContainer").and_then(Value::as_bool).unwrap_or(false);
+        let in_container = v
+            .get("linkInContainer")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
         let netns = req.env.netns.clone();
-        let target = match v.get("master").and_then(Value::as_str).filter(|m| !m.is_empty()) {
-            Some(m) if in_container => Target::Named { name: m.to_string(), netns: Some(netns?) },
-            Some(m) => Target::Named { name: m.to_string(), netns: None },
-            None => Target::PodInterface { ifname: req.env.ifname().to_string(), netns: netns? },
+        let target = match v
+            .get("master")
+            .and_then(Value::as_str)
+            .filter(|m| !m.is_empty())
+        {
+            Some(m) if in_container => Target::Named {
+                name: m.to_string(),
+                netns: Some(netns?),
+            },
+            Some(m) => Target::Named {
+                name: m.to_string(),
+                netns: None,
+            },
+            None => Target::PodInterface {
+                ifname: req.env.ifname().to_string(),
+                netns: netns?,
+            },
         };
         let ranges = ranges.to_vec();
         let concurrent = session(|s| s.concurrent) && ranges.len() > 1;
-        Some(WireProber { target, budget, ranges, concurrent, iface: OnceCell::new(), pending: RefCell::new(None) })
+        Some(WireProber {
+            target,
+            budget,
+            ranges,
+            concurrent,
+            iface: OnceCell::new(),
+            pending: RefCell::new(None),
+        })
     }
 
     fn resolve(&self) -> Result<Iface, String> {
         let s = |e: &dyn std::fmt::Display| e.to_string();
         let in_pod = |p: &PathBuf| -> Result<(NsThread, Netlink), String> {
-            let t = NetNs::open(p).map_err(|e| s(&e))?.thread().map_err(|e| s(&e))?;
-            let nl = t.run(Netlink::current).map_err(|e| s(&e))?.map_err(|e| s(&e))?;
+            let t = NetNs::open(p)
+                .map_err(|e| s(&e))?
+                .thread()
+                .map_err(|e| s(&e))?;
+            let nl = t
+                .run(Netlink::current)
+                .map_err(|e| s(&e))?
+                .map_err(|e| s(&e))?;
             Ok((t, nl))
         };
         match &self.target {
             Target::Named { name, netns: None } => {
-                let link = tether_wire::socket::interface(name).map_err(|e| s(&e))?.ok_or_else(|| format!("master {name:?} not found for probing"))?;
+                let link = tether_wire::socket::interface(name)
+                    .map_err(|e| s(&e))?
+                    .ok_or_else(|| format!("master {name:?} not found for probing"))?;
                 master(name, &link, None)
             }
-            Target::Named { name, netns: Some(p) } => {
+            Target::Named {
+                name,
+                netns: Some(p),
+            } => {
                 let (t, pod) = in_pod(p)?;
-                let link = pod.link_by_name(name).map_err(|e| s(&e))?.ok_or_else(|| format!("master {name:?} not found in {} for probing", p.display()))?;
+                let link = pod.link_by_name(name).map_err(|e| s(&e))?.ok_or_else(|| {
+                    format!("master {name:?} not found in {} for probing", p.display())
+                })?;
                 master(&link.name, &found(&link), Some(t))
             }
             Target::PodInterface { ifname, netns } => {
                 let (t, pod) = in_pod(netns)?;
-                let link = pod.link_by_name(ifname).map_err(|e| s(&e))?.ok_or_else(|| format!("{ifname} not found in {}", netns.display()))?;
+                let link = pod
+                    .link_by_name(ifname)
+                    .map_err(|e| s(&e))?
+                    .ok_or_else(|| format!("{ifname} not found in {}", netns.display()))?;
                 match (link.kind.as_deref(), link.parent_index) {
                     // An ipvlan slave created from the host: probe on its parent, in the host netns.
                     (Some("ipvlan"), Some(parent)) => {
@@ -147,7 +203,9 @@ impl WireProber {
                             Some(m) => master(&m.name, &found(&m), None),
                             // The parent is not in the host netns (linkInContainer): it is next to the slave.
                             None => {
-                                let m = pod.link_by_index(parent).map_err(|e| s(&e))?.ok_or_else(|| format!("the master of {ifname} was not found"))?;
+                                let m = pod.link_by_index(parent).map_err(|e| s(&e))?.ok_or_else(
+                                    || format!("the master of {ifname} was not found"),
+                                )?;
                                 master(&m.name, &found(&m), Some(t))
                             }
                         }
@@ -161,7 +219,13 @@ impl WireProber {
                             pod.set_up(link.index).map_err(|e| s(&e))?;
                             Some(pod)
                         };
-                        Ok(Iface { index: link.index, mac, name: link.name, pod: Some(t), raised })
+                        Ok(Iface {
+                            index: link.index,
+                            mac,
+                            name: link.name,
+                            pod: Some(t),
+                            raised,
+                        })
                     }
                 }
             }
@@ -169,18 +233,26 @@ impl WireProber {
     }
 
     fn is_last(&self, range: &IpRange) -> bool {
-        self.ranges.iter().rposition(|r| r == range).is_none_or(|i| i + 1 == self.ranges.len())
+        self.ranges
+            .iter()
+            .rposition(|r| r == range)
+            .is_none_or(|i| i + 1 == self.ranges.len())
     }
 }
 
 /// The MAC to probe with: `link` must be Ethernet.
 fn ethernet(name: &str, link: &Interface) -> Result<[u8; 6], String> {
-    link.mac.ok_or_else(|| format!("{name} has no Ethernet address to probe with"))
+    link.mac
+        .ok_or_else(|| format!("{name} has no Ethernet address to probe with"))
 }
 
 /// A link found over netlink, as [`master`] takes it.
 fn found(link: &Link) -> Interface {
-    Interface { index: link.index, mac: link.mac.as_deref().and_then(|m| m.try_into().ok()), up: link.up }
+    Interface {
+        index: link.index,
+        mac: link.mac.as_deref().and_then(|m| m.try_into().ok()),
+        up: link.up,
+    }
 }
 
 /// A master to probe through: used as it is, never raised (see the module doc).
@@ -191,13 +263,22 @@ fn master(name: &str, link: &Interface, pod: Option<NsThread>) -> Result<Iface, 
              bring {name} up (tether never changes the state of a master) or set \"probe\": false"
         ));
     }
-    Ok(Iface { index: link.index, mac: ethernet(name, link)?, name: name.to_string(), pod, raised: None })
+    Ok(Iface {
+        index: link.index,
+        mac: ethernet(name, link)?,
+        name: name.to_string(),
+        pod,
+        raised: None,
+    })
 }
 
 /// Wait for every address of `probe` and record what each found: unused (proved), or, for one that was
 /// provisionally accepted (all but `last_is_ours`' last), in use after all: the ADD must be redone.
 /// The outcomes come back in order.
-fn wait_and_record(mut probe: Probe, last_is_ours: bool) -> Vec<Result<tether_wire::ProbeOutcome, tether_wire::WireError>> {
+fn wait_and_record(
+    mut probe: Probe,
+    last_is_ours: bool,
+) -> Vec<Result<tether_wire::ProbeOutcome, tether_wire::WireError>> {
     let addrs = probe.candidates();
     let outcomes = probe.wait();
     let provisional = outcomes.len() - usize::from(last_is_ours);
@@ -222,11 +303,18 @@ fn wire_error(e: tether_wire::WireError) -> ProbeError {
 
 impl Prober for WireProber {
     fn probe(&self, address: IpAddr, range: &IpRange) -> Result<ProbeOutcome, ProbeError> {
-        let iface = self.iface.get_or_init(|| self.resolve()).as_ref().map_err(|e| ProbeError::Failed(e.clone()))?;
+        let iface = self
+            .iface
+            .get_or_init(|| self.resolve())
+            .as_ref()
+            .map_err(|e| ProbeError::Failed(e.clone()))?;
         let running = self.pending.borrow_mut().take();
         let started = iface.start(running, address, self.budget)?;
         if self.concurrent && !self.is_last(range) {
-            log::debug!("probe {address} on {}: started; answered with the last range's", iface.name);
+            log::debug!(
+                "probe {address} on {}: started; answered with the last range's",
+                iface.name
+            );
             *self.pending.borrow_mut() = Some(started);
             return Ok(ProbeOutcome::Free);
         }
@@ -237,7 +325,9 @@ impl Prober for WireProber {
         }
         if let Some(why) = session(|s| s.redo.clone()) {
             // The engine rolls this ADD back; add_probing redoes it one probe at a time.
-            return Err(ProbeError::Failed(format!("{why}; allocating again, probing one address at a time")));
+            return Err(ProbeError::Failed(format!(
+                "{why}; allocating again, probing one address at a time"
+            )));
         }
         let mine = mine.map_err(wire_error)?;
         log::debug!("probe {address} on {}: {mine:?}", iface.name);
@@ -255,7 +345,11 @@ impl Drop for WireProber {
         if let Some(pending) = self.pending.get_mut().take() {
             for o in wait_and_record(pending, false) {
                 if let Err(e) = o {
-                    session(|s| s.redo.get_or_insert_with(|| format!("a conflict probe failed: {e}")).clone());
+                    session(|s| {
+                        s.redo
+                            .get_or_insert_with(|| format!("a conflict probe failed: {e}"))
+                            .clone()
+                    });
                 }
             }
         }
@@ -271,11 +365,27 @@ impl Drop for WireProber {
 /// ADD with the probes of all ranges running at the same time (see the module doc): `add` runs the
 /// engine, `del` releases what a wrongly accepted ADD got. Returns the Result and the addresses of it
 /// that were probed and found unused.
-pub fn add_probing(add: impl Fn() -> Result<CniResult, CniError>, del: impl Fn() -> Result<(), CniError>) -> Result<(CniResult, Vec<IpAddr>), CniError> {
-    let begin = |concurrent: bool| session(|s| *s = Session { concurrent, proved: Vec::new(), redo: None, spent: Vec::new() });
+pub fn add_probing(
+    add: impl Fn() -> Result<CniResult, CniError>,
+    del: impl Fn() -> Result<(), CniError>,
+) -> Result<(CniResult, Vec<IpAddr>), CniError> {
+    let begin = |concurrent: bool| {
+        session(|s| {
+            *s = Session {
+                concurrent,
+                proved: Vec::new(),
+                redo: None,
+                spent: Vec::new(),
+            }
+        })
+    };
     let end = |r: &CniResult| {
         let proved = session(|s| std::mem::take(&mut s.proved));
-        r.ips.iter().map(|ip| ip.address.addr()).filter(|a| proved.contains(a)).collect::<Vec<_>>()
+        r.ips
+            .iter()
+            .map(|ip| ip.address.addr())
+            .filter(|a| proved.contains(a))
+            .collect::<Vec<_>>()
     };
     begin(true);
     let first = add();
@@ -305,5 +415,8 @@ pub fn close_spent() {
 
 /// The probe budget from the config's `probe` section.
 pub fn budget(timeout_ms: u64, attempts: u32) -> ProbeBudget {
-    ProbeBudget { timeout: Duration::from_millis(timeout_ms), attempts }
+    ProbeBudget {
+        timeout: Duration::from_millis(timeout_ms),
+        attempts,
+    }
 }

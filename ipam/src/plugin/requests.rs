@@ -8,8 +8,18 @@ use tether_pool::RequestedIp;
 
 /// The pod behind the attachment, from Multus/kubelet's CNI_ARGS.
 pub fn pod_ref(req: &Request) -> PodRef {
-    let get = |k: &str| req.env.args.get(k).filter(|v| !v.is_empty()).map(str::to_string);
-    PodRef { namespace: get("K8S_POD_NAMESPACE"), name: get("K8S_POD_NAME"), uid: get("K8S_POD_UID") }
+    let get = |k: &str| {
+        req.env
+            .args
+            .get(k)
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+    };
+    PodRef {
+        namespace: get("K8S_POD_NAMESPACE"),
+        name: get("K8S_POD_NAME"),
+        uid: get("K8S_POD_UID"),
+    }
 }
 
 /// Requested addresses, by precedence: `runtimeConfig.ips` (capability `ips`), then `args.cni.ips`, then
@@ -23,20 +33,29 @@ pub fn requested_ips(req: &Request) -> Result<Vec<RequestedIp>, CniError> {
         return parse_list("args.cni.ips", v);
     }
     match req.env.args.get("IP").filter(|s| !s.trim().is_empty()) {
-        Some(list) => list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| parse_one("CNI_ARGS IP", s)).collect(),
+        Some(list) => list
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| parse_one("CNI_ARGS IP", s))
+            .collect(),
         None => Ok(Vec::new()),
     }
 }
 
 fn parse_list(source: &str, v: &Value) -> Result<Vec<RequestedIp>, CniError> {
     let Value::Array(items) = v else {
-        return Err(CniError::invalid_config(format!("{source} must be a list of addresses, got {v}")));
+        return Err(CniError::invalid_config(format!(
+            "{source} must be a list of addresses, got {v}"
+        )));
     };
     items
         .iter()
         .map(|i| match i.as_str() {
             Some(s) => parse_one(source, s),
-            None => Err(CniError::invalid_config(format!("{source}: {i} is not an address string"))),
+            None => Err(CniError::invalid_config(format!(
+                "{source}: {i} is not an address string"
+            ))),
         })
         .collect()
 }

@@ -38,7 +38,11 @@ pub struct TempDir(PathBuf);
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
         static N: AtomicUsize = AtomicUsize::new(0);
-        let p = std::env::temp_dir().join(format!("tether-ipam-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst)));
+        let p = std::env::temp_dir().join(format!(
+            "tether-ipam-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).unwrap();
         TempDir(p)
@@ -59,7 +63,9 @@ impl Drop for TempDir {
 
 /// The real API server of this run, if any.
 pub fn real_cluster() -> Option<PathBuf> {
-    std::env::var_os("TETHER_TEST_KUBECONFIG").filter(|v| !v.is_empty()).map(PathBuf::from)
+    std::env::var_os("TETHER_TEST_KUBECONFIG")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
 }
 
 /// Tests that look at every lease of the cluster (the dead-node sweep) take this for writing;
@@ -97,7 +103,11 @@ pub struct Env {
 
 fn unique_id(tag: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
-    format!("{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst))
+    format!(
+        "{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    )
 }
 
 impl Env {
@@ -124,10 +134,19 @@ impl Env {
         } else {
             Guard::Shared(CLUSTER_WIDE.read().unwrap_or_else(|e| e.into_inner()))
         };
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         let client = client_for(&rt, &kubeconfig);
         Env {
-            backend: Backend::Real(Box::new(Cluster { rt, client, namespaces: Mutex::new(HashSet::new()), rbac: Mutex::new(Vec::new()), _guard: guard })),
+            backend: Backend::Real(Box::new(Cluster {
+                rt,
+                client,
+                namespaces: Mutex::new(HashSet::new()),
+                rbac: Mutex::new(Vec::new()),
+                _guard: guard,
+            })),
             dir: TempDir::new(tag),
             kubeconfig,
             id: unique_id(tag),
@@ -141,14 +160,21 @@ impl Env {
         let dir = TempDir::new(tag);
         let kubeconfig = dir.join("kubeconfig");
         double.write_kubeconfig(&kubeconfig).unwrap();
-        Env { backend: Backend::Double(double), dir, kubeconfig, id: unique_id(tag) }
+        Env {
+            backend: Backend::Double(double),
+            dir,
+            kubeconfig,
+            id: unique_id(tag),
+        }
     }
 
     /// The API double of a test that uses one for a fault; panics on the real server.
     pub fn double_api(&self) -> &ApiServerDouble {
         match &self.backend {
             Backend::Double(d) => d,
-            Backend::Real(_) => panic!("this step needs the API double (a fault injector); the test runs on a real server"),
+            Backend::Real(_) => panic!(
+                "this step needs the API double (a fault injector); the test runs on a real server"
+            ),
         }
     }
 
@@ -199,7 +225,10 @@ impl Env {
         match &self.backend {
             Backend::Double(d) => {
                 obj["status"] = json!({"phase": "Running"});
-                let uid = obj["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+                let uid = obj["metadata"]["uid"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
                 d.upsert_pod(obj).unwrap();
                 uid
             }
@@ -209,11 +238,14 @@ impl Env {
                 obj["metadata"].as_object_mut().unwrap().remove("uid");
                 obj["apiVersion"] = json!("v1");
                 obj["kind"] = json!("Pod");
-                obj["spec"]["containers"] = json!([{"name": "c", "image": "registry.invalid/none"}]);
+                obj["spec"]["containers"] =
+                    json!([{"name": "c", "image": "registry.invalid/none"}]);
                 let pod: Pod = serde_json::from_value(obj).unwrap();
                 let api: Api<Pod> = Api::namespaced(c.client.clone(), &ns);
                 let name = pod.metadata.name.clone().unwrap();
-                let created = c.rt.block_on(api.create(&PostParams::default(), &pod)).unwrap_or_else(|e| panic!("create pod {ns}/{name}: {e}"));
+                let created =
+                    c.rt.block_on(api.create(&PostParams::default(), &pod))
+                        .unwrap_or_else(|e| panic!("create pod {ns}/{name}: {e}"));
                 created.metadata.uid.unwrap()
             }
         }
@@ -226,7 +258,10 @@ impl Env {
             Backend::Double(d) => d.delete_pod(ns, name),
             Backend::Real(c) => {
                 let api: Api<Pod> = Api::namespaced(c.client.clone(), ns);
-                let dp = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
+                let dp = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..DeleteParams::default()
+                };
                 match c.rt.block_on(api.delete(name, &dp)) {
                     Ok(_) => true,
                     Err(kube::Error::Api(s)) if s.code == 404 => false,
@@ -251,7 +286,10 @@ impl Env {
 
     /// The node's agent pod is gone (the node was deleted, its pods with it).
     pub fn agent_gone(&self, node: &str) {
-        assert!(self.delete_pod(self.agent_ns(), &agent_pod(node)), "no agent pod on {node}");
+        assert!(
+            self.delete_pod(self.agent_ns(), &agent_pod(node)),
+            "no agent pod on {node}"
+        );
     }
 
     /// A kubeconfig for an identity that may do what tether needs (ipleases: get, list, watch,
@@ -280,31 +318,53 @@ impl Env {
     /// watch cache may lag behind what another store just wrote.
     pub fn state(&self, network: &str, addr: &str) -> Option<LeaseState> {
         let a: IpAddr = addr.parse().unwrap();
-        let store = KubeStore::connect(KubeSettings { list_from_cache: false, ..self.settings() }).unwrap();
-        store.list(network).unwrap().into_iter().find(|l| l.address == a).map(|l| l.state)
+        let store = KubeStore::connect(KubeSettings {
+            list_from_cache: false,
+            ..self.settings()
+        })
+        .unwrap();
+        store
+            .list(network)
+            .unwrap()
+            .into_iter()
+            .find(|l| l.address == a)
+            .map(|l| l.state)
     }
 
     /// The IPLease objects of `network` as the API server returns them (real server only).
     pub fn lease_objects(&self, network: &str) -> Vec<Value> {
-        let Backend::Real(c) = &self.backend else { panic!("lease_objects: real server only") };
+        let Backend::Real(c) = &self.backend else {
+            panic!("lease_objects: real server only")
+        };
         let api: Api<tether_kube_store::IPLease> = Api::all(c.client.clone());
-        let lp = kube::api::ListParams::default().labels(&tether_kube_store::crd::network_selector(network));
+        let lp = kube::api::ListParams::default()
+            .labels(&tether_kube_store::crd::network_selector(network));
         let list = c.rt.block_on(api.list(&lp)).expect("LIST ipleases");
-        list.items.into_iter().map(|o| serde_json::to_value(o).unwrap()).filter(|o| o["spec"]["network"] == network).collect()
+        list.items
+            .into_iter()
+            .map(|o| serde_json::to_value(o).unwrap())
+            .filter(|o| o["spec"]["network"] == network)
+            .collect()
     }
 
     /// POST `body` to the collection at `path` on the real server (objects the helpers here do
     /// not model: CRDs, NADs).
     pub fn post_json(&self, path: &str, body: &Value) -> Result<Value, kube::Error> {
-        let Backend::Real(c) = &self.backend else { panic!("post_json: real server only") };
-        let req = kube::core::Request::new(path).create(&PostParams::default(), serde_json::to_vec(body).unwrap()).unwrap();
+        let Backend::Real(c) = &self.backend else {
+            panic!("post_json: real server only")
+        };
+        let req = kube::core::Request::new(path)
+            .create(&PostParams::default(), serde_json::to_vec(body).unwrap())
+            .unwrap();
         c.rt.block_on(c.client.request::<Value>(req))
     }
 
     /// GET the object `name` of the collection at `path`, or the whole list (`None`), on the real
     /// server.
     pub fn get_json(&self, path: &str, name: Option<&str>) -> Result<Value, kube::Error> {
-        let Backend::Real(c) = &self.backend else { panic!("get_json: real server only") };
+        let Backend::Real(c) = &self.backend else {
+            panic!("get_json: real server only")
+        };
         let r = kube::core::Request::new(path);
         let req = match name {
             Some(n) => r.get(n, &Default::default()),
@@ -316,8 +376,12 @@ impl Env {
 
     /// DELETE the object `name` of the collection at `path` on the real server.
     pub fn delete_json(&self, path: &str, name: &str) -> Result<Value, kube::Error> {
-        let Backend::Real(c) = &self.backend else { panic!("delete_json: real server only") };
-        let req = kube::core::Request::new(path).delete(name, &DeleteParams::default()).unwrap();
+        let Backend::Real(c) = &self.backend else {
+            panic!("delete_json: real server only")
+        };
+        let req = kube::core::Request::new(path)
+            .delete(name, &DeleteParams::default())
+            .unwrap();
         c.rt.block_on(c.client.request::<Value>(req))
     }
 
@@ -334,11 +398,18 @@ impl Env {
 
 impl Drop for Env {
     fn drop(&mut self) {
-        let Backend::Real(c) = &self.backend else { return };
+        let Backend::Real(c) = &self.backend else {
+            return;
+        };
         // This test's leases (every network named after it): a later sweep must not judge them.
         if let Ok(store) = KubeStore::connect(self.settings()) {
             let prefix = format!("{}-", self.id);
-            for l in store.list_all().unwrap_or_default().into_iter().filter(|l| l.network.starts_with(&prefix)) {
+            for l in store
+                .list_all()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|l| l.network.starts_with(&prefix))
+            {
                 store.restart_budget();
                 let _ = store.remove(&l);
             }
@@ -348,7 +419,8 @@ impl Drop for Env {
         let roles: Api<ClusterRole> = Api::all(c.client.clone());
         let bindings: Api<ClusterRoleBinding> = Api::all(c.client.clone());
         for name in c.rbac.lock().unwrap().iter() {
-            let _ = c.rt.block_on(bindings.delete(name, &DeleteParams::default()));
+            let _ =
+                c.rt.block_on(bindings.delete(name, &DeleteParams::default()));
             let _ = c.rt.block_on(roles.delete(name, &DeleteParams::default()));
         }
     }
@@ -382,24 +454,39 @@ impl Cluster {
         let n = self.rbac.lock().unwrap().len();
         let user = env.name(&format!("user{n}")).to_string();
         let granted: [(&str, &str, &[&str]); 3] = [
-            ("ipam.tether.dev", "ipleases", &["get", "list", "watch", "create", "update", "delete"]),
+            (
+                "ipam.tether.dev",
+                "ipleases",
+                &["get", "list", "watch", "create", "update", "delete"],
+            ),
             ("", "pods", &["get", "list", "watch"]),
-            ("apiextensions.k8s.io", "customresourcedefinitions", &["get"]),
+            (
+                "apiextensions.k8s.io",
+                "customresourcedefinitions",
+                &["get"],
+            ),
         ];
         for (verb, resource) in forbidden {
             assert!(
-                granted.iter().any(|(_, r, vs)| r == resource && vs.contains(verb)),
+                granted
+                    .iter()
+                    .any(|(_, r, vs)| r == resource && vs.contains(verb)),
                 "a real server can only forbid what tether is granted here, not {verb} {resource}: use the double"
             );
         }
         let mut rules = Vec::new();
         for (group, resource, verbs) in granted {
-            let verbs: Vec<&str> = verbs.iter().copied().filter(|v| !forbidden.contains(&(*v, resource))).collect();
+            let verbs: Vec<&str> = verbs
+                .iter()
+                .copied()
+                .filter(|v| !forbidden.contains(&(*v, resource)))
+                .collect();
             if !verbs.is_empty() {
                 rules.push(json!({"apiGroups": [group], "resources": [resource], "verbs": verbs}));
             }
         }
-        let role: ClusterRole = serde_json::from_value(json!({"metadata": {"name": user}, "rules": rules})).unwrap();
+        let role: ClusterRole =
+            serde_json::from_value(json!({"metadata": {"name": user}, "rules": rules})).unwrap();
         let binding: ClusterRoleBinding = serde_json::from_value(json!({
             "metadata": {"name": user},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user},
@@ -407,14 +494,24 @@ impl Cluster {
         }))
         .unwrap();
         let pp = PostParams::default();
-        self.rt.block_on(Api::<ClusterRole>::all(self.client.clone()).create(&pp, &role)).expect("create ClusterRole");
+        self.rt
+            .block_on(Api::<ClusterRole>::all(self.client.clone()).create(&pp, &role))
+            .expect("create ClusterRole");
         self.rbac.lock().unwrap().push(user.clone());
-        self.rt.block_on(Api::<ClusterRoleBinding>::all(self.client.clone()).create(&pp, &binding)).expect("create ClusterRoleBinding");
+        self.rt
+            .block_on(Api::<ClusterRoleBinding>::all(self.client.clone()).create(&pp, &binding))
+            .expect("create ClusterRoleBinding");
 
         // The admin's kubeconfig, impersonating the user.
         let mut kc = kube::config::Kubeconfig::read_from(&env.kubeconfig).unwrap();
         let ctx = kc.current_context.clone().expect("current-context");
-        let auth = kc.contexts.iter().find(|c| c.name == ctx).and_then(|c| c.context.as_ref()).and_then(|c| c.user.clone()).expect("context user");
+        let auth = kc
+            .contexts
+            .iter()
+            .find(|c| c.name == ctx)
+            .and_then(|c| c.context.as_ref())
+            .and_then(|c| c.user.clone())
+            .expect("context user");
         for a in kc.auth_infos.iter_mut().filter(|a| a.name == auth) {
             if let Some(ai) = a.auth_info.as_mut() {
                 ai.impersonate = Some(user.clone());
@@ -425,7 +522,11 @@ impl Cluster {
 
         // The authorizer's caches take a moment: wait until the role's first rule is in force.
         let store = KubeStore::connect(KubeSettings::with_kubeconfig(&path)).unwrap();
-        let probe = granted.iter().find_map(|(g, r, vs)| vs.iter().find(|v| !forbidden.contains(&(**v, *r))).map(|v| (*v, *g, *r)));
+        let probe = granted.iter().find_map(|(g, r, vs)| {
+            vs.iter()
+                .find(|v| !forbidden.contains(&(**v, *r)))
+                .map(|v| (*v, *g, *r))
+        });
         if let Some((verb, group, resource)) = probe {
             let ok = wait_until(Duration::from_secs(10), || {
                 store.restart_budget();
@@ -461,11 +562,20 @@ pub fn agent_pod(node: &str) -> String {
 }
 
 pub fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
 }
 
 /// A Leased record.
-pub fn lease(network: &str, addr: &str, pod: Option<(&str, &str, &str)>, node: &str, since: u64) -> Lease {
+pub fn lease(
+    network: &str,
+    addr: &str,
+    pod: Option<(&str, &str, &str)>,
+    node: &str,
+    since: u64,
+) -> Lease {
     Lease {
         network: network.into(),
         address: addr.parse().unwrap(),
@@ -473,7 +583,9 @@ pub fn lease(network: &str, addr: &str, pod: Option<(&str, &str, &str)>, node: &
         range_index: Some(0),
         container_id: format!("ctr-{addr}"),
         ifname: "net1".into(),
-        pod: pod.map(|(ns, n, u)| PodRef::new(ns, n, u)).unwrap_or_default(),
+        pod: pod
+            .map(|(ns, n, u)| PodRef::new(ns, n, u))
+            .unwrap_or_default(),
         node: Some(node.into()),
         state: LeaseState::Leased,
         since,

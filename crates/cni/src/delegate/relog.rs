@@ -7,7 +7,9 @@ use log::Level;
 
 /// Log `stderr` of `plugin` `verb` through the `log` facade.
 pub(super) fn relog(plugin: &str, verb: &str, stderr: &[u8]) {
-    relog_to(plugin, verb, stderr, &mut |level, msg| log::log!(level, "{msg}"));
+    relog_to(plugin, verb, stderr, &mut |level, msg| {
+        log::log!(level, "{msg}")
+    });
 }
 
 /// [`relog`] into `emit`. Lines without a level continue the record before them (a message with
@@ -42,7 +44,10 @@ fn relog_to(plugin: &str, verb: &str, stderr: &[u8], emit: &mut dyn FnMut(Level,
     }
     let rest = rest.join("\n");
     if !rest.trim().is_empty() {
-        emit(Level::Debug, &format!("{plugin} {verb}: {}", rest.trim_end()));
+        emit(
+            Level::Debug,
+            &format!("{plugin} {verb}: {}", rest.trim_end()),
+        );
     }
 }
 
@@ -55,7 +60,9 @@ fn level_of(line: &str) -> Option<(Level, &str)> {
     for _ in 0..3 {
         let s = &line[pos..];
         let start = pos + (s.len() - s.trim_start().len());
-        let end = line[start..].find(char::is_whitespace).map_or(line.len(), |e| start + e);
+        let end = line[start..]
+            .find(char::is_whitespace)
+            .map_or(line.len(), |e| start + e);
         if start == end {
             return None;
         }
@@ -94,7 +101,9 @@ mod tests {
 
     fn records(stderr: &str) -> Vec<(Level, String)> {
         let mut out = Vec::new();
-        relog_to("tether-ipam", "ADD", stderr.as_bytes(), &mut |l, m| out.push((l, m.to_string())));
+        relog_to("tether-ipam", "ADD", stderr.as_bytes(), &mut |l, m| {
+            out.push((l, m.to_string()))
+        });
         out
     }
 
@@ -119,7 +128,9 @@ mod tests {
 
     #[test]
     fn other_plugins_formats() {
-        let got = records("2025-01-02T03:04:05Z [error] cannot reach the API\ntime=now level=warning msg=\"pool 90% full\"\nWARNING: slow\n");
+        let got = records(
+            "2025-01-02T03:04:05Z [error] cannot reach the API\ntime=now level=warning msg=\"pool 90% full\"\nWARNING: slow\n",
+        );
         let levels: Vec<Level> = got.iter().map(|(l, _)| *l).collect();
         assert_eq!(levels, vec![Level::Error, Level::Warn, Level::Warn]);
         assert_eq!(got[0].1, "tether-ipam ADD: cannot reach the API");
@@ -130,11 +141,19 @@ mod tests {
     fn free_text_stays_at_debug() {
         assert_eq!(
             records("no error found\nthread 'main' panicked at src/x.rs:1:1\n"),
-            vec![(Level::Debug, "tether-ipam ADD: no error found\nthread 'main' panicked at src/x.rs:1:1".to_string())]
+            vec![(
+                Level::Debug,
+                "tether-ipam ADD: no error found\nthread 'main' panicked at src/x.rs:1:1"
+                    .to_string()
+            )]
         );
         assert!(records("").is_empty() && records("\n\n").is_empty());
         // A word must be a level, not start like one.
         assert_eq!(level_of("x y WARNINGS z"), None);
-        assert_eq!(level_of("a b c ERROR d"), None, "only the first three words");
+        assert_eq!(
+            level_of("a b c ERROR d"),
+            None,
+            "only the first three words"
+        );
     }
 }

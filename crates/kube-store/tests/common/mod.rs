@@ -144,7 +144,10 @@ impl Env {
 impl Env {
     /// Delete every lease of `network` (a consistent list: the cache may lag behind).
     pub fn delete_network(&self, network: &str) {
-        if let Ok(store) = KubeStore::connect(KubeSettings { list_from_cache: false, ..self.settings() }) {
+        if let Ok(store) = KubeStore::connect(KubeSettings {
+            list_from_cache: false,
+            ..self.settings()
+        }) {
             for l in store.list(network).unwrap_or_default() {
                 let _ = store.remove(&l);
             }
