@@ -57,6 +57,11 @@ for entry in "${MODULES[@]}"; do
 
   log "$dir: building ${names[*]} with $GOVERSION"
   t0=$(date +%s)
+  # Downloads first, quietly and timed on their own: what a fresh machine pays the registry.
+  # (`go list -deps` fetches just the modules whose packages the build loads.)
+  (cd "$HERE/$dir" && go list -deps -f '' "${pkgs[@]}" 2>&1 | grep -v '^go: downloading' >&2; exit "${PIPESTATUS[0]}") ||
+    { log "$dir: FAILED loading its packages (go list -deps ${pkgs[*]})"; exit 1; }
+  t1=$(date +%s)
   tmp=$(mktemp -d "$BIN/.build.XXXXXX")
   trap 'rm -rf "$tmp"' EXIT
   # One `go build` for the whole module: the packages its programs share compile once, and the links
@@ -71,7 +76,7 @@ for entry in "${MODULES[@]}"; do
   echo "$stamp" >"$BIN/.$dir.stamp"
   rm -rf "$tmp"
   trap - EXIT
-  log "$dir: built in $(( $(date +%s) - t0 )) s"
+  log "$dir: built in $(( $(date +%s) - t0 )) s (modules $(( t1 - t0 )) s, compile and link $(( $(date +%s) - t1 )) s)"
 done
 if [ $check = 1 ] && ((${#stale[@]})); then log "missing or stale in $BIN: ${stale[*]}"; exit 1; fi
 log "all peers in $BIN ($(( $(date +%s) - total )) s)"
