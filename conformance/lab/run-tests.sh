@@ -112,6 +112,8 @@ threads_of() {
 # The script that runs every executable and fails if any failed.
 script="cd $(printf '%q' "$ROOT/conformance") || exit 125
 export TETHER_LAB=1
+# The VM's /var/cache and /tmp are its own (tmpfs, overlays): the peers are the copies made above.
+export PEERS_BIN_DIR=$(printf '%q' "$ROOT/target/lab/peers-bin") KUBECTL=$(printf '%q' "$ROOT/target/lab/peers-bin/kubectl")
 failed=()
 "
 i=0
