@@ -118,16 +118,17 @@ fn status_reports_exhaustion_and_unusable_store() {
     )
     .expect_err(1);
 
-    // The data dir is a file: STATUS 50, ADD fails with a store error naming the path.
+    // The data dir is a file: STATUS 50, ADD fails with code 7 naming the path (it will not
+    // pass by itself: only the operator can fix it).
     let net = Net::new(json!({"range": "10.1.2.0/24"}));
     std::fs::write(net.data_dir(), b"not a directory").unwrap();
     let msg = net.status().expect_err(50);
     assert!(msg.contains(net.data_dir().to_str().unwrap()), "{msg}");
-    let msg = net.add(&Att::new("c1")).expect_err(105);
+    let msg = net.add(&Att::new("c1")).expect_err(7);
     assert!(msg.contains(net.data_dir().to_str().unwrap()), "{msg}");
 }
 
-/// The data dir is created 0700 (parents too), state and lock files 0600, whatever the umask.
+/// The data dir is created 0700 (parents 0755), state and lock files 0600, whatever the umask.
 #[test]
 fn state_files_are_private() {
     let dir = TempDir::new("modes");
@@ -152,7 +153,8 @@ fn state_files_are_private() {
         String::from_utf8_lossy(&out.stdout)
     );
     assert_eq!(mode(&data), 0o700, "data dir");
-    assert_eq!(mode(&dir.path().join("a")), 0o700, "created parent");
+    // Parents are traversable (0755, like /var/lib/cni): only the data dir itself is private.
+    assert_eq!(mode(&dir.path().join("a")), 0o755, "created parent");
     assert_eq!(mode(&net.state_path()), 0o600, "state file");
     assert_eq!(
         mode(&data.join(format!("{}.lock", net.name))),

@@ -1,9 +1,15 @@
 //! Logs go to `log_file` when the config names one, else to stderr; never to stdout, which belongs to
 //! the result. Level from `log_level` (error, warn, info, debug; default warn).
+//!
+//! The config is someone else's (a NAD), and the plugin runs as root: `log_file` is opened once,
+//! in a directory only root can write (tether-trusted-fs: never through a symlink, never under
+//! /proc, /sys or /dev), created 0600; and every control character of a line (a newline in a
+//! config value quoted in a message) is escaped, so a line is always one line and cannot forge
+//! others.
 
-use std::fs::OpenOptions;
+use std::fs::File;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::{Once, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -12,7 +18,7 @@ use serde_json::{Map, Value};
 
 struct Sink {
     level: LevelFilter,
-    file: Option<PathBuf>,
+    file: Option<File>,
     program: &'static str,
 }
 
@@ -41,17 +47,13 @@ impl Log for Logger {
             sink.program,
             std::process::id(),
             r.level(),
-            r.args()
+            one_line(&r.args().to_string())
         );
         // A log line that cannot be written must not fail the operation: fall back to stderr.
-        let written = sink.file.as_ref().is_some_and(|f| {
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(f)
-                .and_then(|mut fh| fh.write_all(line.as_bytes()))
-                .is_ok()
-        });
+        let written = sink
+            .file
+            .as_ref()
+            .is_some_and(|mut f| f.write_all(line.as_bytes()).is_ok());
         if !written {
             let _ = std::io::stderr().write_all(line.as_bytes());
         }
@@ -71,29 +73,75 @@ pub fn install(program: &'static str) {
     log::set_max_level(LevelFilter::Debug);
 }
 
+/// `text` with every control character escaped (`\n` → `\\n`, others `\u{..}`).
+pub fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// What `configure` refuses: a `log_file` or `log_level` that is not a string, a `log_file` that
+/// cannot be opened safely. The message names the key; the caller answers with code 7.
+#[derive(Debug)]
+pub struct LogConfigError(pub String);
+
 /// Apply `log_file`/`log_level` from the top level of the config, or from its `ipam` object (where
 /// whereabouts users put them).
-pub fn configure(conf: &Map<String, Value>) {
-    let pick = |key: &str| -> Option<String> {
-        conf.get(key)
-            .or_else(|| conf.get("ipam").and_then(|i| i.get(key)))
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty())
-            .map(str::to_string)
+pub fn configure(conf: &Map<String, Value>) -> Result<(), LogConfigError> {
+    let pick = |key: &str| -> Result<Option<String>, LogConfigError> {
+        let (v, at) = match conf.get(key) {
+            Some(v) => (v, key.to_string()),
+            None => match conf.get("ipam").and_then(|i| i.get(key)) {
+                Some(v) => (v, format!("ipam.{key}")),
+                None => return Ok(None),
+            },
+        };
+        match v {
+            Value::Null => Ok(None),
+            Value::String(s) if s.is_empty() => Ok(None),
+            Value::String(s) => Ok(Some(s.clone())),
+            other => Err(LogConfigError(format!(
+                "{at} must be a string, not {}",
+                crate::config::json_type(other)
+            ))),
+        }
     };
-    let Ok(mut s) = SINK.write() else { return };
-    s.file = pick("log_file").map(PathBuf::from);
-    s.level = match pick("log_level")
-        .as_deref()
-        .map(str::to_ascii_lowercase)
-        .as_deref()
-    {
+    let file = pick("log_file")?;
+    let level = pick("log_level")?;
+    let level = match level.as_deref().map(str::to_ascii_lowercase).as_deref() {
         Some("error" | "panic" | "fatal") => LevelFilter::Error,
         Some("info" | "verbose") => LevelFilter::Info,
         Some("debug") => LevelFilter::Debug,
         Some("trace") => LevelFilter::Trace,
         _ => LevelFilter::Warn,
     };
+    let file = match file {
+        Some(f) => Some(open_log_file(Path::new(&f))?),
+        None => None,
+    };
+    if let Ok(mut s) = SINK.write() {
+        s.level = level;
+        s.file = file;
+    }
+    Ok(())
+}
+
+/// `log_file`, opened for appending in a trusted directory (created 0600).
+fn open_log_file(path: &Path) -> Result<File, LogConfigError> {
+    tether_trusted_fs::open_in_trusted_dir(
+        "log_file",
+        path,
+        tether_trusted_fs::Place::Log,
+        tether_trusted_fs::Open::Append(0o600),
+    )
+    .map(|f| f.expect("an append open creates the file"))
+    .map_err(|e| LogConfigError(e.to_string()))
 }
 
 /// RFC 3339 UTC timestamp without pulling in a date crate.
@@ -124,6 +172,19 @@ fn utc_now() -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn lines_stay_one_line() {
+        let injected =
+            "range \"10.1.0.0/24\n* * * * * root touch /tmp/x #\" is not valid\r\u{1b}[2J";
+        let l = super::one_line(injected);
+        assert!(
+            !l.contains('\n') && !l.contains('\r') && !l.contains('\u{1b}'),
+            "{l}"
+        );
+        assert!(l.contains("\\n* * * * *"), "the text stays readable: {l}");
+        assert_eq!(super::one_line("plain ünïcode"), "plain ünïcode");
+    }
+
     #[test]
     fn timestamp_shape() {
         let t = super::utc_now();

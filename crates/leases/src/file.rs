@@ -12,16 +12,22 @@
 //! 100 bytes, a leading `.` gets a `_` in front, and `-<hash of the original name>` is appended, so distinct names never share a file. The file records the exact
 //! network name, and a mismatch is an error.
 //!
+//! Every file is opened relative to the data directory's handle, never through a symlink, and only
+//! after that directory and every one above it passed tether-trusted-fs's checks (owned by root,
+//! not writable by group or others): a NAD's `dataDir` in a directory a user can write is refused,
+//! so nobody can make root overwrite a file of their choosing.
+//!
 //! Writes are atomic: write the temp file in the same directory, fsync it, rename it over the
 //! state file, fsync the directory. A crash at any point leaves the old or the new state. A
 //! corrupt or unreadable state file is an error naming the file; it is never reset, because a
 //! reset would hand out live addresses a second time.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::IpAddr;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+use tether_trusted_fs::{Open, Place, TrustError, TrustedDir};
 
 use serde::{Deserialize, Serialize};
 
@@ -34,16 +40,9 @@ pub const FORMAT_VERSION: u32 = 1;
 /// Errors of the node-local file store. Each names the file and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum FileStoreError {
-    /// The data directory could not be created or opened.
-    #[error(
-        "cannot create lease state directory {path}: {source} (check ipam.dataDir and permissions)"
-    )]
-    CreateDir {
-        /// Directory.
-        path: PathBuf,
-        /// Cause.
-        source: io::Error,
-    },
+    /// The data directory, or a file in it, cannot be used safely (or at all).
+    #[error("lease state directory: {0}")]
+    Dir(TrustError),
     /// The lock file could not be opened or locked.
     #[error("cannot lock {path}: {source}")]
     Lock {
@@ -103,9 +102,19 @@ pub enum FileStoreError {
 }
 
 impl FileStoreError {
-    /// Worth retrying later? (Only lock failures, e.g. an interrupted `flock`.)
+    /// Worth retrying later? Only a failed `flock` and I/O errors that may pass; a directory or
+    /// file that is wrong stays wrong.
     pub fn is_transient(&self) -> bool {
-        matches!(self, FileStoreError::Lock { .. })
+        match self {
+            FileStoreError::Lock { .. } => true,
+            FileStoreError::Dir(e) => e.is_transient(),
+            _ => false,
+        }
+    }
+
+    /// A mistake in the config (the `dataDir` it names), not in the store: CNI code 7.
+    pub fn is_config(&self) -> bool {
+        matches!(self, FileStoreError::Dir(e) if !e.is_transient())
     }
 
     /// The file store error inside a [`StoreError`], if it is one.
@@ -199,26 +208,25 @@ impl FileStore {
         struct Name {
             network: String,
         }
-        let entries = match fs::read_dir(&self.dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(source) => {
-                return Err(FileStoreError::Read {
-                    path: self.dir.clone(),
-                    source,
-                });
+        let dir = match TrustedDir::open(DATA_DIR_KEY, &self.dir, Place::State, false) {
+            Ok(d) => d,
+            Err(TrustError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                return Ok(Vec::new());
             }
+            Err(e) => return Err(FileStoreError::Dir(e)),
         };
         let mut names = Vec::new();
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.extension().is_none_or(|x| x != "json") {
+        for entry in dir.entries().map_err(FileStoreError::Dir)? {
+            let Some(name) = entry.to_str().filter(|n| n.ends_with(".json")) else {
+                continue;
+            };
+            if !dir.is_file(name) {
                 continue;
             }
-            let bytes = fs::read(&path).map_err(|source| FileStoreError::Read {
-                path: path.clone(),
-                source,
-            })?;
+            let path = dir.join(name);
+            let Some(bytes) = read_file(&dir, name)? else {
+                continue;
+            };
             // Anything else someone put in the directory is not ours to judge; opening the network
             // itself still reports a damaged state file.
             match serde_json::from_slice::<Name>(&bytes) {
@@ -237,9 +245,8 @@ impl FileStore {
         network: &str,
         f: impl FnOnce(&mut Transaction<'_>) -> Result<R, E>,
     ) -> Result<R, E> {
-        let _lock = self.lock(network).map_err(|e| E::from(e.into()))?;
-        let path = self.state_path(network);
-        let mut state = self.load(&path, network).map_err(|e| E::from(e.into()))?;
+        let (dir, _lock) = self.lock(network).map_err(|e| E::from(e.into()))?;
+        let mut state = load(&dir, network).map_err(|e| E::from(e.into()))?;
         let mut txn = Transaction {
             network,
             state: &mut state,
@@ -247,152 +254,130 @@ impl FileStore {
         };
         let out = f(&mut txn)?;
         if txn.dirty {
-            self.save(&path, &mut state)
-                .map_err(|e| E::from(e.into()))?;
+            save(&dir, network, &mut state).map_err(|e| E::from(e.into()))?;
         }
         Ok(out)
     }
 
-    fn ensure_dir(&self) -> Result<(), FileStoreError> {
-        if self.dir.is_dir() {
-            return Ok(());
-        }
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)
-            .map_err(|source| FileStoreError::CreateDir {
-                path: self.dir.clone(),
-                source,
-            })
+    /// The data directory, opened (created 0700 when missing) and checked.
+    pub fn open_dir(&self) -> Result<TrustedDir, FileStoreError> {
+        TrustedDir::open(DATA_DIR_KEY, &self.dir, Place::State, true).map_err(FileStoreError::Dir)
     }
 
-    fn lock(&self, network: &str) -> Result<File, FileStoreError> {
-        self.ensure_dir()?;
-        let path = self.lock_path(network);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|source| FileStoreError::Lock {
-                path: path.clone(),
-                source,
-            })?;
+    fn lock(&self, network: &str) -> Result<(TrustedDir, File), FileStoreError> {
+        let dir = self.open_dir()?;
+        let name = format!("{}.lock", file_stem(network));
+        let file = dir
+            .open_file(&name, Open::Lock)
+            .map_err(FileStoreError::Dir)?
+            .expect("a lock file is created");
         loop {
             match file.lock() {
-                Ok(()) => return Ok(file),
+                Ok(()) => return Ok((dir, file)),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(source) => return Err(FileStoreError::Lock { path, source }),
-            }
-        }
-    }
-
-    fn load(&self, path: &Path, network: &str) -> Result<StateFile, FileStoreError> {
-        let mut bytes = Vec::new();
-        match File::open(path) {
-            Ok(mut f) => {
-                f.read_to_end(&mut bytes)
-                    .map_err(|source| FileStoreError::Read {
-                        path: path.to_path_buf(),
+                Err(source) => {
+                    return Err(FileStoreError::Lock {
+                        path: dir.join(&name),
                         source,
-                    })?;
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Ok(StateFile {
-                    format: FORMAT_VERSION,
-                    network: network.to_string(),
-                    next_version: 1,
-                    leases: Vec::new(),
-                });
-            }
-            Err(source) => {
-                return Err(FileStoreError::Read {
-                    path: path.to_path_buf(),
-                    source,
-                });
+                    });
+                }
             }
         }
-        let corrupt = |detail: String| FileStoreError::Corrupt {
-            path: path.to_path_buf(),
-            detail,
-        };
-        let header: Header = serde_json::from_slice(&bytes)
-            .map_err(|e| corrupt(format!("not a JSON object ({e})")))?;
-        match header.format.as_ref().map(|v| v.as_u64()) {
-            None => return Err(corrupt("no \"format\" field".to_string())),
-            Some(None) => return Err(corrupt(format!("\"format\" is {}", header.format.unwrap()))),
-            Some(Some(n)) if n == FORMAT_VERSION as u64 => {}
-            Some(Some(0)) => return Err(corrupt("\"format\" is 0".to_string())),
-            Some(Some(found)) => {
-                return Err(FileStoreError::UnsupportedFormat {
-                    path: path.to_path_buf(),
-                    found,
-                });
-            }
-        }
-        let de = &mut serde_json::Deserializer::from_slice(&bytes);
-        let state: StateFile = serde_path_to_error::deserialize(de)
-            .map_err(|e| corrupt(format!("at {}: {}", e.path(), e.inner())))?;
-        if state.network != network {
-            return Err(FileStoreError::WrongNetwork {
-                path: path.to_path_buf(),
-                found: state.network,
-                expected: network.to_string(),
-            });
-        }
-        let mut seen = std::collections::HashSet::<IpAddr>::new();
-        for l in &state.leases {
-            if l.network != network {
-                return Err(corrupt(format!(
-                    "record of {} names network {:?}",
-                    l.address, l.network
-                )));
-            }
-            if !seen.insert(l.address) {
-                return Err(corrupt(format!("two records for {}", l.address)));
-            }
-            if l.version.is_none() {
-                return Err(corrupt(format!("record of {} has no version", l.address)));
-            }
-        }
-        Ok(state)
     }
+}
 
-    fn save(&self, path: &Path, state: &mut StateFile) -> Result<(), FileStoreError> {
-        state.leases.sort_by_key(|a| a.address);
-        let mut bytes = serde_json::to_vec_pretty(state).expect("lease state serialises");
-        bytes.push(b'\n');
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("state.json");
-        let tmp = self.dir.join(format!(".{name}.tmp"));
-        let werr = |p: &Path| {
-            let p = p.to_path_buf();
-            move |source| FileStoreError::Write { path: p, source }
-        };
-        {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)
-                .map_err(werr(&tmp))?;
-            f.set_permissions(fs::Permissions::from_mode(0o600))
-                .map_err(werr(&tmp))?;
-            f.write_all(&bytes).map_err(werr(&tmp))?;
-            f.sync_all().map_err(werr(&tmp))?;
+/// The config key a data directory comes from (in error messages).
+const DATA_DIR_KEY: &str = "ipam.dataDir";
+
+/// The whole of `name` in `dir`, or `None` when there is no such file.
+fn read_file(dir: &TrustedDir, name: &str) -> Result<Option<Vec<u8>>, FileStoreError> {
+    let Some(mut f) = dir
+        .open_file(name, Open::Read)
+        .map_err(FileStoreError::Dir)?
+    else {
+        return Ok(None);
+    };
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes)
+        .map_err(|source| FileStoreError::Read {
+            path: dir.join(name),
+            source,
+        })?;
+    Ok(Some(bytes))
+}
+
+fn load(dir: &TrustedDir, network: &str) -> Result<StateFile, FileStoreError> {
+    let name = format!("{}.json", file_stem(network));
+    let path = dir.join(&name);
+    let Some(bytes) = read_file(dir, &name)? else {
+        return Ok(StateFile {
+            format: FORMAT_VERSION,
+            network: network.to_string(),
+            next_version: 1,
+            leases: Vec::new(),
+        });
+    };
+    let corrupt = |detail: String| FileStoreError::Corrupt {
+        path: path.clone(),
+        detail,
+    };
+    let header: Header =
+        serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("not a JSON object ({e})")))?;
+    match header.format.as_ref().map(|v| v.as_u64()) {
+        None => return Err(corrupt("no \"format\" field".to_string())),
+        Some(None) => return Err(corrupt(format!("\"format\" is {}", header.format.unwrap()))),
+        Some(Some(n)) if n == FORMAT_VERSION as u64 => {}
+        Some(Some(0)) => return Err(corrupt("\"format\" is 0".to_string())),
+        Some(Some(found)) => {
+            return Err(FileStoreError::UnsupportedFormat { path, found });
         }
-        fs::rename(&tmp, path).map_err(werr(path))?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(werr(&self.dir))?;
-        Ok(())
     }
+    let de = &mut serde_json::Deserializer::from_slice(&bytes);
+    let state: StateFile = serde_path_to_error::deserialize(de)
+        .map_err(|e| corrupt(format!("at {}: {}", e.path(), e.inner())))?;
+    if state.network != network {
+        return Err(FileStoreError::WrongNetwork {
+            path,
+            found: state.network,
+            expected: network.to_string(),
+        });
+    }
+    let mut seen = std::collections::HashSet::<IpAddr>::new();
+    for l in &state.leases {
+        if l.network != network {
+            return Err(corrupt(format!(
+                "record of {} names network {:?}",
+                l.address, l.network
+            )));
+        }
+        if !seen.insert(l.address) {
+            return Err(corrupt(format!("two records for {}", l.address)));
+        }
+        if l.version.is_none() {
+            return Err(corrupt(format!("record of {} has no version", l.address)));
+        }
+    }
+    Ok(state)
+}
+
+fn save(dir: &TrustedDir, network: &str, state: &mut StateFile) -> Result<(), FileStoreError> {
+    state.leases.sort_by_key(|a| a.address);
+    let mut bytes = serde_json::to_vec_pretty(state).expect("lease state serialises");
+    bytes.push(b'\n');
+    let name = format!("{}.json", file_stem(network));
+    let tmp = format!(".{name}.tmp");
+    let werr = |p: PathBuf| move |source| FileStoreError::Write { path: p, source };
+    {
+        let mut f = dir
+            .open_file(&tmp, Open::Replace)
+            .map_err(FileStoreError::Dir)?
+            .expect("a temporary file is created");
+        f.write_all(&bytes).map_err(werr(dir.join(&tmp)))?;
+        f.sync_all().map_err(werr(dir.join(&tmp)))?;
+    }
+    dir.rename(&tmp, &name).map_err(FileStoreError::Dir)?;
+    dir.sync().map_err(FileStoreError::Dir)?;
+    Ok(())
 }
 
 /// An open read-modify-write transaction on one network's state (see [`FileStore::transaction`]).

@@ -23,9 +23,10 @@
 //! What the journal says is a hint, never the truth: every record read from it is verified
 //! against the store (by the compare-and-swap of a write, or a GET) before it is acted on.
 
-use std::fs;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+
+use tether_trusted_fs::{Open, Place, TrustError, TrustedDir};
 
 use serde::{Deserialize, Serialize};
 
@@ -79,6 +80,9 @@ pub trait AttachmentIndex {
 /// Errors of the journal files.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
+    /// The journal's directory, or a file in it, cannot be used safely (see tether-trusted-fs).
+    #[error("the node's lease journal: {0}")]
+    Dir(TrustError),
     /// A journal file or directory could not be read.
     #[error(
         "cannot read the node's lease journal {path}: {source}; check that the CNI data directory is a writable host directory"
@@ -105,7 +109,7 @@ impl From<JournalError> for StoreError {
     fn from(e: JournalError) -> StoreError {
         StoreError::Backend {
             message: e.to_string(),
-            transient: false,
+            transient: matches!(&e, JournalError::Dir(t) if t.is_transient()),
             source: Some(Box::new(e)),
         }
     }
@@ -152,10 +156,6 @@ impl FileJournal {
         &self.dir
     }
 
-    fn net_dir(&self, network: &str) -> PathBuf {
-        self.dir.join(file_stem(network))
-    }
-
     fn read_err(path: &Path) -> impl FnOnce(io::Error) -> JournalError + '_ {
         move |source| JournalError::Read {
             path: path.to_path_buf(),
@@ -170,20 +170,33 @@ impl FileJournal {
         }
     }
 
-    fn ensure_dir(&self, network: &str) -> Result<PathBuf, JournalError> {
-        use std::os::unix::fs::DirBuilderExt;
-        let d = self.net_dir(network);
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&d)
-            .map_err(Self::write_err(&d))?;
-        Ok(d)
+    /// The network's directory, checked (created 0700 with `create`); `None` when it does not
+    /// exist and `create` is off.
+    fn net(&self, network: &str, create: bool) -> Result<Option<TrustedDir>, JournalError> {
+        let missing = |e: &TrustError| matches!(e, TrustError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound);
+        let root = match TrustedDir::open(
+            "ipam.dataDir (its journal/)",
+            &self.dir,
+            Place::State,
+            create,
+        ) {
+            Ok(d) => d,
+            Err(e) if !create && missing(&e) => return Ok(None),
+            Err(e) => return Err(JournalError::Dir(e)),
+        };
+        match root.subdir(&file_stem(network), create) {
+            Ok(d) => Ok(Some(d)),
+            Err(e) if !create && missing(&e) => Ok(None),
+            Err(e) => Err(JournalError::Dir(e)),
+        }
     }
 
     /// Is the journal of `network` authoritative (complete) on this node?
     pub fn is_complete(&self, network: &str) -> bool {
-        self.net_dir(network).join(COMPLETE).exists()
+        self.net(network, false)
+            .ok()
+            .flatten()
+            .is_some_and(|d| d.is_file(COMPLETE))
     }
 
     /// Make the journal of `network` complete from `leases` (this node's records of the network,
@@ -195,16 +208,13 @@ impl FileJournal {
         network: &str,
         list: impl FnOnce() -> Result<Vec<Lease>, StoreError>,
     ) -> Result<(), StoreError> {
-        let d = self.ensure_dir(network)?;
-        let lock_path = d.join(LOCK);
-        let lock = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(Self::write_err(&lock_path))?;
-        lock.lock().map_err(Self::write_err(&lock_path))?;
-        if self.is_complete(network) {
+        let d = self.net(network, true)?.expect("created");
+        let lock = d
+            .open_file(LOCK, Open::Lock)
+            .map_err(JournalError::Dir)?
+            .expect("a lock file is created");
+        lock.lock().map_err(Self::write_err(&d.join(LOCK)))?;
+        if d.is_file(COMPLETE) {
             return Ok(());
         }
         let leases = list()?;
@@ -233,11 +243,11 @@ impl FileJournal {
         for e in &fresh {
             self.record(network, e)?;
         }
-        let c = d.join(COMPLETE);
-        fs::write(&c, b"").map_err(Self::write_err(&c))?;
+        d.open_file(COMPLETE, Open::Replace)
+            .map_err(JournalError::Dir)?;
         log::info!(
             "network {network}: rebuilt this node's lease journal in {} ({} attachment(s) found in the store)",
-            d.display(),
+            d.path().display(),
             fresh.len()
         );
         Ok(())
@@ -251,44 +261,42 @@ impl FileJournal {
         )
     }
 
-    fn read_entry(path: &Path) -> Result<Option<JournalEntry>, JournalError> {
-        match fs::read(path) {
-            Ok(b) => match serde_json::from_slice(&b) {
-                Ok(e) => Ok(Some(e)),
-                // A damaged entry is only a lost hint: the store still holds the truth, and
-                // the reconciler reclaims a lease nobody finds.
-                Err(err) => {
-                    log::warn!(
-                        "ignoring damaged lease journal entry {}: {err}",
-                        path.display()
-                    );
-                    Ok(None)
-                }
-            },
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Self::read_err(path)(e)),
+    fn read_entry(d: &TrustedDir, name: &str) -> Result<Option<JournalEntry>, JournalError> {
+        let path = d.join(name);
+        let Some(mut f) = d.open_file(name, Open::Read).map_err(JournalError::Dir)? else {
+            return Ok(None);
+        };
+        let mut b = Vec::new();
+        f.read_to_end(&mut b).map_err(Self::read_err(&path))?;
+        match serde_json::from_slice(&b) {
+            Ok(e) => Ok(Some(e)),
+            // A damaged entry is only a lost hint: the store still holds the truth, and the
+            // reconciler reclaims a lease nobody finds.
+            Err(err) => {
+                log::warn!(
+                    "ignoring damaged lease journal entry {}: {err}",
+                    path.display()
+                );
+                Ok(None)
+            }
         }
     }
 
-    /// File names in the network's directory (none when it does not exist).
-    fn names(&self, network: &str) -> Result<Vec<String>, JournalError> {
-        let d = self.net_dir(network);
-        let rd = match fs::read_dir(&d) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(Self::read_err(&d)(e)),
+    /// The network's directory and its entry file names (none when it does not exist).
+    fn names(&self, network: &str) -> Result<Option<(TrustedDir, Vec<String>)>, JournalError> {
+        let Some(d) = self.net(network, false)? else {
+            return Ok(None);
         };
         let mut out = Vec::new();
-        for ent in rd {
-            let ent = ent.map_err(Self::read_err(&d))?;
-            if let Some(n) = ent.file_name().to_str()
+        for n in d.entries().map_err(JournalError::Dir)? {
+            if let Some(n) = n.to_str()
                 && n.ends_with(".json")
                 && !n.starts_with('.')
             {
                 out.push(n.to_string());
             }
         }
-        Ok(out)
+        Ok(Some((d, out)))
     }
 }
 
@@ -300,11 +308,13 @@ impl AttachmentIndex for FileJournal {
         ifname: &str,
         pod: &PodRef,
     ) -> Result<Lookup, StoreError> {
-        let d = self.net_dir(network);
         let a = attachment_key(container_id, ifname);
         let p = pod_key(pod, ifname);
         let mut out = Lookup::default();
-        for n in self.names(network)? {
+        let Some((d, names)) = self.names(network)? else {
+            return Ok(out);
+        };
+        for n in names {
             let Some((fa, rest)) = n.split_once('.') else {
                 continue;
             };
@@ -314,7 +324,7 @@ impl AttachmentIndex for FileJournal {
             if !mine && !same_pod {
                 continue;
             }
-            let Some(e) = Self::read_entry(&d.join(&n))? else {
+            let Some(e) = Self::read_entry(&d, &n)? else {
                 continue;
             };
             if e.container_id == container_id && e.ifname == ifname {
@@ -327,45 +337,36 @@ impl AttachmentIndex for FileJournal {
     }
 
     fn record(&self, network: &str, entry: &JournalEntry) -> Result<(), StoreError> {
-        let d = self.ensure_dir(network)?;
-        let path = d.join(Self::file_name(entry));
+        let d = self.net(network, true)?.expect("created");
+        let name = Self::file_name(entry);
         if entry.leases.is_empty() {
-            return match fs::remove_file(&path) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(Self::write_err(&path)(e).into()),
-            };
+            return d.remove(&name).map_err(|e| JournalError::Dir(e).into());
         }
         let body = serde_json::to_vec(entry).expect("a journal entry serialises");
-        let tmp = d.join(format!(
-            ".{}.tmp.{}",
-            Self::file_name(entry),
-            std::process::id()
-        ));
-        let write = || -> io::Result<()> {
-            use std::os::unix::fs::OpenOptionsExt;
-            let mut f = fs::OpenOptions::new()
-                .create(true)
-                .truncate(true)
-                .write(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            f.write_all(&body)?;
+        let tmp = format!(".{name}.tmp.{}", std::process::id());
+        let write = || -> Result<(), JournalError> {
+            let mut f = d
+                .open_file(&tmp, Open::Replace)
+                .map_err(JournalError::Dir)?
+                .expect("a temporary file is created");
+            f.write_all(&body).map_err(Self::write_err(&d.join(&tmp)))?;
             // No fsync: the journal guards against a killed process (the page cache survives
             // it); after a power loss the pods are re-created and the reconciler reclaims.
-            fs::rename(&tmp, &path)
+            d.rename(&tmp, &name).map_err(JournalError::Dir)
         };
         write().map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            StoreError::from(Self::write_err(&path)(e))
+            let _ = d.remove(&tmp);
+            StoreError::from(e)
         })
     }
 
     fn entries(&self, network: &str) -> Result<Vec<JournalEntry>, StoreError> {
-        let d = self.net_dir(network);
         let mut out = Vec::new();
-        for n in self.names(network)? {
-            if let Some(e) = Self::read_entry(&d.join(n))? {
+        let Some((d, names)) = self.names(network)? else {
+            return Ok(out);
+        };
+        for n in names {
+            if let Some(e) = Self::read_entry(&d, &n)? {
                 out.push(e);
             }
         }

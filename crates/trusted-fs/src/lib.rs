@@ -1,0 +1,625 @@
+//! Files that root opens only inside directories nobody else controls, never through a symlink.
+//!
+//! The plugins run as root and write their state, lock, temporary and log files where a config
+//! (a NAD, written by someone else) says. If anyone but root could write that directory, or any
+//! directory above it, they could plant a symlink or swap a directory and make root overwrite or
+//! create any file. So a [`TrustedDir`] is opened by walking the path from `/` one component at
+//! a time with `O_NOFOLLOW`, checking each directory on the way (owned by root or by us, not
+//! writable by group or others — a sticky directory like `/tmp` is allowed above, not as the
+//! directory itself), and every file in it is then opened relative to that handle with
+//! `O_NOFOLLOW`: what was checked is what is used, even if a path is swapped later.
+//!
+//! Symlinks in the configured path itself (`/var/run` → `/run`) are resolved once, before the
+//! walk (`canonicalize`); the walk then refuses any symlink, so a swap after that fails closed.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag, openat, renameat};
+use nix::sys::stat::{FileStat, Mode, SFlag, fstat, mkdirat};
+use nix::unistd::{UnlinkatFlags, fsync, geteuid, unlinkat};
+
+/// Pseudo-filesystems where no state or log file belongs: a path there is a config mistake (or
+/// an attack), never something to retry.
+const PSEUDO_FS: &[&str] = &["/proc", "/sys", "/dev"];
+
+/// Why a directory or file cannot be used. Each names the path and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum TrustError {
+    /// Not an absolute path, or under /proc, /sys or /dev.
+    #[error("{key} {path:?} is not a place for tether's files: {reason}")]
+    Unfit {
+        /// The config key that named it (`ipam.dataDir`, `log_file`).
+        key: String,
+        /// As configured.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// Someone other than root could change the directory (or one above it).
+    #[error(
+        "{key} {path:?} cannot be trusted: {dir:?} {reason}; use a directory that only root can \
+         write, in directories only root can write (e.g. the default /var/lib/cni/tether)"
+    )]
+    Untrusted {
+        /// The config key that named it.
+        key: String,
+        /// As configured.
+        path: PathBuf,
+        /// The directory that failed the check.
+        dir: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A file in a trusted directory is not what it must be (a symlink, a directory, another
+    /// owner's file).
+    #[error("{path:?} {reason}; remove it (tether creates it again)")]
+    UnfitFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The system refused an operation.
+    #[error("{op} {path:?}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// The system's error.
+        source: io::Error,
+    },
+}
+
+impl TrustError {
+    /// Worth retrying? Only an I/O error that may pass (out of space, interrupted, busy); a bad
+    /// or untrusted path never passes by itself.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            TrustError::Io { source, .. } => {
+                !matches!(
+                    source.kind(),
+                    io::ErrorKind::PermissionDenied
+                        | io::ErrorKind::NotADirectory
+                        | io::ErrorKind::InvalidInput
+                        | io::ErrorKind::ReadOnlyFilesystem
+                        | io::ErrorKind::AlreadyExists
+                        | io::ErrorKind::IsADirectory
+                        | io::ErrorKind::NotFound
+                ) && source.raw_os_error() != Some(libc::ELOOP)
+                    && source.raw_os_error() != Some(libc::EXDEV)
+            }
+            _ => false,
+        }
+    }
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> TrustError + 'a {
+    move |e| TrustError::Io {
+        op,
+        path: path.to_path_buf(),
+        source: io::Error::from(e),
+    }
+}
+
+/// How a file is opened in a [`TrustedDir`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Open {
+    /// Read only; a missing file is `Ok(None)`.
+    Read,
+    /// Read and write, created (mode 0600) when missing, never truncated: a lock file.
+    Lock,
+    /// Write, created (0600) or truncated: a temporary file to be renamed in place.
+    Replace,
+    /// Append, created (given mode) when missing: a log file.
+    Append(u32),
+}
+
+/// An open directory that passed the checks (see the module docs).
+#[derive(Debug)]
+pub struct TrustedDir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+/// Is `st` a directory that only root (or we) can change? `top`: the directory the files go in
+/// (a sticky directory is fine above it, not as it).
+fn check_dir(st: &FileStat, top: bool) -> Result<(), String> {
+    if SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) != SFlag::S_IFDIR {
+        return Err("is not a directory".into());
+    }
+    let me = geteuid().as_raw();
+    if st.st_uid != 0 && st.st_uid != me {
+        return Err(format!("is owned by uid {}", st.st_uid));
+    }
+    let writable = st.st_mode & 0o022;
+    let sticky = st.st_mode & 0o1000 != 0;
+    if writable != 0 && (top || !sticky) {
+        return Err(format!(
+            "is writable by {} (mode {:o})",
+            if writable & 0o002 != 0 {
+                "others"
+            } else {
+                "its group"
+            },
+            st.st_mode & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+/// What a directory holds, which decides where it may be. A config names these paths, and root
+/// writes there: a path in /etc, /root or /usr would let whoever writes a NAD make root create or
+/// append to files that the system reads (a log line in /etc/ld.so.preload is a root shell).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// State, lock, temporary and journal files (`dataDir`).
+    State,
+    /// A log file (`log_file`).
+    Log,
+}
+
+impl Place {
+    /// The directories under which (strictly below) the files may be.
+    pub fn roots(self) -> &'static [&'static str] {
+        match self {
+            Place::State => &["/var/lib", "/run", "/var/run", "/tmp", "/var/tmp"],
+            Place::Log => &["/var/log", "/tmp", "/var/tmp"],
+        }
+    }
+}
+
+/// `path` is absolute, without `..`, not under a pseudo-filesystem, and below one of `place`'s
+/// roots.
+pub fn check_place(key: &str, path: &Path, place: Place) -> Result<(), TrustError> {
+    let unfit = |reason: &str| TrustError::Unfit {
+        key: key.to_string(),
+        path: path.to_path_buf(),
+        reason: reason.to_string(),
+    };
+    if !path.is_absolute() {
+        return Err(unfit("it must be an absolute path"));
+    }
+    if path.components().any(|c| c == Component::ParentDir) {
+        return Err(unfit("it must not contain '..'"));
+    }
+    for p in PSEUDO_FS {
+        if path.starts_with(p) {
+            return Err(unfit(&format!("{p} is a kernel pseudo-filesystem")));
+        }
+    }
+    let roots = place.roots();
+    if !roots
+        .iter()
+        .any(|r| path.starts_with(r) && path != Path::new(r))
+    {
+        return Err(unfit(&format!(
+            "it must be below {} (e.g. {})",
+            roots.join(", "),
+            match place {
+                Place::State => "the default /var/lib/cni/tether",
+                Place::Log => "/var/log/tether/cni.log",
+            }
+        )));
+    }
+    Ok(())
+}
+
+impl TrustedDir {
+    /// Open the directory `path` (`key` names it in errors), creating it (0700; missing parents
+    /// 0755) when `create`. Every directory from `/` down must pass the checks.
+    pub fn open(
+        key: &str,
+        path: &Path,
+        place: Place,
+        create: bool,
+    ) -> Result<TrustedDir, TrustError> {
+        check_place(key, path, place)?;
+        // Resolve what exists of the path once (a symlinked /var/run); what is missing is
+        // created below, under directories that passed.
+        let (mut real, mut missing) = (path.to_path_buf(), Vec::<OsString>::new());
+        let resolved = loop {
+            match std::fs::canonicalize(&real) {
+                Ok(r) => break r,
+                Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+                    let Some(name) = real.file_name() else {
+                        return Err(io_err("resolving", path)(Errno::ENOENT));
+                    };
+                    missing.push(name.to_os_string());
+                    real = real.parent().map(Path::to_path_buf).unwrap_or_default();
+                }
+                Err(source) => {
+                    return Err(TrustError::Io {
+                        op: "resolving",
+                        path: path.to_path_buf(),
+                        source,
+                    });
+                }
+            }
+        };
+        // A symlink must not lead out of the allowed places either.
+        check_place(key, &resolved, place)?;
+        let untrusted = |dir: &Path, reason: String| TrustError::Untrusted {
+            key: key.to_string(),
+            path: path.to_path_buf(),
+            dir: dir.to_path_buf(),
+            reason,
+        };
+        let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
+        let mut here = PathBuf::from("/");
+        let mut fd =
+            nix::fcntl::open("/", flags, Mode::empty()).map_err(io_err("opening", &here))?;
+        let mut names: Vec<OsString> = resolved
+            .components()
+            .filter_map(|c| match c {
+                Component::Normal(n) => Some(n.to_os_string()),
+                _ => None,
+            })
+            .collect();
+        let existing = names.len();
+        names.extend(missing.into_iter().rev());
+        let last = names.len();
+        let st = fstat(&fd).map_err(io_err("checking", &here))?;
+        check_dir(&st, last == 0).map_err(|r| untrusted(&here, r))?;
+        for (i, name) in names.iter().enumerate() {
+            here.push(name);
+            let top = i + 1 == last;
+            if i >= existing {
+                let mode = if top { 0o700 } else { 0o755 };
+                match mkdirat(&fd, name.as_os_str(), Mode::from_bits_truncate(mode)) {
+                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Err(e) => return Err(io_err("creating", &here)(e)),
+                }
+            }
+            let next =
+                openat(&fd, name.as_os_str(), flags, Mode::empty()).map_err(|e| match e {
+                    Errno::ELOOP => untrusted(&here, "became a symlink while it was opened".into()),
+                    Errno::ENOTDIR => untrusted(&here, "is not a directory".into()),
+                    e => io_err("opening", &here)(e),
+                })?;
+            let st = fstat(&next).map_err(io_err("checking", &here))?;
+            check_dir(&st, top).map_err(|r| untrusted(&here, r))?;
+            fd = next;
+        }
+        Ok(TrustedDir {
+            fd,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The directory as configured.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The path of `name` in this directory (for messages).
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    /// A directory inside this one, created 0700 when `create` and missing, checked the same way.
+    pub fn subdir(&self, name: &str, create: bool) -> Result<TrustedDir, TrustError> {
+        let path = self.path.join(name);
+        check_name(name, &path)?;
+        if create {
+            match mkdirat(&self.fd, name, Mode::from_bits_truncate(0o700)) {
+                Ok(()) | Err(Errno::EEXIST) => {}
+                Err(e) => return Err(io_err("creating", &path)(e)),
+            }
+        }
+        let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
+        let fd = openat(&self.fd, name, flags, Mode::empty()).map_err(|e| match e {
+            Errno::ELOOP | Errno::ENOTDIR => TrustError::UnfitFile {
+                path: path.clone(),
+                reason: "is not a directory (a symlink?)".into(),
+            },
+            e => io_err("opening", &path)(e),
+        })?;
+        let st = fstat(&fd).map_err(io_err("checking", &path))?;
+        check_dir(&st, true).map_err(|reason| TrustError::UnfitFile {
+            path: path.clone(),
+            reason,
+        })?;
+        Ok(TrustedDir { fd, path })
+    }
+
+    /// Open the regular file `name` here, never through a symlink. `Open::Read` of a missing
+    /// file is `Ok(None)`.
+    pub fn open_file(&self, name: &str, how: Open) -> Result<Option<File>, TrustError> {
+        let path = self.path.join(name);
+        check_name(name, &path)?;
+        let base = OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+        let (flags, mode) = match how {
+            Open::Read => (base | OFlag::O_RDONLY, 0),
+            Open::Lock => (base | OFlag::O_RDWR | OFlag::O_CREAT, 0o600),
+            Open::Replace => (
+                base | OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC,
+                0o600,
+            ),
+            Open::Append(m) => (base | OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_APPEND, m),
+        };
+        let fd = match openat(&self.fd, name, flags, Mode::from_bits_truncate(mode)) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) if how == Open::Read => return Ok(None),
+            Err(Errno::ELOOP) => {
+                return Err(TrustError::UnfitFile {
+                    path,
+                    reason: "is a symlink".into(),
+                });
+            }
+            // Opening a directory for writing: where one of our files belongs, something else is.
+            Err(Errno::EISDIR) => {
+                return Err(TrustError::UnfitFile {
+                    path,
+                    reason: "is a directory, not a regular file".into(),
+                });
+            }
+            Err(e) => return Err(io_err("opening", &path)(e)),
+        };
+        let st = fstat(&fd).map_err(io_err("checking", &path))?;
+        let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
+        if kind != SFlag::S_IFREG {
+            return Err(TrustError::UnfitFile {
+                path,
+                reason: "is not a regular file".into(),
+            });
+        }
+        if st.st_uid != geteuid().as_raw() {
+            return Err(TrustError::UnfitFile {
+                path,
+                reason: format!("is owned by uid {}", st.st_uid),
+            });
+        }
+        // A file of ours that an older version (or a umask) left wider than asked.
+        if matches!(how, Open::Lock | Open::Replace) && st.st_mode & 0o7777 != mode {
+            nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(mode))
+                .map_err(io_err("chmod", &path))?;
+        }
+        // Blocking I/O from here on (O_NONBLOCK only kept a FIFO from hanging the open).
+        let file = File::from(fd);
+        let fl = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GETFL)
+            .map_err(io_err("opening", &path))?;
+        let fl = OFlag::from_bits_truncate(fl) & !OFlag::O_NONBLOCK;
+        nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_SETFL(fl))
+            .map_err(io_err("opening", &path))?;
+        Ok(Some(file))
+    }
+
+    /// Rename `from` to `to`, both in this directory (atomic replace).
+    pub fn rename(&self, from: &str, to: &str) -> Result<(), TrustError> {
+        let path = self.path.join(to);
+        check_name(from, &path)?;
+        check_name(to, &path)?;
+        renameat(&self.fd, from, &self.fd, to).map_err(io_err("renaming into", &path))
+    }
+
+    /// Remove the file `name`; a missing one is fine.
+    pub fn remove(&self, name: &str) -> Result<(), TrustError> {
+        let path = self.path.join(name);
+        check_name(name, &path)?;
+        match unlinkat(&self.fd, name, UnlinkatFlags::NoRemoveDir) {
+            Ok(()) | Err(Errno::ENOENT) => Ok(()),
+            Err(e) => Err(io_err("removing", &path)(e)),
+        }
+    }
+
+    /// Flush the directory itself (a rename or create in it is durable after this).
+    pub fn sync(&self) -> Result<(), TrustError> {
+        fsync(&self.fd).map_err(io_err("syncing", &self.path))
+    }
+
+    /// The names in this directory (not `.` and `..`).
+    pub fn entries(&self) -> Result<Vec<OsString>, TrustError> {
+        let fd = openat(
+            &self.fd,
+            ".",
+            OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
+            Mode::empty(),
+        )
+        .map_err(io_err("listing", &self.path))?;
+        let dir = nix::dir::Dir::from_fd(fd).map_err(io_err("listing", &self.path))?;
+        let mut out = Vec::new();
+        for e in dir {
+            let e = e.map_err(io_err("listing", &self.path))?;
+            let n = OsStr::from_bytes(e.file_name().to_bytes());
+            if n != "." && n != ".." {
+                out.push(n.to_os_string());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Is `name` a regular file (not following a symlink)?
+    pub fn is_file(&self, name: &str) -> bool {
+        nix::sys::stat::fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok_and(|st| {
+            SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFREG
+        })
+    }
+}
+
+impl AsFd for TrustedDir {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// One plain name: no `/`, not `.` or `..`, not empty.
+fn check_name(name: &str, path: &Path) -> Result<(), TrustError> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+        return Err(TrustError::UnfitFile {
+            path: path.to_path_buf(),
+            reason: format!("{name:?} is not a plain file name"),
+        });
+    }
+    Ok(())
+}
+
+/// Open the file at `path` (its directory checked as a [`TrustedDir`], created when missing):
+/// for a single file such as a log.
+pub fn open_in_trusted_dir(
+    key: &str,
+    path: &Path,
+    place: Place,
+    how: Open,
+) -> Result<Option<File>, TrustError> {
+    check_place(key, path, place)?;
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(OsStr::to_str)) else {
+        return Err(TrustError::Unfit {
+            key: key.to_string(),
+            path: path.to_path_buf(),
+            reason: "it must name a file in a directory".into(),
+        });
+    };
+    TrustedDir::open(key, dir, place, true)?.open_file(name, how)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::fs::{PermissionsExt, symlink};
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("tether-trusted-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        d
+    }
+
+    #[test]
+    fn creates_checks_and_round_trips() {
+        let d = scratch("ok");
+        let t = TrustedDir::open("ipam.dataDir", &d.join("a/b"), Place::State, true).unwrap();
+        assert_eq!(
+            std::fs::metadata(d.join("a/b"))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o700
+        );
+        let mut f = t.open_file(".x.tmp", Open::Replace).unwrap().unwrap();
+        f.write_all(b"state").unwrap();
+        drop(f);
+        t.rename(".x.tmp", "x.json").unwrap();
+        t.sync().unwrap();
+        let mut s = String::new();
+        t.open_file("x.json", Open::Read)
+            .unwrap()
+            .unwrap()
+            .read_to_string(&mut s)
+            .unwrap();
+        assert_eq!(s, "state");
+        assert!(t.open_file("missing", Open::Read).unwrap().is_none());
+        assert_eq!(t.entries().unwrap(), vec![OsString::from("x.json")]);
+        t.remove("x.json").unwrap();
+        t.remove("x.json").unwrap();
+        assert!(t.subdir("journal", true).is_ok());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn refuses_writable_directories_symlinks_and_pseudo_filesystems() {
+        let d = scratch("bad");
+        // A world-writable directory (sticky or not) is not where root's files go.
+        let open = d.join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let e = TrustedDir::open("ipam.dataDir", &open, Place::State, true).unwrap_err();
+        assert!(
+            matches!(e, TrustError::Untrusted { .. })
+                && e.to_string().contains("writable by others"),
+            "{e}"
+        );
+        assert!(!e.is_transient());
+        // ... but a directory below a sticky one, owned by root and closed, is fine (like /tmp/x).
+        assert!(TrustedDir::open("ipam.dataDir", &open.join("mine"), Place::State, true).is_ok());
+        // Below a world-writable non-sticky directory: refused (it could be swapped).
+        let wide = d.join("wide");
+        std::fs::create_dir(&wide).unwrap();
+        std::fs::set_permissions(&wide, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = TrustedDir::open("ipam.dataDir", &wide.join("x"), Place::State, true).unwrap_err();
+        assert!(e.to_string().contains("wide"), "{e}");
+        // A planted symlink in a trusted directory is never followed.
+        let t = TrustedDir::open("ipam.dataDir", &d.join("data"), Place::State, true).unwrap();
+        let victim = d.join("victim");
+        std::fs::write(&victim, "root's file").unwrap();
+        symlink(&victim, d.join("data/.n.json.tmp")).unwrap();
+        let e = t.open_file(".n.json.tmp", Open::Replace).unwrap_err();
+        assert!(e.to_string().contains("symlink"), "{e}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "root's file");
+        symlink(d.join("nowhere"), d.join("data/n.lock")).unwrap();
+        assert!(t.open_file("n.lock", Open::Lock).is_err());
+        assert!(
+            !d.join("nowhere").exists(),
+            "no file created through the link"
+        );
+        // A directory where a file belongs; a FIFO (would block a reader).
+        std::fs::create_dir(d.join("data/dir.json")).unwrap();
+        assert!(t.open_file("dir.json", Open::Read).is_err());
+        nix::unistd::mkfifo(&d.join("data/fifo.json"), Mode::from_bits_truncate(0o600)).unwrap();
+        let e = t.open_file("fifo.json", Open::Read).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        for p in [
+            "/proc/self",
+            "/sys/kernel",
+            "/dev/shm/x",
+            "relative/dir",
+            "/var/lib/../../etc",
+        ] {
+            let e = TrustedDir::open("ipam.dataDir", Path::new(p), Place::State, true).unwrap_err();
+            assert!(matches!(e, TrustError::Unfit { .. }), "{p}: {e}");
+            assert!(e.to_string().contains("ipam.dataDir"), "{e}");
+        }
+        for n in ["", ".", "..", "a/b"] {
+            assert!(t.open_file(n, Open::Read).is_err(), "{n:?}");
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn only_places_of_their_kind_and_no_symlink_out_of_them() {
+        let d = scratch("place");
+        symlink("/etc", d.join("to-etc")).unwrap();
+        let e = TrustedDir::open("ipam.dataDir", &d.join("to-etc/tether"), Place::State, true)
+            .unwrap_err();
+        assert!(e.to_string().contains("must be below"), "{e}");
+        assert!(!Path::new("/etc/tether").exists());
+        for (p, place) in [
+            ("/etc/tether", Place::State),
+            ("/var/lib", Place::State),
+            ("/var/lib/cni/tether/x.log", Place::Log),
+            ("/etc/ld.so.preload", Place::Log),
+        ] {
+            assert!(check_place("k", Path::new(p), place).is_err(), "{p}");
+        }
+        for (p, place) in [
+            ("/var/lib/cni/tether", Place::State),
+            ("/run/tether", Place::State),
+            ("/var/log/tether/cni.log", Place::Log),
+            ("/tmp/x/cni.log", Place::Log),
+        ] {
+            assert!(check_place("k", Path::new(p), place).is_ok(), "{p}");
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_symlinked_configured_path_is_resolved_once() {
+        let d = scratch("link");
+        std::fs::create_dir(d.join("real")).unwrap();
+        symlink(d.join("real"), d.join("alias")).unwrap();
+        let t =
+            TrustedDir::open("ipam.dataDir", &d.join("alias/state"), Place::State, true).unwrap();
+        t.open_file("f", Open::Lock).unwrap().unwrap();
+        assert!(d.join("real/state/f").is_file());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
