@@ -42,6 +42,17 @@ pub struct IpvlanConfig {
     pub dns: Option<Dns>,
 }
 
+/// A name the kernel would take for a link (IFNAMSIZ less the NUL; no '/', ':', whitespace).
+fn is_ifname(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 15
+        && n != "."
+        && n != ".."
+        && !n
+            .bytes()
+            .any(|b| b == b'/' || b == b':' || b.is_ascii_whitespace() || b.is_ascii_control())
+}
+
 impl IpvlanConfig {
     pub fn from_conf(conf: &NetConf) -> Result<IpvlanConfig, AttachError> {
         let raw: Raw = conf.plugin_config().map_err(AttachError::Cni)?;
@@ -78,8 +89,19 @@ impl IpvlanConfig {
                 )));
             }
         };
+        let master = raw.master.filter(|m| !m.is_empty());
+        if let Some(m) = &master
+            && !is_ifname(m)
+        {
+            let shown: String = m.chars().take(32).collect();
+            return Err(AttachError::Config(format!(
+                "master {shown:?}{} is not an interface name: at most 15 bytes, no '/', ':' or \
+                 whitespace (see `ip -br link` on the node)",
+                if shown.len() < m.len() { "…" } else { "" }
+            )));
+        }
         Ok(IpvlanConfig {
-            master: raw.master.filter(|m| !m.is_empty()),
+            master,
             mode,
             flag,
             mtu: raw.mtu.filter(|m| *m != 0),

@@ -1,8 +1,11 @@
 //! The network configuration on stdin: the keys every plugin shares, the raw bytes for delegation, and
 //! typed access to each plugin's own keys.
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::env::is_spec_identifier;
@@ -46,18 +49,32 @@ pub fn sniff_version(raw: &[u8]) -> Option<String> {
 
 impl NetConf {
     pub fn parse(raw: &[u8]) -> Result<NetConf, CniError> {
-        let value: Value = serde_json::from_slice(raw).map_err(|e| {
+        // The top level first, each value left unparsed: GC's attachment lists (up to
+        // MAX_VALID_ATTACHMENTS entries) go straight into their typed form, never through a
+        // `Value` tree, which would cost several times their size in memory.
+        let top: BTreeMap<String, &RawValue> = serde_json::from_slice(raw).map_err(|e| {
             CniError::new(
                 code::DECODE,
-                format!("the network configuration on stdin is not valid JSON: {e}"),
+                if e.classify() == serde_json::error::Category::Data {
+                    "the network configuration on stdin is not a JSON object".to_string()
+                } else {
+                    format!("the network configuration on stdin is not valid JSON: {e}")
+                },
             )
         })?;
-        let Value::Object(value) = value else {
-            return Err(CniError::new(
-                code::DECODE,
-                "the network configuration on stdin is not a JSON object",
-            ));
-        };
+        let mut value = Map::new();
+        let mut attachment_lists = Vec::new();
+        for (k, v) in top {
+            if ATTACHMENT_KEYS.contains(&k.as_str()) {
+                attachment_lists.push((k, v));
+            } else {
+                // Already checked to be valid JSON by the pass above.
+                let v: Value = serde_json::from_str(v.get()).map_err(|e| {
+                    CniError::new(code::DECODE, format!("{k:?} cannot be read: {e}"))
+                })?;
+                value.insert(k, v);
+            }
+        }
 
         let cni_version = match value.get("cniVersion") {
             Some(Value::String(s)) => s.clone(),
@@ -88,6 +105,7 @@ impl NetConf {
                 ));
             }
         };
+        check_shapes(&value)?;
         let plugin_type = value
             .get("type")
             .and_then(Value::as_str)
@@ -101,15 +119,23 @@ impl NetConf {
             })?),
         };
 
-        let valid_attachments = ["cni.dev/valid-attachments", "cni.dev/attachments"]
-            .iter()
-            .find_map(|k| value.get(*k))
-            .map(|v| {
-                serde_json::from_value::<Vec<Attachment>>(v.clone()).map_err(|e| {
+        // The spec's key first, the legacy one only without it (as libcni sends either).
+        attachment_lists.sort_by_key(|(k, _)| ATTACHMENT_KEYS.iter().position(|a| a == k));
+        let valid_attachments = attachment_lists
+            .first()
+            .map(|(k, v)| {
+                let list: Vec<Attachment> = serde_json::from_str(v.get()).map_err(|e| {
                     CniError::invalid_config(format!(
-                        "cni.dev/valid-attachments must be a list of {{containerID, ifname}}: {e}"
+                        "{k} must be a list of {{containerID, ifname}}: {e}"
                     ))
-                })
+                })?;
+                if list.len() > MAX_VALID_ATTACHMENTS {
+                    return Err(CniError::invalid_config(format!(
+                        "{k} has {} entries; at most {MAX_VALID_ATTACHMENTS} are accepted",
+                        list.len()
+                    )));
+                }
+                Ok(list)
             })
             .transpose()?;
 
@@ -159,6 +185,55 @@ impl NetConf {
             .and_then(|i| i.get("type"))
             .and_then(Value::as_str)
             .filter(|s| !s.is_empty())
+    }
+}
+
+/// The keys every plugin reads have the JSON type they must have: a config that gets one wrong is
+/// refused naming the key, instead of the key being ignored.
+fn check_shapes(value: &Map<String, Value>) -> Result<(), CniError> {
+    type Shape = (&'static str, fn(&Value) -> bool, &'static str);
+    const SHAPES: [Shape; 7] = [
+        ("type", Value::is_string, "a string"),
+        ("ipam", Value::is_object, "an object"),
+        ("ipam.type", Value::is_string, "a string"),
+        ("args", Value::is_object, "an object"),
+        ("args.cni", Value::is_object, "an object"),
+        ("runtimeConfig", Value::is_object, "an object"),
+        ("capabilities", Value::is_object, "an object"),
+    ];
+    for (at, ok, what) in SHAPES {
+        let mut keys = at.split('.');
+        let first = value.get(keys.next().unwrap_or_default());
+        // A missing or null key is fine here; a parent of the wrong type was refused first.
+        match keys.try_fold(first, |v, k| Some(v?.get(k))).flatten() {
+            Some(v) if !v.is_null() && !ok(v) => {
+                return Err(CniError::invalid_config(format!(
+                    "{at} must be {what}, not {}",
+                    json_type(v)
+                )));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The keys GC's attachment list may come under: the spec's, then the legacy one.
+const ATTACHMENT_KEYS: [&str; 2] = ["cni.dev/valid-attachments", "cni.dev/attachments"];
+
+/// GC's `cni.dev/valid-attachments` longer than this is refused (a node runs a few hundred
+/// containers; this leaves room for any real one and bounds what a GC holds).
+pub const MAX_VALID_ATTACHMENTS: usize = 200_000;
+
+/// What kind of JSON value `v` is, for messages ("must be a string, not a number").
+pub fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
     }
 }
 

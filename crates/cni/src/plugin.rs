@@ -83,6 +83,11 @@ fn close_output() {
     }
 }
 
+/// The most a runtime may send on stdin. A real config is a few KiB; GC's list of valid
+/// attachments is the large one (100,000 attachments are about 10 MiB). More is refused before it
+/// is parsed, so a NAD cannot make every node's plugin hold hundreds of MiB.
+pub const MAX_STDIN: usize = 16 << 20;
+
 /// Everything [`run_main`] does, with injectable streams so it is unit-tested. Returns the exit status.
 pub fn dispatch<P: Plugin>(
     plugin: &P,
@@ -105,12 +110,19 @@ pub fn dispatch<P: Plugin>(
         Some(c) => c,
     };
     let mut raw = Vec::new();
-    if let Err(e) = stdin.read_to_end(&mut raw) {
+    if let Err(e) = stdin.take(MAX_STDIN as u64 + 1).read_to_end(&mut raw) {
         return fail(
             stdout,
             LATEST,
             &CniError::new(code::IO, format!("reading stdin: {e}")),
         );
+    }
+    if raw.len() > MAX_STDIN {
+        let e = CniError::invalid_config(format!(
+            "the network configuration on stdin is larger than {} MiB; nothing was done",
+            MAX_STDIN >> 20
+        ));
+        return fail(stdout, LATEST, &e);
     }
     let sniffed = sniff_version(&raw).filter(|v| !v.is_empty());
     let Some(command) = Command::parse(command) else {
@@ -165,7 +177,7 @@ fn run_verb<P: Plugin>(
     let env = Env::from_vars(command, vars)?;
     let conf = NetConf::parse(raw)?;
     gate_version(command, conf.version)?;
-    crate::logging::configure(&conf.value);
+    crate::logging::configure(&conf.value).map_err(|e| CniError::invalid_config(e.0))?;
     let version = conf.version;
     let req = Request {
         env,

@@ -51,12 +51,57 @@ pub enum ConfigError {
 
 impl ConfigError {
     fn invalid(key: &str, value: &Value, reason: impl ToString) -> ConfigError {
+        // A message quotes the value: never all of a huge one.
+        let mut value = value.to_string();
+        if value.len() > MAX_QUOTED {
+            let mut cut = MAX_QUOTED;
+            while !value.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            value.truncate(cut);
+            value.push('…');
+        }
         ConfigError::Invalid {
             key: key.to_string(),
-            value: value.to_string(),
+            value,
             reason: reason.to_string(),
         }
     }
+}
+
+/// At most this much of a bad value is quoted in an error.
+const MAX_QUOTED: usize = 120;
+/// Range entries (`range` plus `ipRanges`) one network may have. Real networks have a handful;
+/// every entry costs each ADD and DEL a walk, so thousands would make every pod's ADD slow.
+pub const MAX_RANGES: usize = 64;
+/// `exclude` entries of one range.
+pub const MAX_EXCLUDES: usize = 1024;
+
+/// Blocks that can never be a pod's address: a range touching one is refused.
+const NEVER_POD_ADDRESSES: &[(&str, &str)] = &[
+    ("0.0.0.0/8", "\"this network\" (0.0.0.0/8)"),
+    ("127.0.0.0/8", "loopback (127.0.0.0/8)"),
+    ("224.0.0.0/4", "multicast (224.0.0.0/4)"),
+    ("255.255.255.255/32", "the limited broadcast address"),
+    ("::/128", "the unspecified address (::)"),
+    ("::1/128", "loopback (::1)"),
+    ("ff00::/8", "multicast (ff00::/8)"),
+];
+
+/// Refuse a subnet that covers everything or touches a block no pod address can be in.
+fn check_pod_subnet(subnet: &IpNet) -> Result<(), String> {
+    if subnet.prefix_len() == 0 {
+        return Err("a /0 range covers every address; give the subnet of the segment".into());
+    }
+    for (block, what) in NEVER_POD_ADDRESSES {
+        let b: IpNet = block.parse().expect("valid block");
+        if b.contains(&subnet.network()) || subnet.contains(&b.network()) {
+            return Err(format!(
+                "it overlaps {what}, which can never be a pod's address"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Which lease store to use.
@@ -172,7 +217,11 @@ impl PoolConfig {
     /// Parse the whole network configuration as JSON. The `ipam` object is under `"ipam"`; the
     /// top-level `name` is the default network name.
     pub fn from_value(config: &Value) -> Result<PoolConfig, ConfigError> {
-        let top = config.as_object().ok_or(ConfigError::MissingIpam)?;
+        PoolConfig::from_top(config.as_object().ok_or(ConfigError::MissingIpam)?)
+    }
+
+    /// [`PoolConfig::from_value`] of a configuration already parsed into its top-level keys.
+    pub fn from_top(top: &Map<String, Value>) -> Result<PoolConfig, ConfigError> {
         let ipam = match top.get("ipam") {
             Some(Value::Object(m)) => m,
             Some(Value::Null) | None => return Err(ConfigError::MissingIpam),
@@ -204,6 +253,15 @@ impl PoolConfig {
         match ipam.get("ipRanges") {
             None | Some(Value::Null) => {}
             Some(Value::Array(items)) => {
+                if ranges.len() + items.len() > MAX_RANGES {
+                    return Err(ConfigError::invalid(
+                        "ipam.ipRanges",
+                        &Value::from(format!("{} entries", items.len())),
+                        format!(
+                            "at most {MAX_RANGES} ranges (with \"range\") are allowed per network"
+                        ),
+                    ));
+                }
                 for (i, item) in items.iter().enumerate() {
                     let path = format!("ipam.ipRanges[{i}]");
                     let obj = item
@@ -330,6 +388,7 @@ fn parse_entry(
     let range_val = &obj["range"];
     let (subnet, first, last) = range::parse_range_text(text)
         .map_err(|e| ConfigError::invalid(&range_key, range_val, e))?;
+    check_pod_subnet(&subnet).map_err(|e| ConfigError::invalid(&range_key, range_val, e))?;
     let dashed = first.is_some();
 
     let start_key = format!("{path}.range_start");
@@ -356,6 +415,13 @@ fn parse_entry(
     match obj.get("exclude") {
         None | Some(Value::Null) => {}
         Some(Value::Array(items)) => {
+            if items.len() > MAX_EXCLUDES {
+                return Err(ConfigError::invalid(
+                    &exclude_key,
+                    &Value::from(format!("{} entries", items.len())),
+                    format!("at most {MAX_EXCLUDES} excludes are allowed per range"),
+                ));
+            }
             for (i, item) in items.iter().enumerate() {
                 let key = format!("{exclude_key}[{i}]");
                 let s = item.as_str().ok_or_else(|| {
