@@ -70,26 +70,14 @@ mkdir -p "$(dirname "$PEERS_DIR")"
 # k8s-up.sh logs on stderr only; it reuses a running server of ours.
 "$PEERS/k8s-up.sh" >&2 || { log "FAILED to start the API server (see above)"; exit 1; }
 
-# The CRD, exactly as an operator installs it.
-if [ -x "$KUBECTL" ]; then
-  "$KUBECTL" --kubeconfig "$KC" apply -f "$CRD" >&2
-  "$KUBECTL" --kubeconfig "$KC" wait --for=condition=Established --timeout=60s "crd/$CRD_NAME" >&2
-else
-  # No kubectl: create it through the API (which takes YAML), then wait for Established.
-  log "no $KUBECTL; creating the CRD with curl"
-  api() { curl -sS --max-time 10 --cacert "$PEERS_DIR/pki/ca.crt" -H "Authorization: Bearer peers-admin-token" "$@"; }
-  base=https://127.0.0.1:$PEERS_API_PORT/apis/apiextensions.k8s.io/v1/customresourcedefinitions
-  code=$(api -o /dev/null -w '%{http_code}' -X POST -H 'Content-Type: application/yaml' --data-binary "@$CRD" "$base")
-  case $code in 201|409) ;; *) log "creating the CRD: HTTP $code"; exit 1 ;; esac
-  ok=0
-  for _ in $(seq 1 120); do
-    if api "$base/$CRD_NAME" | python3 -c 'import json,sys; c=json.load(sys.stdin).get("status",{}).get("conditions",[]); sys.exit(0 if any(x["type"]=="Established" and x["status"]=="True" for x in c) else 1)'; then
-      ok=1; break
-    fi
-    sleep 0.5
-  done
-  [ $ok = 1 ] || { log "the CRD did not become Established"; exit 1; }
-fi
+# The CRD, then the rest of deploy/base (service accounts, RBAC, the node-scope policy, the
+# controller), exactly as an operator installs them. No controller-manager runs here, so the
+# DaemonSet and Deployment stay objects; the node-scope tests (ipam/tests/node_scope.rs) mint
+# tokens of their service accounts.
+[ -x "$KUBECTL" ] || { log "no kubectl at $KUBECTL: .ci/deps.sh builds it (conformance/peers/build.sh)"; exit 1; }
+"$KUBECTL" --kubeconfig "$KC" apply -f "$CRD" >&2
+"$KUBECTL" --kubeconfig "$KC" wait --for=condition=Established --timeout=60s "crd/$CRD_NAME" >&2
+"$KUBECTL" --kubeconfig "$KC" apply -k "$ROOT/deploy/base" >&2
 # Established is not quite served yet: wait until the resource lists.
 for _ in $(seq 1 60); do
   if curl -fsS --max-time 3 --cacert "$PEERS_DIR/pki/ca.crt" -H "Authorization: Bearer peers-admin-token" \

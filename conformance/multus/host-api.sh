@@ -51,7 +51,7 @@ case $cmd in
       "$DIR/bin" 120 "$DIR/logs" || { stop_servers; die "the API server did not start (see above)"; }
     python3 "$HERE/setup-api.py" "https://127.0.0.1:$PORT" "$DIR/k8s/pki/ca.crt" "$TOKEN" \
       "$PEERS/nad-crd.yaml" "$ROOT/deploy/crds/ipleases.yaml" "$ROOT/deploy/base/rbac.yaml" \
-      >"$DIR/tokens.json" || { stop_servers; die "installing the CRDs and identities failed"; }
+      "$ROOT/deploy/base/policy.yaml" "${TETHER_MULTUS_NODE_NAME:-lab-node}" >"$DIR/tokens.json" || { stop_servers; die "installing the CRDs and identities failed"; }
     log "kube-apiserver on 127.0.0.1:$PORT with the CRDs and identities, ready in $(( $(date +%s) - t0 )) s ($DIR)"
     ;;
   *) die "unknown command $cmd" ;;

@@ -2,11 +2,15 @@
 """Install what the Multus lab needs into a fresh API server, in one process and one connection
 (under qemu TCG every curl exec costs seconds): the NetworkAttachmentDefinition and IPLease CRDs
 (waits until both are Established and list), ServiceAccounts kube-system/multus and
-kube-system/tether with their ClusterRoles and bindings, and a TokenRequest token for each.
+kube-system/tether with their ClusterRoles and bindings, tether's node-scope policy
+(deploy/base/policy.yaml), the Node object of the lab node with a node-agent pod on it, and a
+TokenRequest token for each account: tether's bound to that pod, as the node-agent writes it, so
+the API server holds it to the lab node.
 
-    setup-api.py URL CA_FILE ADMIN_TOKEN NAD_CRD IPLEASE_CRD TETHER_RBAC > tokens.json
+    setup-api.py URL CA_FILE ADMIN_TOKEN NAD_CRD IPLEASE_CRD TETHER_RBAC TETHER_POLICY NODE > tokens.json
 
-Prints {"multus": TOKEN, "tether": TOKEN}. Called by up.sh inside the node's netns.
+Prints {"multus": TOKEN, "tether": TOKEN, "tether-peer": TOKEN} (tether-peer: bound to
+node gpu-node-2's agent pod). Called by up.sh inside the node's netns.
 """
 import http.client
 import json
@@ -15,7 +19,7 @@ import sys
 import time
 import urllib.parse
 
-URL, CA, TOKEN, NAD_CRD, IPLEASE_CRD, TETHER_RBAC = sys.argv[1:7]
+URL, CA, TOKEN, NAD_CRD, IPLEASE_CRD, TETHER_RBAC, TETHER_POLICY, NODE = sys.argv[1:9]
 u = urllib.parse.urlparse(URL)
 ctx = ssl.create_default_context(cafile=CA)
 conn = http.client.HTTPSConnection(u.hostname, u.port, context=ctx, timeout=120)
@@ -111,14 +115,48 @@ for d in yaml_docs(TETHER_RBAC):
     k = kind(d)
     create(f"{RBAC}/{'clusterroles' if k == 'ClusterRole' else 'clusterrolebindings'}", d, "application/yaml")
 
-tokens = {}
-for sa in ("multus", "tether"):
+# tether's node-scope policy, exactly as shipped.
+ADM = "/apis/admissionregistration.k8s.io/v1"
+for d in yaml_docs(TETHER_POLICY):
+    k = kind(d)
+    create(f"{ADM}/{'validatingadmissionpolicies' if k == 'ValidatingAdmissionPolicy' else 'validatingadmissionpolicybindings'}",
+           d, "application/yaml")
+# The lab node and, for tests that play a second node on the same segment, PEER_NODE; a node-agent
+# pod on each. tether's tokens are bound to those pods, so the API server holds each to its node.
+PEER_NODE = "gpu-node-2"
+
+
+def agent_pod(node):
+    create("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": f"tether-{node}", "namespace": "kube-system",
+                        "labels": {"app.kubernetes.io/name": "tether"}},
+           "spec": {"nodeName": node, "serviceAccountName": "tether",
+                    "containers": [{"name": "agent", "image": "tether"}]}}
+    create("/api/v1/namespaces/kube-system/pods", pod)
+    status, pod = call("GET", f"/api/v1/namespaces/kube-system/pods/tether-{node}")
+    if status != 200:
+        sys.exit(f"setup-api: GET of the node-agent pod on {node}: HTTP {status}: {pod}")
+    return {"kind": "Pod", "apiVersion": "v1", "name": f"tether-{node}", "uid": pod["metadata"]["uid"]}
+
+
+def token(sa, bound=None):
+    spec = {"expirationSeconds": 86400}
+    if bound:
+        spec["boundObjectRef"] = bound
     status, out = call(
         "POST",
         f"/api/v1/namespaces/kube-system/serviceaccounts/{sa}/token",
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 86400}},
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
     )
     if status != 201:
         sys.exit(f"setup-api: TokenRequest for kube-system/{sa}: HTTP {status}: {out}")
-    tokens[sa] = out["status"]["token"]
+    return out["status"]["token"]
+
+
+tokens = {
+    "multus": token("multus"),
+    "tether": token("tether", agent_pod(NODE)),
+    "tether-peer": token("tether", agent_pod(PEER_NODE)),
+}
 print(json.dumps(tokens))

@@ -23,6 +23,7 @@
 #   admin.kubeconfig      -> k8s/kubeconfig
 #   sa/multus/            token, ca.crt, namespace: the thick daemon's in-cluster credentials
 #   multus-sa.kubeconfig  kube-system/multus's token: kubectl proxy's credentials
+#   tether-peer.kubeconfig  tether's token bound to node gpu-node-2 (a second node of the segment)
 #   env                   NODE_NS=, SWITCH_NS=, API_PORT=, ROOT=, ... for the tests
 #   root/                 the node's own files, at their usual paths under this prefix (a test
 #                         must not touch the real /opt/cni/bin or /etc/cni/net.d of a machine):
@@ -193,9 +194,10 @@ if [ -z "$API_DIR" ]; then
   # ---- CRDs (NetworkAttachmentDefinition, IPLease), Multus' and tether's identities ------------
   t2=$(date +%s)
   ip netns exec "$NODE_NS" python3 "$HERE/setup-api.py" "$BASE" "$CA" "$TOKEN" \
-    "$PEERS/nad-crd.yaml" "$ROOT/deploy/crds/ipleases.yaml" "$ROOT/deploy/base/rbac.yaml" >"$DIR/tokens.json" ||
+    "$PEERS/nad-crd.yaml" "$ROOT/deploy/crds/ipleases.yaml" "$ROOT/deploy/base/rbac.yaml" \
+    "$ROOT/deploy/base/policy.yaml" "${TETHER_MULTUS_NODE_NAME:-lab-node}" >"$DIR/tokens.json" ||
     die "installing the CRDs and identities failed"
-  log "CRDs established, ServiceAccounts multus and tether with their RBAC ($(( $(date +%s) - t2 )) s)"
+  log "CRDs established, ServiceAccounts multus and tether with their RBAC, the node-scope policy, node ${TETHER_MULTUS_NODE_NAME:-lab-node} ($(( $(date +%s) - t2 )) s)"
 else
   [ -s "$API_DIR/tokens.json" ] && [ -s "$CA" ] || die "$API_DIR has no tokens.json or CA (conformance/multus/host-api.sh up)"
   cp "$API_DIR/tokens.json" "$DIR/tokens.json"
@@ -249,7 +251,10 @@ mkdir -p "$R/etc/cni/net.d/multus.d" "$R/etc/cni/net.d/tether.d" "$R/var/lib/cni
 chmod 700 "$R/etc/cni/net.d/tether.d" "$R/var/lib/cni/tether"
 kubeconfig multus "$mt" >"$DIR/multus-sa.kubeconfig"
 kubeconfig tether "$tt" >"$R/etc/cni/net.d/tether.d/tether.kubeconfig"
-chmod 600 "$DIR/multus-sa.kubeconfig" "$R/etc/cni/net.d/tether.d/tether.kubeconfig"
+# The second node the tests play on the same segment (gpu-node-2): its own node-bound credential.
+jq -er '.["tether-peer"]' "$DIR/tokens.json" >/dev/null || die "no tether-peer token in tokens.json"
+kubeconfig tether "$(jq -er '.["tether-peer"]' "$DIR/tokens.json")" >"$DIR/tether-peer.kubeconfig"
+chmod 600 "$DIR/multus-sa.kubeconfig" "$R/etc/cni/net.d/tether.d/tether.kubeconfig" "$DIR/tether-peer.kubeconfig"
 if [ -n "$API_DIR" ]; then
   kubeconfig admin "$TOKEN" >"$DIR/admin.kubeconfig"
   chmod 600 "$DIR/admin.kubeconfig"

@@ -58,9 +58,6 @@ struct Node {
     api: Api,
     mgmt_mac: String,
     compute_mac: String,
-    /// What this machine's tether-ipam records as the node when NODE_NAME is unset (the thin
-    /// plugin runs with the runtime's environment): the hostname.
-    hostname: String,
 }
 
 static NODE: OnceLock<Result<Node, String>> = OnceLock::new();
@@ -145,10 +142,6 @@ fn start_node() -> Result<Node, String> {
     let node = Node {
         mgmt_mac: mac(&env["MGMT_MASTER"])?,
         compute_mac: mac(&env["COMPUTE_MASTER"])?,
-        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
         logs: PathBuf::from(&env["LOGS"]),
         proxy: format!("http://127.0.0.1:{}", env["PROXY_PORT"]),
         dir,
@@ -990,12 +983,13 @@ fn multus_thin_seed_pods_get_net1_net2_and_network_status_and_del_releases() {
         ],
     );
 
-    // One IPLease per address, recorded for the pod (thin: the runtime's environment has no
-    // NODE_NAME, so tether-ipam records the hostname).
-    assert_leased(node, "mgmt-fixed", FIXED, &t0, "net1", &node.hostname);
-    assert_leased(node, "mgmt", &pool_addr, &t1, "net1", &node.hostname);
-    assert_leased(node, "compute", &c0, &t0, "net2", &node.hostname);
-    assert_leased(node, "compute", &c1, &t1, "net2", &node.hostname);
+    // One IPLease per address, recorded for the pod and the node its credential is bound to
+    // (thin: the runtime's environment has no NODE_NAME, and the hostname is not the node's name;
+    // the API server holds the credential to the lab node, so the lease names that node).
+    assert_leased(node, "mgmt-fixed", FIXED, &t0, "net1", NODE_NAME);
+    assert_leased(node, "mgmt", &pool_addr, &t1, "net1", NODE_NAME);
+    assert_leased(node, "compute", &c0, &t0, "net2", NODE_NAME);
+    assert_leased(node, "compute", &c1, &t1, "net2", NODE_NAME);
 
     // Traffic on both networks: pod to pod (ipvlan l2 on one master) and pod to the switch's host.
     t1.netns.ping(FIXED, 1).assert_success();
@@ -1030,14 +1024,15 @@ fn multus_thin_pool_exhaustion_error_reaches_the_runtime_and_nothing_leaks() {
     node.namespace_with_nads(ns, &[]);
     let multus = thin(node);
 
-    // Another GPU node's pods hold 7 of the 10 (its tether-ipam, its own journal).
+    // Another GPU node's pods hold 7 of the 10 (its tether-ipam, its own journal, its own
+    // credential: the API server holds each node's to its own leases).
     let other_dir = scratch_dir("other-node");
     let ipam_conf = {
         let mut c = nad_config(
             "enp5s0",
             "10.20.30.241-10.20.30.250/24",
             Some("10.20.30.1"),
-            &node.path("etc/cni/net.d/tether.d/tether.kubeconfig"),
+            &node.dir.join("tether-peer.kubeconfig"),
             &other_dir,
         );
         c["name"] = json!("mgmt"); // Multus injects the NAD's name
@@ -1106,7 +1101,7 @@ fn multus_thin_pool_exhaustion_error_reaches_the_runtime_and_nothing_leaks() {
         let a = addr_of(p, "net1");
         assert!(in_pool(&a), "{a}");
         assert_ipvlan(p, "net1", &a, &node.mgmt_mac);
-        assert_leased(node, "mgmt", &a, p, "net1", &node.hostname);
+        assert_leased(node, "mgmt", &a, p, "net1", NODE_NAME);
         mine.push(a);
     }
     let mut all: Vec<&String> = mine.iter().chain(others.iter().map(|o| &o.3)).collect();

@@ -11,31 +11,22 @@ use reconcile_support::*;
 use serde_json::{Value, json};
 
 fn call(verb: &str, cid: &str, conf: &Value) -> (i32, Value) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tether-ipam"))
-        .env_clear()
-        .env("CNI_COMMAND", verb)
-        .env("CNI_CONTAINERID", cid)
-        .env("CNI_NETNS", "/run/netns/unused")
-        .env("CNI_IFNAME", "net1")
-        .env("CNI_ARGS", format!("IgnoreUnknown=true;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod-{cid};K8S_POD_UID=uid-{cid}"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let v = if out.stdout.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
-    (out.status.code().unwrap_or(-1), v)
+    run_ipam(
+        std::path::Path::new(env!("CARGO_BIN_EXE_tether-ipam")),
+        &[
+            ("CNI_COMMAND", verb.to_string()),
+            ("CNI_CONTAINERID", cid.to_string()),
+            ("CNI_NETNS", "/run/netns/unused".to_string()),
+            ("CNI_IFNAME", "net1".to_string()),
+            (
+                "CNI_ARGS",
+                format!(
+                    "IgnoreUnknown=true;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod-{cid};K8S_POD_UID=uid-{cid}"
+                ),
+            ),
+        ],
+        conf,
+    )
 }
 
 fn conf(kubeconfig: &std::path::Path, timeout_s: u64, network: &str) -> Value {

@@ -20,6 +20,8 @@
 //! | [`KubeStore::watch_pods`] | metadata-only WATCH pods from a resourceVersion |
 //! | [`KubeStore::agent_nodes`] | LIST pods of one namespace by label selector, paginated: their nodes |
 //! | [`KubeStore::can_i`] | CREATE selfsubjectaccessreviews |
+//! | [`KubeStore::who_am_i`] | CREATE selfsubjectreviews |
+//! | [`KubeStore::node_scope`] | CREATE ipleases `dryRun=All` of another node's lease (nothing is stored) |
 //! | [`KubeStore::server_version`] | GET /version |
 //! | [`KubeStore::crd_state`] | GET of the IPLease CRD |
 //!
@@ -146,6 +148,27 @@ pub struct Access {
     /// The authorizer's reason, when it gave one.
     pub reason: String,
 }
+
+/// This identity as the API server authenticates it (a SelfSubjectReview).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// User name.
+    pub username: String,
+    /// The node its token is bound to (`authentication.kubernetes.io/node-name`), if any.
+    pub node: Option<String>,
+}
+
+/// Whether the API server keeps this identity to its own node's leases.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeScope {
+    /// A write of another node's lease was refused by an admission policy: its message.
+    Enforced(String),
+    /// The same write would have been stored.
+    NotEnforced,
+}
+
+/// The node no lease of a real node names, for the dry-run of [`KubeStore::node_scope`].
+const NO_SUCH_NODE: &str = "tether-doctor.invalid";
 
 /// The IPLease CRD as `doctor` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -517,6 +540,81 @@ impl KubeStore {
                 .unwrap_or("")
                 .to_string(),
         })
+    }
+
+    /// Who this identity is, and the node its token is bound to. One SelfSubjectReview.
+    pub fn who_am_i(&self) -> Result<Identity, KubeStoreError> {
+        let what = "SelfSubjectReview";
+        let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"});
+        let req = Request::new("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+            .create(
+                &PostParams::default(),
+                serde_json::to_vec(&body).expect("json"),
+            )
+            .map_err(|e| self.protocol(what, e.to_string()))?;
+        let v = self.send::<Value>(Verb::Create, what, req).map_err(|e| {
+            self.map_other(
+                "create",
+                "selfsubjectreviews.authentication.k8s.io",
+                what,
+                e,
+            )
+        })?;
+        let user = v
+            .pointer("/status/userInfo")
+            .cloned()
+            .unwrap_or(Value::Null);
+        let node = user
+            .pointer("/extra/authentication.kubernetes.io~1node-name/0")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        Ok(Identity {
+            username: user
+                .get("username")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            node,
+        })
+    }
+
+    /// Would the API server let this identity lease an address to another node? A dry-run CREATE
+    /// (`dryRun=All`: admission runs, nothing is stored) of a Leased record naming a node that
+    /// does not exist, in a network no config uses. Needs `create` on ipleases.
+    pub fn node_scope(&self) -> Result<NodeScope, KubeStoreError> {
+        let what = "dry-run CREATE of another node's IPLease";
+        let address: std::net::IpAddr = "192.0.2.1".parse().expect("address");
+        let network = "tether-doctor-node-scope";
+        let body = json!({
+            "apiVersion": format!("{}/{}", self.settings.group, crate::crd::VERSION),
+            "kind": "IPLease",
+            "metadata": {"name": crate::crd::object_name(network, address)},
+            "spec": {"network": network, "address": address.to_string(), "prefixLength": 32,
+                     "containerID": "tether-doctor", "ifname": "net1", "node": NO_SUCH_NODE,
+                     "state": "Leased", "since": "2000-01-01T00:00:00Z"}
+        });
+        let params = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let req = Request::new(format!(
+            "/apis/{}/{}/{PLURAL}",
+            self.settings.group,
+            crate::crd::VERSION
+        ))
+        .create(&params, serde_json::to_vec(&body).expect("json"))
+        .map_err(|e| self.protocol(what, e.to_string()))?;
+        match self.send::<Value>(Verb::Create, what, req) {
+            Ok(_) => Ok(NodeScope::NotEnforced),
+            // Someone really holds that record: the admission was not the question.
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(NodeScope::NotEnforced),
+            Err(kube::Error::Api(s))
+                if s.code == 403 && s.message.contains("ValidatingAdmissionPolicy") =>
+            {
+                Ok(NodeScope::Enforced(s.message.clone()))
+            }
+            Err(e) => Err(self.map_error(Verb::Create, what, e)),
+        }
     }
 
     /// `gitVersion` of GET /version.

@@ -106,6 +106,25 @@ pub enum KubeStoreError {
         /// The server's message (names the user).
         message: String,
     },
+    /// An admission policy refused a lease write: tether's node-scope policy
+    /// (deploy/base/policy.yaml) when a node's credential writes another node's lease, or has no
+    /// node claim.
+    #[error(
+        "the Kubernetes API at {server} refused the {what} for {source_}: {message} (tether's \
+         node-scope policy, deploy/base/policy.yaml: a node writes only its own leases)"
+    )]
+    ForbiddenByPolicy {
+        /// API server URL.
+        server: String,
+        /// RBAC verb (`create`, `update`, `delete`).
+        verb: String,
+        /// The request (`CREATE of IPLease <name>`).
+        what: String,
+        /// Credentials used.
+        source_: CredentialSource,
+        /// The server's message: names the policy and why.
+        message: String,
+    },
     /// RBAC forbids a request on a resource other than the leases (pods, nodes, access reviews).
     #[error(
         "the Kubernetes API at {server} forbids `{verb}` on {resource} for {source_}: {message}; \

@@ -45,8 +45,11 @@ pub mod error;
 pub mod monitoring;
 pub mod settings;
 pub mod store;
+pub mod token_claims;
 
-pub use cluster::{Access, CrdState, PodEvent, PodKey, WatchEnd, check_credentials};
+pub use cluster::{
+    Access, CrdState, Identity, NodeScope, PodEvent, PodKey, WatchEnd, check_credentials,
+};
 pub use crd::{IPLease, IPLeaseSpec, LeasePhase, PodInfo, Quarantine, crd_yaml, object_name};
 pub use error::{CredentialSource, KubeStoreError};
 pub use monitoring::{NadConfig, PodWarning, Posted};

@@ -217,6 +217,8 @@ impl KubeStore {
             .to_string()
             .trim_end_matches('/')
             .to_string();
+        // Kept for the bound-node claim; the client takes the config.
+        let config_token = config.auth_info.token.clone();
         config.connect_timeout = Some(settings.timeout);
         config.write_timeout = Some(settings.timeout);
         config.read_timeout = None; // the call budget bounds every request
@@ -237,6 +239,16 @@ impl KubeStore {
             })?
         };
         let path = format!("/apis/{}/{VERSION}/{PLURAL}", settings.group);
+        let mut settings = settings;
+        if let Some(claimed) = token_node(&config_token) {
+            if let Some(n) = settings.node.as_deref().filter(|n| *n != claimed) {
+                log::warn!(
+                    "this node is {n:?} by NODE_NAME or its hostname, but its credential is bound to node {claimed:?}: \
+                     leases name {claimed:?}, the node the API server holds this credential to"
+                );
+            }
+            settings.node = Some(claimed);
+        }
         let (settings_journal, settings_node) =
             (settings.journal_dir.clone(), settings.node.clone());
         Ok(KubeStore {
@@ -259,6 +271,11 @@ impl KubeStore {
     /// The API server URL.
     pub fn server(&self) -> &str {
         &self.server
+    }
+
+    /// The node this store's leases name: the node its token is bound to, else the one given.
+    pub fn node(&self) -> Option<&str> {
+        self.settings.node.as_deref()
     }
 
     /// Where the credentials came from.
@@ -450,6 +467,15 @@ impl KubeStore {
                     source_: self.source.clone(),
                     message: s.message.clone(),
                 },
+                403 if s.message.contains("ValidatingAdmissionPolicy") => {
+                    KubeStoreError::ForbiddenByPolicy {
+                        server,
+                        verb: verb.rbac().to_string(),
+                        what: what.to_string(),
+                        source_: self.source.clone(),
+                        message: s.message.clone(),
+                    }
+                }
                 403 => KubeStoreError::Forbidden {
                     server,
                     verb: verb.rbac().to_string(),
@@ -734,6 +760,9 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// The largest kubeconfig file read.
+const MAX_KUBECONFIG: u64 = 1 << 20;
+
 async fn load_config(
     settings: &KubeSettings,
 ) -> Result<(Config, CredentialSource), KubeStoreError> {
@@ -748,20 +777,35 @@ async fn load_config(
     };
     if let Some(p) = &settings.kubeconfig {
         let source = CredentialSource::Config(p.clone());
-        if !p.is_file() {
-            return Err(KubeStoreError::Kubeconfig {
-                source_: source,
-                detail: if p.exists() {
-                    "not a regular file".to_string()
-                } else {
-                    "the file does not exist".to_string()
-                },
-            });
-        }
-        let kc = Kubeconfig::read_from(p).map_err(|e| KubeStoreError::Kubeconfig {
+        let kubeconfig_error = |detail: String| KubeStoreError::Kubeconfig {
             source_: source.clone(),
-            detail: error_chain(&e),
+            detail,
+        };
+        // One open, then a bounded read of that file: a kubeconfig is a few KiB, and a huge file
+        // (or one swapped in after a size check) is refused without being read whole.
+        let file = std::fs::File::open(p).map_err(|e| {
+            kubeconfig_error(if e.kind() == std::io::ErrorKind::NotFound {
+                "the file does not exist".to_string()
+            } else {
+                e.to_string()
+            })
         })?;
+        if !file.metadata().is_ok_and(|m| m.is_file()) {
+            return Err(kubeconfig_error("not a regular file".to_string()));
+        }
+        let mut text = String::new();
+        std::io::Read::read_to_string(
+            &mut std::io::Read::take(file, MAX_KUBECONFIG + 1),
+            &mut text,
+        )
+        .map_err(|e| kubeconfig_error(e.to_string()))?;
+        if text.len() as u64 > MAX_KUBECONFIG {
+            return Err(kubeconfig_error(format!(
+                "the file is too large for a kubeconfig (at most {} KiB)",
+                MAX_KUBECONFIG >> 10
+            )));
+        }
+        let kc = Kubeconfig::from_yaml(&text).map_err(|e| kubeconfig_error(error_chain(&e)))?;
         return from_kubeconfig(kc, source).await;
     }
     if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
@@ -864,4 +908,12 @@ impl AttachmentIndex for KubeStore {
     fn entries(&self, network: &str) -> Result<Vec<JournalEntry>, StoreError> {
         self.journal_for(network)?.entries(network)
     }
+}
+
+/// The node a bound token of the credentials names (see [`crate::token_claims`]).
+fn token_node(token: &Option<secrecy::SecretString>) -> Option<String> {
+    use secrecy::ExposeSecret;
+    token
+        .as_ref()
+        .and_then(|t| crate::token_claims::bound_node(t.expose_secret()))
 }

@@ -132,6 +132,33 @@ enum Cmd {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// The cluster's lease controller (deploy/base/controller.yaml, one replica): releases the
+    /// leases of nodes that no longer run a node-agent pod (a deleted or lost node) once a GET of
+    /// each lease's pod confirms it is gone. Node credentials may not free another node's lease
+    /// (deploy/base/policy.yaml); this identity may, and no node holds it.
+    Controller {
+        /// Kubeconfig for the API (default: in-cluster service account, else KUBECONFIG).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// Leases younger than this are never released.
+        #[arg(long, default_value_t = reconcile::DEFAULT_GRACE_S)]
+        grace_s: u64,
+        /// Seconds between passes.
+        #[arg(long, default_value_t = 60)]
+        interval_s: u64,
+        /// Namespace of the node-agent's pods (the nodes running one are alive). Default:
+        /// $POD_NAMESPACE, else the service account's namespace file, else kube-system.
+        #[arg(long)]
+        agent_namespace: Option<String>,
+        /// Label selector of the node-agent's pods (the DaemonSet's pod label).
+        #[arg(long, default_value = reconcile::DEFAULT_AGENT_SELECTOR)]
+        agent_selector: String,
+        /// One pass, print what was released, exit (1 if anything failed).
+        #[arg(long)]
+        once: bool,
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
     /// Print the version.
     Version,
 }
@@ -173,6 +200,23 @@ pub struct ReconcileArgs {
 }
 
 impl ReconcileArgs {
+    /// [`ReconcileArgs::options`] for a command (`who`) that cannot work without the API.
+    fn api_options(
+        &self,
+        kubeconfig: Option<PathBuf>,
+        data_dir: Option<PathBuf>,
+        who: &str,
+    ) -> Result<reconcile::Options, String> {
+        let opts = self.options(kubeconfig, data_dir)?;
+        if opts.kube.is_none() {
+            return Err(format!(
+                "{who} needs the Kubernetes API to see which pods exist: pass --kubeconfig, set KUBECONFIG, \
+                 or run in a pod"
+            ));
+        }
+        Ok(opts)
+    }
+
     /// Reconciler options; `kube` from `kubeconfig`, else in-cluster/KUBECONFIG when available.
     pub fn options(
         &self,
@@ -304,22 +348,50 @@ pub fn run(args: Vec<OsString>) -> i32 {
             reconcile,
             once,
             output,
+        } => match reconcile.api_options(kubeconfig, data_dir, "reconcile") {
+            Ok(opts) => run_reconcile(opts, once, output),
+            Err(e) => {
+                eprintln!("tether: {e}");
+                return EXIT_USAGE;
+            }
+        },
+        Cmd::Controller {
+            kubeconfig,
+            grace_s,
+            interval_s,
+            agent_namespace,
+            agent_selector,
+            once,
+            output,
         } => {
-            let opts = match reconcile.options(kubeconfig, data_dir) {
-                Ok(o) => o,
+            // The agent flags' checks, for a reconciler whose "node" only names it in logs.
+            let args = ReconcileArgs {
+                node: Some(
+                    std::env::var("POD_NAME").unwrap_or_else(|_| "tether-controller".into()),
+                ),
+                grace_s,
+                interval_s,
+                agent_namespace,
+                agent_selector,
+                no_sweep: false,
+                metrics_addr: None,
+                monitor_interval_s: crate::operator::monitor::DEFAULT_INTERVAL_S,
+                no_conflict_events: true,
+            };
+            match args.api_options(kubeconfig, None, "the controller") {
+                Ok(opts) => run_reconcile(
+                    reconcile::Options {
+                        controller: true,
+                        ..opts
+                    },
+                    once,
+                    output,
+                ),
                 Err(e) => {
                     eprintln!("tether: {e}");
                     return EXIT_USAGE;
                 }
-            };
-            if opts.kube.is_none() {
-                eprintln!(
-                    "tether: reconcile needs the Kubernetes API to see which pods exist: pass --kubeconfig, \
-                     set KUBECONFIG, or run in a pod"
-                );
-                return EXIT_USAGE;
             }
-            run_reconcile(opts, once, output)
         }
     };
     match outcome {

@@ -16,7 +16,9 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use serde_json::{Value, json};
-use tether_kube_store::{CrdState, KubeSettings, KubeStore, KubeStoreError, check_credentials};
+use tether_kube_store::{
+    CrdState, KubeSettings, KubeStore, KubeStoreError, NodeScope, check_credentials,
+};
 use tether_leases::{Allocator, NoProbe, SystemClock};
 use tether_link::Netlink;
 use tether_pool::{PoolConfig, ProbeConfig, StoreKind};
@@ -340,7 +342,70 @@ fn check_kubernetes(cfg: &PoolConfig, r: &mut Report) -> bool {
             );
         }
     }
+    if usable {
+        check_node_scope(&store, r);
+    }
     usable
+}
+
+/// The node-scope policy (deploy/base/policy.yaml): this credential names a node, and the API
+/// server refuses it a lease of another node. A dry-run asks the server itself, so a policy that
+/// is missing, unbound, in Warn/Audit mode or matching another identity all show as "not
+/// enforced".
+fn check_node_scope(store: &KubeStore, r: &mut Report) {
+    store.restart_budget();
+    let id = match store.who_am_i() {
+        Ok(id) => id,
+        Err(e) => {
+            return r.fail(
+                "node-scope",
+                format!("cannot ask who this identity is: {e}"),
+            );
+        }
+    };
+    store.restart_budget();
+    let scope = match store.node_scope() {
+        Ok(s) => s,
+        Err(e) => {
+            return r.fail(
+                "node-scope",
+                format!("cannot test the node-scope policy (a dry-run create of another node's lease): {e}"),
+            );
+        }
+    };
+    let user = &id.username;
+    match (id.node, scope) {
+        (Some(n), NodeScope::Enforced(_)) => r.ok(
+            "node-scope",
+            format!(
+                "{user} is bound to node {n}, and the API server refuses it a lease of another node \
+                 (ValidatingAdmissionPolicy tether-iplease-node-scope)"
+            ),
+        ),
+        (Some(n), NodeScope::NotEnforced) => r.fail(
+            "node-scope",
+            format!(
+                "{user} is bound to node {n}, but the API server would let it lease an address to another node, \
+                 so every node's credential can free or steal any node's addresses: apply deploy/base/policy.yaml \
+                 (a ValidatingAdmissionPolicy and its binding, validationActions [Deny]; Kubernetes 1.30+)"
+            ),
+        ),
+        (None, NodeScope::Enforced(msg)) => r.fail(
+            "node-scope",
+            format!(
+                "{user} carries no node claim (its token is not bound to a pod on a node), so its lease writes are \
+                 refused ({msg}); use the kubeconfig the node-agent writes (/etc/cni/net.d/tether.d/tether.kubeconfig)"
+            ),
+        ),
+        (None, NodeScope::NotEnforced) => r.fail(
+            "node-scope",
+            format!(
+                "{user} is not held to one node: it carries no node claim and may lease an address to any node; a \
+                 credential on a node should be the node-agent's (bound to its pod), held to its node by \
+                 deploy/base/policy.yaml"
+            ),
+        ),
+    }
 }
 
 /// The master NIC exists and is up. Returns what probing needs.

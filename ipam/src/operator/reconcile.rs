@@ -142,7 +142,15 @@ pub struct Options {
     /// Time between periodic full passes.
     pub interval: Duration,
     /// Reclaim leases of nodes that no longer run an agent while this agent is the sweeper.
+    /// Where the node-scope policy is installed (deploy/base/policy.yaml) a node's credential may
+    /// not do this: the controller does (`controller`), and the DaemonSet passes `--no-sweep`.
     pub sweep_dead_nodes: bool,
+    /// Run as the cluster's controller (`tether controller`) instead of a node's agent: every pass
+    /// judges the leases of the nodes that run no agent pod, and nothing else (no node of its
+    /// own, no file store, no pod watch, no monitor). No election: it runs as one replica, and
+    /// its writes are conditional, so a second one during a rollout is harmless. Its identity is
+    /// one no node holds (deploy/base/controller.yaml).
+    pub controller: bool,
     /// Namespace of the node-agent's pods (`--agent-namespace`).
     pub agent_namespace: String,
     /// Label selector of the node-agent's pods (`--agent-selector`): the nodes running one are
@@ -170,6 +178,7 @@ impl Options {
             grace_s: DEFAULT_GRACE_S,
             interval: Duration::from_secs(DEFAULT_INTERVAL_S),
             sweep_dead_nodes: true,
+            controller: false,
             agent_namespace: default_agent_namespace(),
             agent_selector: DEFAULT_AGENT_SELECTOR.to_string(),
             debounce: Duration::from_millis(500),
@@ -288,6 +297,12 @@ impl Reconciler {
             Some(s) => Some(KubeStore::connect(long_lived(s)).map_err(|e| e.to_string())?),
             None => None,
         };
+        if opts.controller && store.is_none() {
+            return Err(
+                "the controller needs the Kubernetes API: give a kubeconfig, or run it in a pod"
+                    .into(),
+            );
+        }
         if store.is_none() && opts.data_dir.is_none() {
             return Err(
                 "nothing to reconcile: give a kubeconfig (or run in a pod) and/or --data-dir"
@@ -350,6 +365,10 @@ impl Reconciler {
             );
             return r;
         };
+        if self.opts.controller {
+            self.sweep(now, store, &mut r);
+            return r;
+        }
         let pods = match self.node_pods(store) {
             Ok(p) => p,
             Err(e) => {
@@ -553,7 +572,9 @@ impl Reconciler {
                 return;
             }
         };
-        if !live.contains(&self.opts.node) {
+        if self.opts.controller {
+            r.sweeper = Some(true);
+        } else if !live.contains(&self.opts.node) {
             r.sweeper = Some(false);
             if !self.warned_agents.swap(true, Ordering::Relaxed) {
                 log::warn!(
@@ -563,11 +584,12 @@ impl Reconciler {
                 );
             }
             return;
-        }
-        let me = sweeper(&live) == Some(self.opts.node.as_str());
-        r.sweeper = Some(me);
-        if !me || !self.opts.sweep_dead_nodes {
-            return;
+        } else {
+            let me = sweeper(&live) == Some(self.opts.node.as_str());
+            r.sweeper = Some(me);
+            if !me || !self.opts.sweep_dead_nodes {
+                return;
+            }
         }
         r.swept = true;
         store.restart_budget();
@@ -620,6 +642,8 @@ impl Reconciler {
         let (tx, rx) = mpsc::channel();
         let stop_watch = Arc::new(AtomicBool::new(false));
         let watcher = match &self.opts.kube {
+            // The controller judges other nodes' leases by a GET of each pod: no cache to keep.
+            Some(_) if self.opts.controller => None,
             Some(settings) => {
                 let store = KubeStore::connect(long_lived(settings)).map_err(|e| e.to_string())?;
                 let cache = self.cache.clone();
@@ -635,7 +659,11 @@ impl Reconciler {
             }
             None => None,
         };
-        let helpers = self.start_helpers(&stop_watch);
+        let helpers = if self.opts.controller {
+            Vec::new()
+        } else {
+            self.start_helpers(&stop_watch)
+        };
         let result = self.pass_loop(stop, &rx, &mut on_pass);
         stop_watch.store(true, Ordering::Relaxed);
         for h in watcher.into_iter().chain(helpers) {

@@ -18,8 +18,8 @@ use tether_kube_store::{KubeSettings, KubeStore, KubeStoreError};
 /// The node journal of the Kubernetes store, under `dataDir`.
 pub const JOURNAL_DIR: &str = "journal";
 use tether_leases::{
-    AddRequest, AllocError, Allocator, Attachment, FileStore, Lease, LeaseStore, NoProbe, Prober,
-    SystemClock,
+    AddRequest, AllocError, Allocator, Attachment, FileStore, FileStoreError, Lease, LeaseStore,
+    NoProbe, Prober, SystemClock,
 };
 use tether_pool::{ConfigError, PoolConfig, ProbeConfig, StoreKind};
 
@@ -29,6 +29,13 @@ pub struct Ipam;
 pub fn to_cni(e: AllocError) -> CniError {
     let c = match &e {
         _ if e.is_transient() => code::TRY_AGAIN_LATER,
+        // A file in dataDir that is not what it must be (a symlink, a directory): only the
+        // operator can fix it, like the dataDir itself.
+        AllocError::Store(s)
+            if FileStoreError::from_store_error(s).is_some_and(FileStoreError::is_config) =>
+        {
+            code::INVALID_CONFIG
+        }
         AllocError::Store(_) | AllocError::Gc { .. } => code::STORE,
         AllocError::Request(_) | AllocError::DuplicateRequest { .. } => code::INVALID_CONFIG,
         AllocError::HeldByOther { .. } | AllocError::AttachmentHasOther { .. } => {
@@ -84,8 +91,21 @@ pub enum Store {
 
 impl Store {
     pub fn open(cfg: &PoolConfig) -> Result<Store, CniError> {
+        // Both stores keep files under dataDir (state, or the node journal): checked first, so a
+        // directory someone else could write is refused (code 7) before anything is read.
+        let files = FileStore::new(cfg.data_dir.clone());
+        if let Err(e) = files.open_dir() {
+            let c = if e.is_config() {
+                code::INVALID_CONFIG
+            } else if e.is_transient() {
+                code::TRY_AGAIN_LATER
+            } else {
+                code::STORE
+            };
+            return Err(CniError::new(c, e.to_string()));
+        }
         Ok(match cfg.store {
-            StoreKind::File => Store::File(FileStore::new(cfg.data_dir.clone())),
+            StoreKind::File => Store::File(files),
             StoreKind::Kubernetes => {
                 // This node's journal lets ADD, DEL and CHECK go straight to their objects.
                 let mut s = KubeSettings::from_pool_config(cfg).map_err(kube_error)?;
@@ -94,6 +114,15 @@ impl Store {
                 Store::Kube(Box::new(KubeStore::connect(s).map_err(kube_error)?))
             }
         })
+    }
+
+    /// The node the leases name: for the cluster store, the node its credential is bound to
+    /// (what the API server holds it to), else `NODE_NAME` or the hostname.
+    pub fn node(&self) -> Option<String> {
+        match self {
+            Store::Kube(s) => s.node().map(str::to_string).or_else(node_name),
+            Store::File(_) => node_name(),
+        }
     }
 
     pub fn get(&self) -> &dyn LeaseStore {
@@ -130,7 +159,8 @@ impl Drop for Context {
 
 impl Context {
     fn new(req: &Request) -> Result<Context, CniError> {
-        let cfg = PoolConfig::from_slice(&req.conf.raw).map_err(config_error)?;
+        // The keys the runtime's parse already holds: GC's attachment list is not parsed again.
+        let cfg = PoolConfig::from_top(&req.conf.value).map_err(config_error)?;
         let store = Store::open(&cfg)?;
         Ok(Context { cfg, store })
     }
@@ -191,7 +221,7 @@ impl Plugin for Ipam {
             container_id: req.env.container_id().to_string(),
             ifname: req.env.ifname().to_string(),
             pod: requests::pod_ref(req),
-            node: node_name(),
+            node: ctx.store.node(),
             requested: requests::requested_ips(req)?,
         };
         let leases = match ctx.cfg.probe {

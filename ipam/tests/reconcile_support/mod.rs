@@ -614,6 +614,35 @@ pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Durati
 }
 
 /// Run the operator binary `tether` as a person would (no CNI_COMMAND, no in-cluster variables).
+/// Runs tether-ipam (`CARGO_BIN_EXE_tether-ipam`, from the test crate) as a runtime would: `env`
+/// only (the caller's environment is cleared), `conf` on stdin. Returns the exit code and the
+/// JSON on stdout (Null when empty).
+pub fn run_ipam(ipam: &Path, env: &[(&str, String)], conf: &Value) -> (i32, Value) {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = Command::new(ipam)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let v = if out.stdout.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    (out.status.code().unwrap_or(-1), v)
+}
+
 pub fn tether(args: &[&str]) -> Output {
     tether_env(args, &[])
 }
@@ -652,4 +681,119 @@ pub fn findings<'a>(out: &'a str, status: &str, check: &str) -> Vec<&'a str> {
             w.next() == Some(status) && w.next() == Some(check)
         })
         .collect()
+}
+
+// ---- Node credentials as the node-agent has them (issue 21) ---------------------------------
+
+/// The namespace of the shipped service accounts (deploy/base, applied by conformance/kube/up.sh).
+pub const AGENT_NS: &str = "kube-system";
+
+/// One node of the test: its Node object, its agent pod, its credential.
+pub struct Node {
+    pub name: &'static str,
+    pub kubeconfig: PathBuf,
+    pub dir: PathBuf,
+}
+
+/// A kubeconfig for the admin's server with `token` as the user.
+pub fn token_kubeconfig(env: &Env, file: &str, token: &str) -> PathBuf {
+    let admin: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(&env.kubeconfig).unwrap()).unwrap();
+    let cluster = admin["clusters"][0]["cluster"].clone();
+    let kc = json!({"apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": "u", "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c"});
+    let path = env.dir.join(file);
+    std::fs::write(&path, serde_json::to_string(&kc).unwrap()).unwrap();
+    path
+}
+
+/// A token of service account `sa` (kube-system), bound to `pod` when given.
+pub fn token(env: &Env, sa: &str, pod: Option<(&str, &str)>) -> String {
+    let mut spec = json!({"audiences": ["https://kubernetes.default.svc.cluster.local"], "expirationSeconds": 3600});
+    if let Some((name, uid)) = pod {
+        spec["boundObjectRef"] =
+            json!({"kind": "Pod", "apiVersion": "v1", "name": name, "uid": uid});
+    }
+    let r = env
+        .post_json(
+            &format!("/api/v1/namespaces/{AGENT_NS}/serviceaccounts/{sa}/token"),
+            &json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}),
+        )
+        .unwrap_or_else(|e| panic!("TokenRequest for {sa}: {e}"));
+    r["status"]["token"].as_str().unwrap().to_string()
+}
+
+/// A Node, the node-agent's pod on it (the DaemonSet's label: the controller sees the node as
+/// alive), and that pod's bound token in a kubeconfig.
+pub fn node(env: &Env, what: &str) -> Node {
+    let name = env.name(what);
+    env.post_json(
+        "/api/v1/nodes",
+        &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}),
+    )
+    .unwrap_or_else(|e| panic!("create node {name}: {e}"));
+    let pod = env
+        .post_json(
+            &format!("/api/v1/namespaces/{AGENT_NS}/pods"),
+            &json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": agent_pod(name), "labels": {"app.kubernetes.io/name": "tether"}},
+                    "spec": {"nodeName": name, "serviceAccountName": "tether",
+                             "containers": [{"name": "agent", "image": "tether"}]}}),
+        )
+        .unwrap_or_else(|e| panic!("create agent pod on {name}: {e}"));
+    let uid = pod["metadata"]["uid"].as_str().unwrap();
+    let t = token(env, "tether", Some((&agent_pod(name), uid)));
+    let dir = env.dir.join(what);
+    std::fs::create_dir_all(&dir).unwrap();
+    Node {
+        name,
+        kubeconfig: token_kubeconfig(env, &format!("kubeconfig-{what}"), &t),
+        dir,
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // Best effort: the server is shared by the whole run. No kubelet ends a pod's grace
+        // period here, so the agent pod is deleted at once (else it would stay, Terminating, and
+        // keep its node alive for the controller).
+        let _ = std::process::Command::new(kubectl())
+            .args(["--kubeconfig", real_cluster().unwrap().to_str().unwrap()])
+            .args([
+                "delete",
+                "--ignore-not-found",
+                "--wait=false",
+                "node",
+                self.name,
+            ])
+            .output();
+        let _ = std::process::Command::new(kubectl())
+            .args(["--kubeconfig", real_cluster().unwrap().to_str().unwrap()])
+            .args([
+                "-n",
+                AGENT_NS,
+                "delete",
+                "--ignore-not-found",
+                "--grace-period=0",
+                "--force",
+                "pod",
+            ])
+            .arg(agent_pod(self.name))
+            .output();
+    }
+}
+
+pub fn kubectl() -> PathBuf {
+    std::env::var_os("KUBECTL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(
+                &std::env::var("PEERS_BIN_DIR")
+                    .unwrap_or_else(|_| "/var/cache/tether-peers/bin".into()),
+            )
+            .join("kubectl")
+        })
 }

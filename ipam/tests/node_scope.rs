@@ -1,0 +1,273 @@
+//! Issue 21, part 1: a node's credential writes only its own node's leases, enforced by the real
+//! API server with the shipped ValidatingAdmissionPolicy (deploy/base/policy.yaml, installed with
+//! the rest of deploy/base by `conformance/kube/up.sh`).
+//!
+//! Each "node" here is a Node object with a pod of the `tether` service account scheduled on it,
+//! and its credential a real TokenRequest token bound to that pod, exactly what the node-agent
+//! writes into the plugin's kubeconfig. The lost-node reclaim runs as `tether controller` with a
+//! token of the `tether-controller` service account (deploy/base/controller.yaml).
+
+mod reconcile_support;
+
+use std::path::Path;
+
+use reconcile_support::*;
+use serde_json::{Value, json};
+
+const LEASES: &str = "/apis/ipam.tether.dev/v1alpha1/ipleases";
+/// tether-ipam on `node`: its credential, its data directory, and a NODE_NAME that lies (the
+/// leases must name the node the credential is bound to).
+fn call(node: &Node, verb: &str, pod: &str, conf: &Value) -> (i32, Value) {
+    let mut conf = conf.clone();
+    conf["ipam"]["kubernetes"] = json!({"kubeconfig": node.kubeconfig, "timeout_s": 10});
+    conf["ipam"]["dataDir"] = json!(node.dir);
+    run_ipam(
+        Path::new(env!("CARGO_BIN_EXE_tether-ipam")),
+        &[
+            ("CNI_COMMAND", verb.to_string()),
+            ("CNI_CONTAINERID", format!("ctr-{pod}")),
+            ("CNI_NETNS", "/run/netns/unused".to_string()),
+            ("CNI_IFNAME", "net1".to_string()),
+            (
+                "CNI_ARGS",
+                format!(
+                    "IgnoreUnknown=true;K8S_POD_NAMESPACE=ns;K8S_POD_NAME={pod};K8S_POD_UID=uid-{pod}"
+                ),
+            ),
+            ("NODE_NAME", "not-the-node".to_string()),
+        ],
+        &conf,
+    )
+}
+
+fn address(r: &Value) -> String {
+    r["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// What a credential can send at the lease collection.
+enum LeaseWrite<'a> {
+    Create(&'a Value),
+    Replace(&'a str, &'a Value),
+    Delete(&'a str),
+}
+
+/// `w` with `kubeconfig`'s credential: (HTTP status, body).
+fn raw(kubeconfig: &Path, w: LeaseWrite<'_>) -> (u16, Value) {
+    use kube::core::Request;
+    use kube::core::params::{DeleteParams, PostParams};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap();
+        let client = kube::Client::try_from(config).unwrap();
+        let r = Request::new(LEASES);
+        let pp = PostParams::default();
+        let req = match w {
+            LeaseWrite::Create(b) => r.create(&pp, serde_json::to_vec(b).unwrap()),
+            LeaseWrite::Replace(n, b) => r.replace(n, &pp, serde_json::to_vec(b).unwrap()),
+            LeaseWrite::Delete(n) => r.delete(n, &DeleteParams::default()),
+        }
+        .unwrap();
+        match client.request_text(req).await {
+            Ok(t) => (200, serde_json::from_str(&t).unwrap_or(Value::Null)),
+            Err(kube::Error::Api(s)) => (s.code, json!({"message": s.message})),
+            Err(e) => panic!("{e}"),
+        }
+    })
+}
+
+fn lease_object(env: &Env, net: &str, addr: &str) -> Value {
+    env.lease_objects(net)
+        .into_iter()
+        .find(|o| o["spec"]["address"] == addr)
+        .unwrap_or_else(|| panic!("no IPLease for {addr} in {net}"))
+}
+
+fn assert_refused_by_policy(what: &str, (code, body): (u16, Value)) {
+    assert_eq!(code, 403, "{what}: {body}");
+    let msg = body["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("tether-iplease-node-scope"),
+        "{what}: the 403 names the policy: {msg}"
+    );
+}
+
+#[test]
+#[ignore = "needs a real API server: make test starts one (conformance/kube/up.sh)"]
+fn a_nodes_credential_cannot_free_or_steal_another_nodes_lease() {
+    let env = Env::real("nscope");
+    let (a, b) = (node(&env, "a"), node(&env, "b"));
+    let net = env.name("mgmt");
+    let conf = json!({"cniVersion": "1.1.0", "name": net, "type": "tether-ipvlan",
+                      "ipam": {"type": "tether-ipam", "range": "10.142.0.64-10.142.0.66/24", "probe": false}});
+
+    // Node B's pod holds .64; its lease names node B (the token's node, not NODE_NAME).
+    let (code, r) = call(&b, "ADD", "trainer-b", &conf);
+    assert_eq!(code, 0, "{r}");
+    let held = address(&r);
+    let other = ["10.142.0.64", "10.142.0.65", "10.142.0.66"]
+        .into_iter()
+        .find(|a| *a != held)
+        .unwrap();
+    let obj = lease_object(&env, net, &held);
+    assert_eq!(obj["spec"]["node"], b.name, "{obj}");
+    let name = obj["metadata"]["name"].as_str().unwrap().to_string();
+
+    // Node A's credential: no DELETE, no UPDATE (not even to itself), no CREATE for node B.
+    assert_refused_by_policy(
+        "DELETE of B's lease",
+        raw(&a.kubeconfig, LeaseWrite::Delete(&name)),
+    );
+    let mut stolen = obj.clone();
+    stolen["spec"]["node"] = json!(a.name);
+    stolen["spec"]["containerID"] = json!("ctr-thief");
+    assert_refused_by_policy(
+        "UPDATE of B's lease",
+        raw(&a.kubeconfig, LeaseWrite::Replace(&name, &stolen)),
+    );
+    let mut forged = obj.clone();
+    forged["metadata"] = json!({"name": name.replace(held.as_str(), other)});
+    forged["spec"]["address"] = json!(other);
+    assert_refused_by_policy(
+        "CREATE for node B",
+        raw(&a.kubeconfig, LeaseWrite::Create(&forged)),
+    );
+    // A token of the same account that is bound to no pod may not write at all.
+    let unbound = token_kubeconfig(&env, "kubeconfig-unbound", &token(&env, "tether", None));
+    let (code, body) = raw(&unbound, LeaseWrite::Delete(&name));
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("no node claim"),
+        "{body}"
+    );
+
+    // The scenario of the issue can no longer happen: A asking for B's address is refused
+    // (held by B's pod), A's pool ADD gets another address.
+    let mut wants = conf.clone();
+    wants["runtimeConfig"] = json!({"ips": [format!("{held}/24")]});
+    let (code, e) = call(&a, "ADD", "trainer-a", &wants);
+    assert_eq!(code, 1, "{e}");
+    assert!(e["msg"].as_str().unwrap().contains(&held), "{e}");
+    let (code, r) = call(&a, "ADD", "trainer-a", &conf);
+    assert_eq!(code, 0, "{r}");
+    assert_ne!(address(&r), held);
+    assert_eq!(
+        lease_object(&env, net, &held)["spec"]["node"],
+        b.name,
+        "B's lease untouched"
+    );
+
+    // What the design needs still works: A's own DEL; B's DEL; the same pod name on node A
+    // takes over its sticky address released on node B.
+    assert_eq!(call(&a, "DEL", "trainer-a", &conf).0, 0);
+    assert_eq!(call(&b, "DEL", "trainer-b", &conf).0, 0);
+    assert_eq!(lease_object(&env, net, &held)["spec"]["state"], "Released");
+    let (code, r) = call(&a, "ADD", "trainer-b", &conf);
+    assert_eq!(code, 0, "{r}");
+    assert_eq!(address(&r), held, "sticky across nodes: {r}");
+    assert_eq!(lease_object(&env, net, &held)["spec"]["node"], a.name);
+
+    // GC on node A, naming no valid attachment: A's stale lease goes, B's stays.
+    let (code, r) = call(&b, "ADD", "trainer-b2", &conf);
+    assert_eq!(code, 0, "{r}");
+    let b_addr = address(&r);
+    let mut gc = conf.clone();
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": "ctr-none", "ifname": "net1"}]);
+    let (code, r) = call(&a, "GC", "gc", &gc);
+    assert_eq!(code, 0, "{r}");
+    assert_eq!(
+        lease_object(&env, net, &held)["spec"]["state"],
+        "Released",
+        "A's GC releases A's stale lease"
+    );
+    assert_eq!(
+        lease_object(&env, net, &b_addr)["spec"]["state"],
+        "Leased",
+        "and nothing of B's"
+    );
+}
+
+#[test]
+#[ignore = "needs a real API server: make test starts one (conformance/kube/up.sh)"]
+fn a_lost_nodes_leases_are_reclaimed_by_the_controller_not_by_a_node() {
+    // The controller judges every node without an agent pod: no other test of this binary may
+    // hold leases meanwhile.
+    let env = Env::real_exclusive("nlost");
+    let (a, b) = (node(&env, "a"), node(&env, "b"));
+    let net = env.name("mgmt");
+    let conf = json!({"cniVersion": "1.1.0", "name": net, "type": "tether-ipvlan",
+                      "ipam": {"type": "tether-ipam", "range": "10.142.1.0/28", "probe": false}});
+    let (code, r) = call(&b, "ADD", "lost-pod", &conf);
+    assert_eq!(code, 0, "{r}");
+    let lost = address(&r);
+    // Node B is lost: its agent pod goes (the pod GC controller deletes a gone node's pods); its
+    // pods never ran DEL, and the pod of the lease does not exist.
+    assert!(
+        env.delete_pod(AGENT_NS, &agent_pod(b.name)),
+        "B's agent pod"
+    );
+
+    // Node A's credential may not do the reclaim: its sweep is refused by the policy.
+    let out = tether_env(
+        &[
+            "reconcile",
+            "--once",
+            "--grace-s",
+            "0",
+            "--node",
+            a.name,
+            "--agent-namespace",
+            AGENT_NS,
+            "--kubeconfig",
+            a.kubeconfig.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(
+        stderr(&out).contains("tether-iplease-node-scope"),
+        "the node's sweep is refused: {}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert_eq!(lease_object(&env, net, &lost)["spec"]["state"], "Leased");
+
+    // The controller's identity (no node holds it) may, and does.
+    let kc = token_kubeconfig(
+        &env,
+        "kubeconfig-controller",
+        &token(&env, "tether-controller", None),
+    );
+    let out = tether_env(
+        &[
+            "controller",
+            "--once",
+            "--grace-s",
+            "0",
+            "--agent-namespace",
+            AGENT_NS,
+            "--kubeconfig",
+            kc.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains(&lost), "{}", stdout(&out));
+    let o = lease_object(&env, net, &lost);
+    assert_eq!(o["spec"]["state"], "Released", "{o}");
+    assert_eq!(
+        o["spec"]["node"], b.name,
+        "the record keeps its history: {o}"
+    );
+    drop(a);
+}
