@@ -5,6 +5,7 @@ set -euo pipefail
 
 apt_pkgs=(
   iproute2 iputils-ping kmod jq
+  time                            # GNU time: the hostile-input suite bounds each call's peak RSS
   tcpdump python3                 # probe tests capture on the master and run small ARP/NDP responders
   qemu-system-x86                 # the lab VM (ipvlan is not in this machine's kernel)
   socat                           # the VM's one forwarded port to the host's API server (lab/run.sh)
