@@ -3,7 +3,8 @@
 //! Differences from the reference ipvlan plugin, each on purpose:
 //! - every ADD failure after the link exists removes the link and releases the IPAM lease ([`Undo`]);
 //! - DEL never resolves the master, deletes the link and releases the lease even when one of them is
-//!   already gone or fails, and reports the lease error last;
+//!   already gone or fails; it also removes the link of an ADD killed before its rename (found by
+//!   its [`temporary_name`], derived from the attachment);
 //! - CHECK resolves the master like ADD, so it works with `master` omitted;
 //! - STATUS checks the master; GC is forwarded to IPAM; a requested MAC is refused (code 2);
 //! - `mtu` above the master's is refused before anything is created.
@@ -11,7 +12,6 @@
 pub mod config;
 pub mod error;
 
-use std::hash::{BuildHasher, Hasher};
 use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -97,12 +97,28 @@ fn reject_requested_mac(req: &Request) -> Result<(), AttachError> {
     Ok(())
 }
 
-/// A name no one else uses: the link is born under it in the pod netns and renamed there, so a clash
-/// with a host interface of the same name (older kernels check the creating netns) cannot happen.
-fn temporary_name() -> String {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    format!("tth{:08x}", h.finish() as u32)
+/// The name the link is born under in the pod netns, then renamed there to CNI_IFNAME (so a clash
+/// with a host interface of the same name, which older kernels check in the creating netns, cannot
+/// happen). Derived from the attachment, not random: a DEL after an ADD killed between create and
+/// rename finds the link by this name, with no state kept anywhere. 15 bytes (IFNAMSIZ - 1).
+pub fn temporary_name(container_id: &str, ifname: &str) -> String {
+    let h = tether_stable_hash::fnv1a64(format!("{container_id}/{ifname}").as_bytes(), 0);
+    format!("tth{:012x}", h & 0xffff_ffff_ffff)
+}
+
+/// Test hook of debug builds only (the lab runs them): `TETHER_TEST_KILL_AFTER=<step>` makes ADD
+/// kill itself with SIGKILL right after that step, as a runtime's timeout or the OOM killer
+/// would, so the lab can pin what DEL must clean up after each one. Release builds have no hook.
+fn kill_point(step: &str) {
+    #[cfg(debug_assertions)]
+    if std::env::var("TETHER_TEST_KILL_AFTER").is_ok_and(|s| s == step) {
+        // SAFETY: raise has no memory-safety preconditions; SIGKILL ends the process here.
+        unsafe {
+            libc::raise(libc::SIGKILL);
+        }
+    }
+    #[cfg(not(debug_assertions))]
+    let _ = step;
 }
 
 /// Undoes a partial ADD when dropped armed: removes the link, then releases the lease. Errors here are
@@ -211,18 +227,15 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
     } else {
         (&host, Some(&ns))
     };
-    let mut tmp = temporary_name();
-    let mut attempts = 0;
-    loop {
-        match creator.create_ipvlan(&tmp, master.index, cfg.mode, cfg.flag, cfg.mtu, target) {
-            Ok(()) => break,
-            Err(e) if e.errno() == Some(EEXIST) && attempts < 3 => {
-                attempts += 1;
-                tmp = temporary_name();
-            }
-            Err(e) => return Err(e.into()),
-        }
+    let tmp = temporary_name(req.env.container_id(), ifname);
+    let create = || creator.create_ipvlan(&tmp, master.index, cfg.mode, cfg.flag, cfg.mtu, target);
+    match create() {
+        // The link of an earlier ADD of this attachment that was killed before its rename (the
+        // runtime retries ADD without a DEL in between): ours by its name, removed, made again.
+        Err(e) if e.errno() == Some(EEXIST) && remove_temporary_link(&pod, &tmp)? => create()?,
+        r => r?,
     }
+    kill_point("create");
     let link = pod.link_by_name(&tmp)?.ok_or_else(|| {
         AttachError::Check(format!("the new link {tmp} vanished from the pod netns"))
     })?;
@@ -237,6 +250,7 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
             },
             _ => e.into(),
         })?;
+    kill_point("rename");
     set_sysctls(&in_pod, ifname)?;
 
     // The IPAM's Result is used as soon as it is printed; its exit is checked once the link is
@@ -261,6 +275,7 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
         }
         None => (prev.cloned().unwrap_or_default(), Vec::new()),
     };
+    kill_point("ipam");
     if result.ips.is_empty() {
         return Err(AttachError::NoAddresses {
             plugin: cfg.ipam_type.clone().unwrap_or_else(|| "prevResult".into()),
@@ -268,6 +283,7 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
     }
 
     configure(&in_pod, &pod, &link, ifname, &result, &probed)?;
+    kill_point("configure");
     if let Some(exit) = undo.exit.take() {
         exit.check().map_err(AttachError::Cni)?;
     }
@@ -499,7 +515,7 @@ pub fn del(req: &Request) -> Result<(), AttachError> {
     if let Some(path) = req.env.netns.as_deref() {
         match NetNs::open(path) {
             Ok(ns) => {
-                if let Err(e) = delete_pod_link(&ns, ifname) {
+                if let Err(e) = delete_pod_link(&ns, req.env.container_id(), ifname) {
                     log::error!("DEL: removing {ifname} in {}: {e}", path.display());
                     link_error = Some(e);
                 }
@@ -515,8 +531,21 @@ pub fn del(req: &Request) -> Result<(), AttachError> {
     link_error.map_or(Ok(()), Err)
 }
 
-fn delete_pod_link(ns: &NetNs, ifname: &str) -> Result<(), AttachError> {
+/// Remove the ipvlan link called `name` (a temporary name) from the pod netns; whether there was one.
+fn remove_temporary_link(pod: &Netlink, name: &str) -> Result<bool, AttachError> {
+    match pod.link_by_name(name)? {
+        Some(l) if l.kind.as_deref() == Some("ipvlan") => {
+            pod.delete_link(l.index)?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// CNI_IFNAME if it is an ipvlan link, and the link of an ADD killed before its rename.
+fn delete_pod_link(ns: &NetNs, container_id: &str, ifname: &str) -> Result<(), AttachError> {
     let pod = Netlink::in_netns(ns)?;
+    remove_temporary_link(&pod, &temporary_name(container_id, ifname))?;
     match pod.link_by_name(ifname)? {
         Some(l) if l.kind.as_deref() == Some("ipvlan") => {
             pod.delete_link(l.index)?;
@@ -680,5 +709,31 @@ pub fn gc(req: &Request) -> Result<(), CniError> {
     match req.conf.ipam_type() {
         Some(plugin) => req.delegation().exec(plugin, Command::Gc).map(|_| ()),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::temporary_name;
+
+    #[test]
+    fn the_temporary_name_is_the_attachments_own_and_fits_a_link_name() {
+        let a = temporary_name("0123456789abcdef0123456789abcdef", "net1");
+        assert_eq!(
+            a,
+            temporary_name("0123456789abcdef0123456789abcdef", "net1")
+        );
+        assert_eq!(a.len(), 15, "{a}: IFNAMSIZ - 1");
+        assert!(a.starts_with("tth") && a[3..].bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(
+            a,
+            temporary_name("0123456789abcdef0123456789abcdef", "net2")
+        );
+        assert_ne!(
+            a,
+            temporary_name("0123456789abcdef0123456789abcdee", "net1")
+        );
+        // Pinned: a DEL by a newer tether must find the link an older one's ADD left.
+        assert_eq!(temporary_name("c", "net1"), "tthba3dc66c66d1");
     }
 }

@@ -175,7 +175,7 @@ pub fn file_stem(network: &str) -> String {
         s.push('-');
         s.push_str(&format!(
             "{:016x}",
-            crate::hash::fnv1a64(network.as_bytes(), 0)
+            tether_stable_hash::fnv1a64(network.as_bytes(), 0)
         ));
     }
     s

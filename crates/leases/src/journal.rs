@@ -127,7 +127,7 @@ fn hash_hex(parts: &[&str]) -> String {
         key.extend_from_slice(p.as_bytes());
         key.push(0);
     }
-    format!("{:016x}", crate::hash::fnv1a64(&key, 0))
+    format!("{:016x}", tether_stable_hash::fnv1a64(&key, 0))
 }
 
 fn attachment_key(container_id: &str, ifname: &str) -> String {

@@ -57,7 +57,6 @@
 pub mod clock;
 pub mod engine;
 pub mod file;
-mod hash;
 pub mod journal;
 pub mod model;
 pub mod probe;

@@ -261,12 +261,7 @@ enum Trigger {
 /// FNV-1a, 64 bit: the sweeper is the agent node with the lowest hash (stable across agents
 /// and releases, independent of name order).
 pub(crate) fn fnv(s: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in s.as_bytes() {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+    tether_stable_hash::fnv1a64(s.as_bytes(), 0)
 }
 
 /// The sweeper among `candidates` (the nodes that run an agent pod).

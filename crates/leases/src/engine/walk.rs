@@ -10,8 +10,8 @@ use tether_pool::IpRange;
 use super::add::{AddRequest, Call};
 use super::claim::Claimed;
 use super::{AllocError, Allocator};
-use crate::hash::{fnv1a64, mix64};
 use crate::model::{Lease, LeaseState, PodRef};
+use tether_stable_hash::{fnv1a64, mix64};
 
 /// Probe conflicts met in one range during one ADD.
 #[derive(Default)]

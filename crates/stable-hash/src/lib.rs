@@ -1,8 +1,9 @@
 //! Stable hashes for names and walk offsets: the same input gives the same value in every
-//! process and every tether version, because file names and walk orders depend on them.
+//! process and every tether version, because file names, object names, link names and walk
+//! orders depend on them (std's hasher promises neither).
 
 /// 64-bit FNV-1a of `bytes`, seeded (stable across processes and versions).
-pub(crate) fn fnv1a64(bytes: &[u8], seed: u64) -> u64 {
+pub fn fnv1a64(bytes: &[u8], seed: u64) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed;
     for b in bytes {
         h ^= *b as u64;
@@ -12,7 +13,7 @@ pub(crate) fn fnv1a64(bytes: &[u8], seed: u64) -> u64 {
 }
 
 /// A 64-bit finaliser (splitmix64's): spreads the bits of `z` over the whole word.
-pub(crate) fn mix64(mut z: u64) -> u64 {
+pub fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
