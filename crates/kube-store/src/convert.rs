@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use tether_leases::{Lease, LeaseState, PodRef};
 
 use crate::crd::{
-    IPLease, IPLeaseSpec, LeasePhase, NETWORK_LABEL, NODE_LABEL, PodInfo, Quarantine, label_value,
-    object_name,
+    IPLease, IPLeaseSpec, LeasePhase, NETWORK_LABEL, NODE_LABEL, POD_LABEL, PodInfo, Quarantine,
+    label_value, object_name, pod_label_value,
 };
 use crate::error::KubeStoreError;
 
@@ -90,6 +90,9 @@ pub fn to_object(lease: &Lease, meta: Option<(&str, &str)>) -> Result<IPLease, K
     labels.insert(NETWORK_LABEL.to_string(), label_value(&lease.network));
     if let Some(n) = &lease.node {
         labels.insert(NODE_LABEL.to_string(), label_value(n));
+    }
+    if let (Some(ns), Some(name)) = (&lease.pod.namespace, &lease.pod.name) {
+        labels.insert(POD_LABEL.to_string(), pod_label_value(ns, name));
     }
     obj.metadata.labels = Some(labels);
     if let Some((uid, rv)) = meta {

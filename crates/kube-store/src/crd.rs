@@ -21,6 +21,9 @@ pub const CRD_MANIFEST: &str = "deploy/crds/ipleases.yaml";
 pub const NETWORK_LABEL: &str = "ipam.tether.dev/network";
 /// Label carrying the (label-safe form of the) holder's node name, when known.
 pub const NODE_LABEL: &str = "ipam.tether.dev/node";
+/// Label carrying the (label-safe form of the) holder pod's `namespace.name`, when known: the
+/// index by pod identity that finds a re-created pod's sticky address in one LIST.
+pub const POD_LABEL: &str = "ipam.tether.dev/pod";
 
 /// State of a lease record.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
@@ -176,16 +179,6 @@ pub fn crd_yaml() -> String {
 
 // ----- names ------------------------------------------------------------------------------------
 
-/// 64-bit FNV-1a (stable across versions and processes).
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
 /// Ends in `-` and 16 lowercase hex digits, like our hashed forms do.
 fn looks_hashed(s: &str) -> bool {
     let b = s.as_bytes();
@@ -207,7 +200,10 @@ fn hashed(s: &str, keep: impl Fn(char) -> Option<char>) -> String {
         t = t.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
     }
     let base = if t.is_empty() { "x" } else { t };
-    format!("{base}-{:016x}", fnv1a64(s.as_bytes()))
+    format!(
+        "{base}-{:016x}",
+        tether_stable_hash::fnv1a64(s.as_bytes(), 0)
+    )
 }
 
 /// The network part of an object name: the network name itself when it is already a DNS label
@@ -282,6 +278,12 @@ pub fn label_value(s: &str) -> String {
 /// Label selector for the leases of `network`.
 pub fn network_selector(network: &str) -> String {
     format!("{NETWORK_LABEL}={}", label_value(network))
+}
+
+/// The [`POD_LABEL`] value of the pod `namespace`/`name` (`.` cannot occur in a namespace, so
+/// the pair is unambiguous).
+pub fn pod_label_value(namespace: &str, name: &str) -> String {
+    label_value(&format!("{namespace}.{name}"))
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use crate::journal::AttachmentIndex;
-use crate::model::{Lease, LeaseState};
+use crate::model::{Lease, LeaseState, PodRef};
 
 /// Result of a conditional write: the outer error is the store failing, the inner `Err` is a
 /// lost race (the record is not as expected).
@@ -136,6 +136,16 @@ pub trait LeaseStore {
         None
     }
 
+    /// The records of `network` that name the pod `pod` (same namespace and name), for a store
+    /// that can answer that without a snapshot of the network (an index by pod identity): a
+    /// re-created pod finds its sticky address in one read however full the pool is. `None`
+    /// (the default): no such index; the engine finds the sticky address on its walk. Entries
+    /// may be stale (a cache): a claim is still conditional on what is stored.
+    fn by_pod(&self, network: &str, pod: &PodRef) -> Result<Option<Vec<Lease>>, StoreError> {
+        let _ = (network, pod);
+        Ok(None)
+    }
+
     /// The records GC on this node may judge: for a node-local store all of `network`, for a
     /// cluster-wide store only those this node holds.
     fn list_mine(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
@@ -178,6 +188,9 @@ impl<T: LeaseStore + ?Sized> LeaseStore for &T {
     }
     fn list_mine(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
         (**self).list_mine(network)
+    }
+    fn by_pod(&self, network: &str, pod: &PodRef) -> Result<Option<Vec<Lease>>, StoreError> {
+        (**self).by_pod(network, pod)
     }
     fn claim(&self, new: Lease, expected: Option<&Lease>) -> CasResult<Lease> {
         (**self).claim(new, expected)

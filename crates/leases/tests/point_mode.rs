@@ -11,8 +11,8 @@ use std::net::IpAddr;
 use common::*;
 use tether_leases::{
     AllocError, Allocator, Attachment, AttachmentIndex, CasResult, FakeClock, FileJournal,
-    FileStore, JournalEntry, Lease, LeaseState, LeaseStore, NoProbe, Policy, ScriptedProber,
-    StoreError, Taken, walk_start,
+    FileStore, JournalEntry, Lease, LeaseState, LeaseStore, NoProbe, PodRef, Policy,
+    ScriptedProber, StoreError, Taken, walk_start,
 };
 
 const NET: &str = "mgmt";
@@ -25,6 +25,9 @@ struct Node {
     lists: Cell<usize>,
     gets: Cell<usize>,
     writes: Cell<usize>,
+    /// Answers `by_pod` (as the Kubernetes store's pod label does), counted in `by_pod_reads`.
+    pod_index: Cell<bool>,
+    by_pod_reads: Cell<usize>,
 }
 
 impl Node {
@@ -49,6 +52,8 @@ impl Node {
             lists: Cell::new(0),
             gets: Cell::new(0),
             writes: Cell::new(0),
+            pod_index: Cell::new(false),
+            by_pod_reads: Cell::new(0),
         }
     }
 
@@ -60,6 +65,7 @@ impl Node {
         self.lists.set(0);
         self.gets.set(0);
         self.writes.set(0);
+        self.by_pod_reads.set(0);
     }
 
     fn raw(&self) -> Vec<Lease> {
@@ -94,6 +100,19 @@ impl LeaseStore for Node {
     }
     fn index(&self) -> Option<&dyn AttachmentIndex> {
         Some(&self.journal)
+    }
+    fn by_pod(&self, network: &str, pod: &PodRef) -> Result<Option<Vec<Lease>>, StoreError> {
+        if !self.pod_index.get() {
+            return Ok(None);
+        }
+        self.by_pod_reads.set(self.by_pod_reads.get() + 1);
+        Ok(Some(
+            self.cluster
+                .list(network)?
+                .into_iter()
+                .filter(|l| l.pod.same_name(pod))
+                .collect(),
+        ))
     }
     fn list_mine(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
         self.lists.set(self.lists.get() + 1);
@@ -329,6 +348,55 @@ fn sticky_beyond_a_free_address() {
         back[0].address, second,
         "its own released record wins over an older free one"
     );
+}
+
+#[test]
+fn sticky_far_along_the_walk_is_found_by_the_pod_index_in_one_read() {
+    // train-2's walk meets seven free records before its own, more than the sticky horizon
+    // lets the walk look past: without an index it gets the first free one, with the store's
+    // index by pod identity its own, in one read and no LIST.
+    let run = |indexed: bool| {
+        let tag = if indexed { "idx" } else { "walk" };
+        let (c, d) = (
+            TempDir::new(&format!("pm-{tag}-c")),
+            TempDir::new(&format!("pm-{tag}-d")),
+        );
+        let n = Node::new(&c, &d, "a");
+        n.pod_index.set(indexed);
+        let clock = FakeClock::new(1_000_000);
+        let a = alloc(&n, "10.0.0.0/24", &NoProbe, &clock);
+        let r = range("10.0.0.0/24");
+        let probe = req_on(&n, "c1", pod("ns", "train-2", "u1"));
+        let start = walk_start(&probe, 0) % r.usable_count();
+        for k in 0..7 {
+            let at = r.nth((start + k) % r.usable_count()).unwrap().to_string();
+            a.add(&with_requested(
+                req_on(&n, &format!("s{k}"), pod("ns", &format!("squat-{k}"), "u")),
+                &[&at],
+            ))
+            .unwrap();
+        }
+        let own = a.add(&probe).unwrap()[0].address;
+        a.del("c1", "net1").unwrap();
+        for k in 0..7 {
+            a.del(&format!("s{k}"), "net1").unwrap();
+        }
+        clock.advance(3600); // every record past its cooldown: the squatters' are free again
+        n.reset();
+        let back = a
+            .add(&req_on(&n, "c2", pod("ns", "train-2", "u2")))
+            .unwrap()[0]
+            .address;
+        (own, back, n.counts(), n.by_pod_reads.get())
+    };
+    let (own, back, _, _) = run(false);
+    assert_ne!(
+        back, own,
+        "the walk alone stops before train-2's own record"
+    );
+    let (own, back, (lists, _, writes), reads) = run(true);
+    assert_eq!(back, own, "the pod index finds it");
+    assert_eq!((lists, writes, reads), (0, 1, 1));
 }
 
 #[test]

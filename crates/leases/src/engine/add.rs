@@ -55,6 +55,9 @@ pub(super) struct Call<'j> {
     /// Records written, for rollback.
     pub(super) written: Vec<Written>,
     pub(super) journal: Option<Journaling<'j>>,
+    /// Point mode: the records naming this pod from the store's index by pod identity, read
+    /// once per call (`None`: not read yet; empty when the store has no such index).
+    pub(super) by_pod: Option<Vec<Lease>>,
 }
 
 impl Allocator<'_> {
@@ -96,15 +99,12 @@ impl Allocator<'_> {
                         .unwrap_or_default(),
                 };
                 Call {
-                    view: HashMap::new(),
-                    seen: HashSet::new(),
-                    complete: false,
-                    written: Vec::new(),
                     journal: Some(Journaling {
                         index: ix,
                         entry,
                         lookup,
                     }),
+                    ..Call::default()
                 }
             }
             None => {
@@ -295,7 +295,12 @@ impl Allocator<'_> {
         }
 
         if !call.complete {
-            // 4 + 5 by point reads; sticky is found on the walk (see walk_points).
+            // 4. Sticky through the store's index by pod identity: found in one read however
+            // full the range is. Then 4 + 5 by point reads (the walk finds sticky records the
+            // index does not have, e.g. ones written before it existed; see walk_points).
+            if let Some(l) = self.take_sticky_by_pod(i, req, call)? {
+                return Ok(l);
+            }
             if let Some(l) = self.walk_points(i, req, call)? {
                 return Ok(l);
             }
@@ -332,6 +337,52 @@ impl Allocator<'_> {
 
         // 5. The pool.
         self.take_from_pool(i, req, call)
+    }
+
+    /// The pod's latest just-released record in range `i` from [`LeaseStore::by_pod`], taken
+    /// over (probed) if the store still has it as read: a stale read only costs the walk.
+    ///
+    /// [`LeaseStore::by_pod`]: crate::LeaseStore::by_pod
+    fn take_sticky_by_pod(
+        &self,
+        i: usize,
+        req: &AddRequest,
+        call: &mut Call<'_>,
+    ) -> Result<Option<Lease>, AllocError> {
+        if call.by_pod.is_none() {
+            call.by_pod = Some(
+                self.store
+                    .by_pod(&self.network, &req.pod)?
+                    .unwrap_or_default(),
+            );
+        }
+        let Some(old) = call
+            .by_pod
+            .iter()
+            .flatten()
+            .filter(|l| {
+                matches!(l.state, LeaseState::Released { .. })
+                    && l.pod.same_name(&req.pod)
+                    && l.ifname == req.ifname
+                    && self.range_of(l) == Some(i)
+                    && !call.seen.contains(&l.address)
+            })
+            .max_by_key(|l| (l.since, l.address))
+            .cloned()
+        else {
+            return Ok(None);
+        };
+        let new = self.new_lease(
+            req,
+            old.address,
+            self.ranges[i].prefix_len(),
+            i,
+            self.clock.now(),
+        );
+        Ok(match self.claim(i, new, Some(old), true, call)? {
+            Claimed::Got(l) => Some(l),
+            Claimed::Lost | Claimed::InUse(_) => None,
+        })
     }
 
     fn take_requested(
