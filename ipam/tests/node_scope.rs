@@ -271,3 +271,60 @@ fn a_lost_nodes_leases_are_reclaimed_by_the_controller_not_by_a_node() {
     );
     drop(a);
 }
+
+/// Issue 22, part 1: the controller is event-driven. It watches the node-agent pods, so a node
+/// that loses its agent pod (a deleted node's pods are deleted by the pod GC controller) has its
+/// leases judged at once, not at the next periodic pass (here 600 s away).
+#[test]
+#[ignore = "needs a real API server: make test starts one (conformance/kube/up.sh)"]
+fn the_controller_reclaims_a_lost_nodes_leases_within_seconds_of_its_agent_pod_going() {
+    let env = Env::real_exclusive("nevent");
+    let b = node(&env, "b");
+    let net = env.name("mgmt");
+    let conf = json!({"cniVersion": "1.1.0", "name": net, "type": "tether-ipvlan",
+                      "ipam": {"type": "tether-ipam", "range": "10.142.2.0/28", "probe": false}});
+    let kc = token_kubeconfig(
+        &env,
+        "kubeconfig-controller",
+        &token(&env, "tether-controller", None),
+    );
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _controller = Kill(
+        std::process::Command::new(env!("CARGO_BIN_EXE_tether"))
+            .args(["controller", "--grace-s", "0", "--interval-s", "600"])
+            .args(["--agent-namespace", AGENT_NS, "--kubeconfig"])
+            .arg(&kc)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBECONFIG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Its first (full) pass and its watch are up before node B is lost.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let (code, r) = call(&b, "ADD", "lost-pod", &conf);
+    assert_eq!(code, 0, "{r}");
+    let lost = address(&r);
+    assert!(
+        env.delete_pod(AGENT_NS, &agent_pod(b.name)),
+        "B's agent pod"
+    );
+    let took = wait_until(std::time::Duration::from_secs(20), || {
+        lease_object(&env, net, &lost)["spec"]["state"] == "Released"
+    });
+    let took = took.unwrap_or_else(|| {
+        panic!(
+            "not released 20 s after the agent pod went: {}",
+            lease_object(&env, net, &lost)
+        )
+    });
+    eprintln!("lost node's lease released {took:?} after its agent pod was deleted");
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+}

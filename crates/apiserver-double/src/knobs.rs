@@ -86,6 +86,14 @@ impl ApiServerDouble {
             .sum()
     }
 
+    /// Answer the next `n` IPLease lists from the watch cache (`resourceVersion` given) with 429
+    /// TooManyRequests, as a restarted API server does while its watch cache fills. Consistent
+    /// lists (no `resourceVersion`, what etcd must serve) are answered, and counted as
+    /// `consistent-list ipleases`.
+    pub fn set_cache_unready(&self, n: u64) {
+        self.shared.cache_unready.store(n, Ordering::Relaxed);
+    }
+
     /// Zero the counters.
     pub fn reset_counts(&self) {
         self.shared.counts.lock().unwrap().clear();

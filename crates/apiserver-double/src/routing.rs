@@ -129,6 +129,25 @@ pub(crate) async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Resp {
         ),
         (Target::Crd(name), Method::GET) => crd(&sh, &name),
         (Target::Collection(kind, ns), Method::GET) => {
+            if kind == Kind::Lease && !watch {
+                if q.get("resourceVersion").is_some_and(|v| !v.is_empty()) {
+                    let unready =
+                        sh.cache_unready
+                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                                n.checked_sub(1)
+                            });
+                    if unready.is_ok() {
+                        return status(
+                            429,
+                            "TooManyRequests",
+                            "Too many requests, please try again later.",
+                            json!({"retryAfterSeconds": 1}),
+                        );
+                    }
+                } else {
+                    sh.count("consistent-list ipleases".to_string());
+                }
+            }
             if watch {
                 watch_objects(&sh, kind, ns, &q, meta_only)
             } else {

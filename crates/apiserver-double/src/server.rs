@@ -49,6 +49,8 @@ pub(crate) struct Shared {
     pub(crate) state: Mutex<State>,
     pub(crate) latency_us: AtomicU64,
     pub(crate) crd_installed: AtomicBool,
+    /// How many more IPLease lists from the watch cache answer 429 (a cache still filling).
+    pub(crate) cache_unready: AtomicU64,
     pub(crate) forbidden: Mutex<HashSet<(String, String)>>,
     /// (verb, resource, namespace): 403 on requests in that namespace only.
     pub(crate) forbidden_in: Mutex<HashSet<(String, String, String)>>,
@@ -87,6 +89,7 @@ impl ApiServerDouble {
             state: Mutex::new(State::default()),
             latency_us: AtomicU64::new(opts.latency.as_micros() as u64),
             crd_installed: AtomicBool::new(opts.crd_installed),
+            cache_unready: AtomicU64::new(0),
             forbidden: Mutex::new(HashSet::new()),
             forbidden_in: Mutex::new(HashSet::new()),
             counts: Mutex::new(BTreeMap::new()),

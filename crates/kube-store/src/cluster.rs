@@ -252,7 +252,8 @@ impl KubeStore {
         let mut out = Vec::new();
         let mut cont: Option<String> = None;
         let mut restarts = 0;
-        let mut cache = self.settings.list_from_cache;
+        let mut waits = 0;
+        let cache = self.settings.list_from_cache;
         loop {
             let mut lp = if cache {
                 self.cache_list_params()
@@ -281,14 +282,21 @@ impl KubeStore {
                     out.clear();
                     cont = None;
                 }
-                // The watch cache is still filling (a new CRD, a restarted API server): ask
-                // etcd instead, once.
+                // The watch cache is still filling (a new CRD, a restarted API server). Asking
+                // etcd instead (a consistent list reads every IPLease of the cluster) is what
+                // kept a recovering server from serving when every agent did it at once: wait,
+                // with back-off and jitter, and ask the cache again while the budget lasts.
                 Err(kube::Error::Api(s)) if s.code == 429 && cache => {
+                    let wait = cache_retry_wait(waits);
+                    if self.remaining() <= wait {
+                        return Err(self.map_error(Verb::List, what, kube::Error::Api(s)));
+                    }
                     log::debug!(
-                        "{what}: the watch cache is not ready ({}); listing from etcd",
+                        "{what}: the watch cache is not ready ({}); asking it again in {wait:?}",
                         s.message
                     );
-                    cache = false;
+                    waits += 1;
+                    std::thread::sleep(wait);
                 }
                 Err(e) => return Err(self.map_error(Verb::List, what, e)),
             }
@@ -770,4 +778,17 @@ pub fn check_credentials(settings: &KubeSettings) -> Result<String, KubeStoreErr
         }
         _ => Err(KubeStoreError::NoCredentials),
     }
+}
+
+/// How long to wait before asking a watch cache that answered 429 again: 250 ms doubling per
+/// attempt up to 2 s, times a random factor in [0.5, 1.5) so that agents that all met the same
+/// restarted server do not come back in step.
+fn cache_retry_wait(attempt: u32) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let base = Duration::from_millis(250u64 << attempt.min(3));
+    // RandomState is seeded per process (and per call here): enough to spread the agents.
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    base.mul_f64(0.5 + (r % 1000) as f64 / 1000.0)
 }

@@ -247,3 +247,39 @@ fn tls_failure_is_reported_as_tls() {
         "{e}"
     );
 }
+
+/// A restarted API server answers 429 while its watch cache fills. The store waits (back-off with
+/// jitter) and asks the cache again, never etcd: a consistent LIST of every IPLease from each
+/// agent at once is what kept a recovering server from serving. Past the budget: a transient
+/// error, and still no consistent LIST. (The API double plays the filling cache: a real server
+/// cannot be made to answer 429 on demand.)
+#[test]
+fn a_filling_watch_cache_is_waited_for_never_bypassed() {
+    let dir = TempDir::new("unready");
+    let api = tether_apiserver_double::ApiServerDouble::start().unwrap();
+    let url = format!("http://{}", api.addr());
+    let store = KubeStore::connect(settings_for(&url, &dir, Duration::from_secs(4))).unwrap();
+    api.set_cache_unready(3);
+    let t = Instant::now();
+    assert!(store.list("net").unwrap().is_empty());
+    // Three waits of 250, 500 and 1000 ms, each times [0.5, 1.5).
+    assert!(
+        t.elapsed() >= Duration::from_millis(875),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(api.count("consistent-list", "ipleases"), 0);
+    assert_eq!(api.count("list", "ipleases"), 4);
+
+    api.set_cache_unready(u64::MAX);
+    store.restart_budget();
+    let t = Instant::now();
+    let e = store.list("net").unwrap_err();
+    assert!(e.is_transient(), "{e}");
+    assert!(
+        e.to_string().contains("429") || e.to_string().contains("Too many"),
+        "{e}"
+    );
+    assert!(t.elapsed() <= Duration::from_secs(5), "{:?}", t.elapsed());
+    assert_eq!(api.count("consistent-list", "ipleases"), 0);
+}

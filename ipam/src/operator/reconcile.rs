@@ -264,6 +264,9 @@ pub(crate) fn fnv(s: &str) -> u64 {
     tether_stable_hash::fnv1a64(s.as_bytes(), 0)
 }
 
+/// How soon a sweep looks again at a lost node's leases whose pods still exist.
+const RECHECK_LOST_NODE_S: u64 = 15;
+
 /// The sweeper among `candidates` (the nodes that run an agent pod).
 pub fn sweeper(candidates: &[String]) -> Option<&str> {
     candidates
@@ -615,13 +618,19 @@ impl Reconciler {
             // candidate, and judge() decides on a GET of its pod. Its young ones do not schedule
             // passes here (the sweep runs in periodic passes only).
             let pods = PodIndex::new();
-            let due = r.next_due;
+            let (due, alive) = (r.next_due, r.confirmed_alive);
             log::info!(
                 "reconcile: node {label} runs no node-agent pod; judging its {} lease record(s)",
                 leases.len()
             );
             self.judge(StoreName::Kubernetes, &leases, &pods, now, store, r);
             r.next_due = due;
+            // Pods of a node that is gone still exist until the pod GC controller deletes them
+            // (tens of seconds after the node): look again soon rather than a whole interval on.
+            if r.confirmed_alive > alive {
+                let soon = now + RECHECK_LOST_NODE_S;
+                r.next_due = Some(r.next_due.map_or(soon, |d| d.min(soon)));
+            }
         }
     }
 
@@ -637,12 +646,18 @@ impl Reconciler {
         let (tx, rx) = mpsc::channel();
         let stop_watch = Arc::new(AtomicBool::new(false));
         let watcher = match &self.opts.kube {
-            // The controller judges other nodes' leases by a GET of each pod: no cache to keep.
-            Some(_) if self.opts.controller => None,
             Some(settings) => {
                 let store = KubeStore::connect(long_lived(settings)).map_err(|e| e.to_string())?;
                 let cache = self.cache.clone();
-                let sel = self.pod_selector();
+                // An agent watches its node's pods. The controller watches the node-agent pods'
+                // namespace: a node whose agent pod goes (the node was deleted, or drained) is
+                // judged at once, not at the next periodic pass; after a relist (the API server
+                // back from an outage) too.
+                let sel = if self.opts.controller {
+                    format!("metadata.namespace={}", self.opts.agent_namespace)
+                } else {
+                    self.pod_selector()
+                };
                 let stop_w = stop_watch.clone();
                 let timeout = self.opts.watch_timeout;
                 Some(
