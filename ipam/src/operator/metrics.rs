@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tether_leases::RangeStatus;
@@ -29,6 +29,8 @@ pub struct PoolGauge {
 #[derive(Default)]
 pub struct Registry {
     state: Mutex<State>,
+    /// When the reconcile loop last made progress (unix seconds; 0: not started): `/healthz`.
+    heartbeat: AtomicU64,
 }
 
 #[derive(Default)]
@@ -51,6 +53,8 @@ struct State {
     passes: BTreeMap<&'static str, u64>,
     pass_errors: u64,
     last_pass: Option<u64>,
+    /// When the last pass without an error ended: the last time this agent was in sync.
+    last_clean_pass: Option<u64>,
     monitor_errors: u64,
     last_monitor: Option<u64>,
 }
@@ -86,8 +90,30 @@ impl Registry {
             .or_insert(0) += 1;
         s.pass_errors += r.errors.len() as u64;
         s.last_pass = Some(now);
+        if r.errors.is_empty() {
+            s.last_clean_pass = Some(now);
+        }
         if let Some(me) = r.sweeper {
             s.pool_reporter = Some(me);
+        }
+    }
+
+    /// The reconcile loop is alive at `now` (unix seconds).
+    pub fn beat(&self, now: u64) {
+        self.heartbeat.store(now, Ordering::Relaxed);
+    }
+
+    /// `/healthz`: the reconcile loop made progress within [`STALL_S`]. Not whether the API
+    /// server answers: restarting every agent during an outage would not bring it back, and
+    /// each request is bounded, so a loop that stops beating is wedged.
+    pub fn health(&self, now: u64) -> Result<(), String> {
+        match self.heartbeat.load(Ordering::Relaxed) {
+            0 => Ok(()), // starting: its first pass is under way
+            t if now.saturating_sub(t) <= STALL_S => Ok(()),
+            t => Err(format!(
+                "the reconcile loop has made no progress for {} s",
+                now.saturating_sub(t)
+            )),
         }
     }
 
@@ -292,6 +318,15 @@ impl Registry {
             vec![(String::new(), s.pass_errors as f64)],
         );
         family(
+            "tether_reconcile_last_success_timestamp_seconds",
+            "gauge",
+            "When the last reconcile pass without an error ended (unix time): the agent was in sync with the API then.",
+            s.last_clean_pass
+                .map(|t| (String::new(), t as f64))
+                .into_iter()
+                .collect(),
+        );
+        family(
             "tether_reconcile_last_pass_timestamp_seconds",
             "gauge",
             "When the last reconcile pass ended (unix time).",
@@ -357,7 +392,11 @@ fn labels(pairs: &[(&str, &str)]) -> String {
     format!("{{{}}}", body.join(","))
 }
 
-/// Serve `registry` on `listener` until `stop`: `GET /metrics` (anything else: 404). One
+/// How long the reconcile loop may make no progress before `/healthz` fails. A pass's every
+/// request is bounded (30 s), and the loop beats between requests.
+pub const STALL_S: u64 = 120;
+
+/// Serve `registry` on `listener` until `stop`: `GET /metrics`, `GET /healthz` (anything else: 404). One
 /// connection at a time, each bounded by a 5 s timeout: a scrape every few seconds is the load.
 pub fn serve(listener: TcpListener, registry: &Registry, stop: &AtomicBool) {
     if let Err(e) = listener.set_nonblocking(true) {
@@ -399,9 +438,13 @@ fn answer(conn: TcpStream, registry: &Registry) -> std::io::Result<()> {
     let path = path.split('?').next().unwrap_or("");
     let (status, body) = match (method, path) {
         ("GET", "/metrics") => ("200 OK", registry.render()),
+        ("GET", "/healthz") => match registry.health(crate::operator::reconcile::now_s()) {
+            Ok(()) => ("200 OK", "ok\n".to_string()),
+            Err(e) => ("503 Service Unavailable", format!("{e}\n")),
+        },
         ("GET", _) => (
             "404 Not Found",
-            "tether node-agent: metrics are at /metrics\n".to_string(),
+            "tether node-agent: metrics are at /metrics, health at /healthz\n".to_string(),
         ),
         _ => ("405 Method Not Allowed", String::new()),
     };
@@ -525,6 +568,17 @@ mod tests {
             "{m}"
         );
         assert!(get("/").starts_with("HTTP/1.1 404"));
+        // Health: fine while starting and while the loop beats; 503 once it stops.
+        assert!(get("/healthz").starts_with("HTTP/1.1 200 OK"));
+        let now = crate::operator::reconcile::now_s();
+        r.beat(now);
+        assert!(get("/healthz").starts_with("HTTP/1.1 200 OK"));
+        r.beat(now - STALL_S - 5);
+        let stalled = get("/healthz");
+        assert!(
+            stalled.starts_with("HTTP/1.1 503") && stalled.contains("no progress for"),
+            "{stalled}"
+        );
         stop.store(true, Ordering::Relaxed);
         h.join().unwrap();
     }

@@ -446,6 +446,8 @@ impl Reconciler {
             }
         }
         for (lease, _) in stale(leases, pods, now, self.opts.grace_s) {
+            // A long pass (many candidates, a slow server) is progress, not a wedged loop.
+            self.metrics.beat(now_s());
             let (Some(ns), Some(name)) = (&lease.pod.namespace, &lease.pod.name) else {
                 continue;
             };
@@ -721,6 +723,7 @@ impl Reconciler {
         let mut next_full = Instant::now();
         let mut next_due: Option<u64> = None;
         while !stop.load(Ordering::Relaxed) {
+            self.metrics.beat(now_s());
             let now = Instant::now();
             let due_in = next_due.map(|d| Duration::from_secs(d.saturating_sub(now_s())));
             let mut wait = next_full.saturating_duration_since(now);
