@@ -784,11 +784,16 @@ pub fn check_credentials(settings: &KubeSettings) -> Result<String, KubeStoreErr
 /// attempt up to 2 s, times a random factor in [0.5, 1.5) so that agents that all met the same
 /// restarted server do not come back in step.
 fn cache_retry_wait(attempt: u32) -> Duration {
+    jittered(Duration::from_millis(250u64 << attempt.min(3)))
+}
+
+/// `d` times a random factor in [0.5, 1.5): waits of many clients that failed together (every
+/// agent against one restarted API server) spread out instead of coming back in step.
+pub fn jittered(d: Duration) -> Duration {
     use std::hash::{BuildHasher, Hasher};
-    let base = Duration::from_millis(250u64 << attempt.min(3));
-    // RandomState is seeded per process (and per call here): enough to spread the agents.
+    // RandomState is seeded randomly per process (and per instance): enough to spread them.
     let r = std::collections::hash_map::RandomState::new()
         .build_hasher()
         .finish();
-    base.mul_f64(0.5 + (r % 1000) as f64 / 1000.0)
+    d.mul_f64(0.5 + (r % 1000) as f64 / 1000.0)
 }

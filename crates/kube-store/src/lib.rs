@@ -48,7 +48,7 @@ pub mod store;
 pub mod token_claims;
 
 pub use cluster::{
-    Access, CrdState, Identity, NodeScope, PodEvent, PodKey, WatchEnd, check_credentials,
+    Access, CrdState, Identity, NodeScope, PodEvent, PodKey, WatchEnd, check_credentials, jittered,
 };
 pub use crd::{IPLease, IPLeaseSpec, LeasePhase, PodInfo, Quarantine, crd_yaml, object_name};
 pub use error::{CredentialSource, KubeStoreError};

@@ -832,12 +832,13 @@ fn watch_loop(
         }) {
             Ok(rv) => rv,
             Err(e) => {
+                let wait = tether_kube_store::jittered(backoff);
                 log::error!(
-                    "reconcile: listing pods ({sel}): {e}; retrying in {}s",
-                    backoff.as_secs_f32()
+                    "reconcile: listing pods ({sel}): {e}; retrying in {:.1}s",
+                    wait.as_secs_f32()
                 );
                 cache.lock().unwrap_or_else(|p| p.into_inner()).synced = false;
-                sleep(backoff);
+                sleep(wait);
                 backoff = (backoff * 2).min(Duration::from_secs(30));
                 continue;
             }
@@ -886,12 +887,13 @@ fn watch_loop(
                     continue 'relist;
                 }
                 Err(e) => {
+                    let wait = tether_kube_store::jittered(backoff);
                     log::error!(
-                        "reconcile: watching pods ({sel}): {e}; listing again in {}s",
-                        backoff.as_secs_f32()
+                        "reconcile: watching pods ({sel}): {e}; listing again in {:.1}s",
+                        wait.as_secs_f32()
                     );
                     cache.lock().unwrap_or_else(|p| p.into_inner()).synced = false;
-                    sleep(backoff);
+                    sleep(wait);
                     backoff = (backoff * 2).min(Duration::from_secs(30));
                     continue 'relist;
                 }
