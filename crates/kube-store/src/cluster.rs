@@ -359,8 +359,14 @@ impl KubeStore {
         }
     }
 
-    /// Visit every pod (metadata-only, paginated; `field_selector` e.g. `spec.nodeName=n1`).
-    /// Returns the list's resourceVersion, to watch from.
+    /// Visit every pod (metadata-only; `field_selector` e.g. `spec.nodeName=n1`). Returns the
+    /// list's resourceVersion, to watch from.
+    ///
+    /// With a field selector and `list_from_cache`: one `resourceVersion=0` LIST, which the API
+    /// server answers from its watch cache (pods are indexed there by `spec.nodeName`), so an
+    /// agent's start or relist after an outage reads its own node's pods, not every pod of the
+    /// cluster from etcd. A stale answer is harmless: the reconciler confirms each release with a
+    /// GET of the pod. Without a selector: consistent pages (the whole cluster, bounded memory).
     pub fn visit_pods(
         &self,
         field_selector: Option<&str>,
@@ -368,8 +374,13 @@ impl KubeStore {
     ) -> Result<String, KubeStoreError> {
         let what = "metadata-only LIST of pods";
         let mut cont: Option<String> = None;
+        let cache = self.settings.list_from_cache && field_selector.is_some();
         loop {
-            let mut lp = ListParams::default().limit(self.settings.page_size);
+            let mut lp = if cache {
+                ListParams::default().match_any()
+            } else {
+                ListParams::default().limit(self.settings.page_size)
+            };
             if let Some(s) = field_selector {
                 lp = lp.fields(s);
             }
@@ -388,7 +399,7 @@ impl KubeStore {
                 }
             }
             match page.metadata.continue_ {
-                Some(c) if !c.is_empty() => cont = Some(c),
+                Some(c) if !c.is_empty() && !cache => cont = Some(c),
                 _ => return Ok(page.metadata.resource_version.unwrap_or_default()),
             }
         }
