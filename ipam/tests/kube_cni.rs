@@ -4,8 +4,7 @@
 
 mod reconcile_support;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use reconcile_support::*;
 use serde_json::{Value, json};
@@ -91,32 +90,23 @@ fn item82_unreachable_api_is_code_11_and_nothing_is_leased() {
 /// One node's tether-ipam call: its own node name and data directory (its lease journal), as
 /// the plugin runs on two different nodes of one cluster.
 fn call_on(node: &str, verb: &str, cid: &str, conf: &Value) -> (i32, Value) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tether-ipam"))
-        .env_clear()
-        .env("NODE_NAME", node)
-        .env("CNI_COMMAND", verb)
-        .env("CNI_CONTAINERID", cid)
-        .env("CNI_NETNS", "/run/netns/unused")
-        .env("CNI_IFNAME", "net1")
-        .env("CNI_ARGS", format!("IgnoreUnknown=true;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod-{cid};K8S_POD_UID=uid-{cid}"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let v = if out.stdout.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
-    (out.status.code().unwrap_or(-1), v)
+    run_ipam(
+        std::path::Path::new(env!("CARGO_BIN_EXE_tether-ipam")),
+        &[
+            ("NODE_NAME", node.to_string()),
+            ("CNI_COMMAND", verb.to_string()),
+            ("CNI_CONTAINERID", cid.to_string()),
+            ("CNI_NETNS", "/run/netns/unused".to_string()),
+            ("CNI_IFNAME", "net1".to_string()),
+            (
+                "CNI_ARGS",
+                format!(
+                    "IgnoreUnknown=true;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod-{cid};K8S_POD_UID=uid-{cid}"
+                ),
+            ),
+        ],
+        conf,
+    )
 }
 
 /// Issue 11: a CNI 1.1 runtime's GC on one node releases that node's leases its
@@ -146,16 +136,7 @@ fn gc_on_one_node_releases_only_that_nodes_stale_leases() {
     for (node, cid) in [("node-a", "a1"), ("node-a", "a2"), ("node-b", "b1")] {
         let (code, r) = call_on(node, "ADD", cid, &conf_on(node));
         assert_eq!(code, 0, "{r}");
-        held.insert(
-            cid,
-            r["ips"][0]["address"]
-                .as_str()
-                .unwrap()
-                .split('/')
-                .next()
-                .unwrap()
-                .to_string(),
-        );
+        held.insert(cid, first_address(&r));
     }
     let state = |cid: &str| {
         env.lease_objects(net)

@@ -15,39 +15,12 @@ use reconcile_support::*;
 use serde_json::{Value, json};
 
 const LEASES: &str = "/apis/ipam.tether.dev/v1alpha1/ipleases";
-/// tether-ipam on `node`: its credential, its data directory, and a NODE_NAME that lies (the
-/// leases must name the node the credential is bound to).
 fn call(node: &Node, verb: &str, pod: &str, conf: &Value) -> (i32, Value) {
-    let mut conf = conf.clone();
-    conf["ipam"]["kubernetes"] = json!({"kubeconfig": node.kubeconfig, "timeout_s": 10});
-    conf["ipam"]["dataDir"] = json!(node.dir);
-    run_ipam(
-        Path::new(env!("CARGO_BIN_EXE_tether-ipam")),
-        &[
-            ("CNI_COMMAND", verb.to_string()),
-            ("CNI_CONTAINERID", format!("ctr-{pod}")),
-            ("CNI_NETNS", "/run/netns/unused".to_string()),
-            ("CNI_IFNAME", "net1".to_string()),
-            (
-                "CNI_ARGS",
-                format!(
-                    "IgnoreUnknown=true;K8S_POD_NAMESPACE=ns;K8S_POD_NAME={pod};K8S_POD_UID=uid-{pod}"
-                ),
-            ),
-            ("NODE_NAME", "not-the-node".to_string()),
-        ],
-        &conf,
-    )
+    call_on_node(node, verb, pod, pod, conf)
 }
 
 fn address(r: &Value) -> String {
-    r["ips"][0]["address"]
-        .as_str()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string()
+    first_address(r)
 }
 
 /// What a credential can send at the lease collection.

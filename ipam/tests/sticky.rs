@@ -6,46 +6,20 @@
 
 mod reconcile_support;
 
-use std::path::Path;
 use std::time::Duration;
 
 use reconcile_support::*;
 use serde_json::{Value, json};
 
-/// tether-ipam on `node` for the sandbox `sandbox` of pod `pod` (uid `uid`).
 fn call(node: &Node, verb: &str, pod: &str, sandbox: &str, conf: &Value) -> (i32, Value) {
-    let mut conf = conf.clone();
-    conf["ipam"]["kubernetes"] = json!({"kubeconfig": node.kubeconfig, "timeout_s": 10});
-    conf["ipam"]["dataDir"] = json!(node.dir);
-    run_ipam(
-        Path::new(env!("CARGO_BIN_EXE_tether-ipam")),
-        &[
-            ("CNI_COMMAND", verb.to_string()),
-            ("CNI_CONTAINERID", format!("ctr-{pod}-{sandbox}")),
-            ("CNI_NETNS", "/run/netns/unused".to_string()),
-            ("CNI_IFNAME", "net1".to_string()),
-            (
-                "CNI_ARGS",
-                format!(
-                    "IgnoreUnknown=true;K8S_POD_NAMESPACE=train;K8S_POD_NAME={pod};K8S_POD_UID=uid-{pod}-{sandbox}"
-                ),
-            ),
-        ],
-        &conf,
-    )
+    call_on_node(node, verb, pod, &format!("{pod}-{sandbox}"), conf)
 }
 
 #[track_caller]
 fn add(node: &Node, pod: &str, sandbox: &str, conf: &Value) -> String {
     let (code, r) = call(node, "ADD", pod, sandbox, conf);
     assert_eq!(code, 0, "ADD {pod}: {r}");
-    r["ips"][0]["address"]
-        .as_str()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string()
+    first_address(&r)
 }
 
 #[track_caller]

@@ -643,6 +643,49 @@ pub fn run_ipam(ipam: &Path, env: &[(&str, String)], conf: &Value) -> (i32, Valu
     (out.status.code().unwrap_or(-1), v)
 }
 
+/// The first address (without its prefix) of a CNI Result.
+pub fn first_address(r: &Value) -> String {
+    r["ips"][0]["address"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no address in {r}"))
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// tether-ipam on `node` (its credential and data directory) for the sandbox `ctr-<sandbox>` of
+/// pod `train/<pod>` (uid `uid-<sandbox>`), with a NODE_NAME that lies: the leases must name the
+/// node the credential is bound to.
+pub fn call_on_node(
+    node: &Node,
+    verb: &str,
+    pod: &str,
+    sandbox: &str,
+    conf: &Value,
+) -> (i32, Value) {
+    let mut conf = conf.clone();
+    conf["ipam"]["kubernetes"] = json!({"kubeconfig": node.kubeconfig, "timeout_s": 10});
+    conf["ipam"]["dataDir"] = json!(node.dir);
+    run_ipam(
+        Path::new(env!("CARGO_BIN_EXE_tether-ipam")),
+        &[
+            ("CNI_COMMAND", verb.to_string()),
+            ("CNI_CONTAINERID", format!("ctr-{sandbox}")),
+            ("CNI_NETNS", "/run/netns/unused".to_string()),
+            ("CNI_IFNAME", "net1".to_string()),
+            (
+                "CNI_ARGS",
+                format!(
+                    "IgnoreUnknown=true;K8S_POD_NAMESPACE=train;K8S_POD_NAME={pod};K8S_POD_UID=uid-{sandbox}"
+                ),
+            ),
+            ("NODE_NAME", "not-the-node".to_string()),
+        ],
+        &conf,
+    )
+}
+
 pub fn tether(args: &[&str]) -> Output {
     tether_env(args, &[])
 }
