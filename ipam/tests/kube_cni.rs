@@ -10,20 +10,27 @@ use reconcile_support::*;
 use serde_json::{Value, json};
 
 fn call(verb: &str, cid: &str, conf: &Value) -> (i32, Value) {
+    call_as(None, verb, cid, conf)
+}
+
+/// tether-ipam for the pod `ns/pod-<cid>`, with `NODE_NAME` when given.
+fn call_as(node: Option<&str>, verb: &str, cid: &str, conf: &Value) -> (i32, Value) {
+    let mut env = vec![
+        ("CNI_COMMAND", verb.to_string()),
+        ("CNI_CONTAINERID", cid.to_string()),
+        ("CNI_NETNS", "/run/netns/unused".to_string()),
+        ("CNI_IFNAME", "net1".to_string()),
+        (
+            "CNI_ARGS",
+            format!(
+                "IgnoreUnknown=true;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod-{cid};K8S_POD_UID=uid-{cid}"
+            ),
+        ),
+    ];
+    env.extend(node.map(|n| ("NODE_NAME", n.to_string())));
     run_ipam(
         std::path::Path::new(env!("CARGO_BIN_EXE_tether-ipam")),
-        &[
-            ("CNI_COMMAND", verb.to_string()),
-            ("CNI_CONTAINERID", cid.to_string()),
-            ("CNI_NETNS", "/run/netns/unused".to_string()),
-            ("CNI_IFNAME", "net1".to_string()),
-            (
-                "CNI_ARGS",
-                format!(
-                    "IgnoreUnknown=true;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod-{cid};K8S_POD_UID=uid-{cid}"
-                ),
-            ),
-        ],
+        &env,
         conf,
     )
 }
@@ -90,23 +97,7 @@ fn item82_unreachable_api_is_code_11_and_nothing_is_leased() {
 /// One node's tether-ipam call: its own node name and data directory (its lease journal), as
 /// the plugin runs on two different nodes of one cluster.
 fn call_on(node: &str, verb: &str, cid: &str, conf: &Value) -> (i32, Value) {
-    run_ipam(
-        std::path::Path::new(env!("CARGO_BIN_EXE_tether-ipam")),
-        &[
-            ("NODE_NAME", node.to_string()),
-            ("CNI_COMMAND", verb.to_string()),
-            ("CNI_CONTAINERID", cid.to_string()),
-            ("CNI_NETNS", "/run/netns/unused".to_string()),
-            ("CNI_IFNAME", "net1".to_string()),
-            (
-                "CNI_ARGS",
-                format!(
-                    "IgnoreUnknown=true;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod-{cid};K8S_POD_UID=uid-{cid}"
-                ),
-            ),
-        ],
-        conf,
-    )
+    call_as(Some(node), verb, cid, conf)
 }
 
 /// Issue 11: a CNI 1.1 runtime's GC on one node releases that node's leases its
