@@ -10,6 +10,7 @@
 mod reconcile_support;
 
 use std::path::Path;
+use std::time::Duration;
 
 use reconcile_support::*;
 use serde_json::{Value, json};
@@ -261,25 +262,8 @@ fn the_controller_reclaims_a_lost_nodes_leases_within_seconds_of_its_agent_pod_g
         "kubeconfig-controller",
         &token(&env, "tether-controller", None),
     );
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _controller = Kill(
-        std::process::Command::new(env!("CARGO_BIN_EXE_tether"))
-            .args(["controller", "--grace-s", "0", "--interval-s", "600"])
-            .args(["--agent-namespace", AGENT_NS, "--kubeconfig"])
-            .arg(&kc)
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .env_remove("KUBECONFIG")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    clear_election();
+    let _controller = controller(&kc, "ctl-event");
     // Its first (full) pass and its watch are up before node B is lost.
     std::thread::sleep(std::time::Duration::from_secs(3));
     let (code, r) = call(&b, "ADD", "lost-pod", &conf);
@@ -300,4 +284,111 @@ fn the_controller_reclaims_a_lost_nodes_leases_within_seconds_of_its_agent_pod_g
     });
     eprintln!("lost node's lease released {took:?} after its agent pod was deleted");
     assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+}
+
+/// A long-running `tether controller` (interval 600 s) as the pod `pod`; killed when dropped.
+fn controller(kubeconfig: &Path, pod: &str) -> Kill {
+    Kill(
+        std::process::Command::new(env!("CARGO_BIN_EXE_tether"))
+            .args(["controller", "--grace-s", "0", "--interval-s", "600"])
+            .args(["--agent-namespace", AGENT_NS, "--kubeconfig"])
+            .arg(kubeconfig)
+            .env("POD_NAME", pod)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBECONFIG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+struct Kill(std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill(); // SIGKILL: no handing over, as when a node dies
+        let _ = self.0.wait();
+    }
+}
+
+/// No election Lease left by an earlier test (its holder would hold it for 15 s more).
+fn clear_election() {
+    let out = std::process::Command::new(kubectl())
+        .args(["--kubeconfig", real_cluster().unwrap().to_str().unwrap()])
+        .args([
+            "-n",
+            AGENT_NS,
+            "delete",
+            "lease",
+            "tether-controller",
+            "--ignore-not-found",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn election_holder(env: &Env) -> Option<String> {
+    env.get_json(
+        &format!("/apis/coordination.k8s.io/v1/namespaces/{AGENT_NS}/leases"),
+        Some("tether-controller"),
+    )
+    .ok()
+    .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
+}
+
+/// Issue 22, part 1: replicas elect one controller with a coordination Lease; while it leads the
+/// other stands by; when the leader dies (SIGKILL: no hand-over), the standby takes the Lease
+/// once it expires (15 s) and reclaims a lost node's leases.
+#[test]
+#[ignore = "needs a real API server: make test starts one (conformance/kube/up.sh)"]
+fn two_controllers_elect_one_and_the_standby_takes_over() {
+    let env = Env::real_exclusive("nelect");
+    let b = node(&env, "b");
+    let net = env.name("mgmt");
+    let conf = json!({"cniVersion": "1.1.0", "name": net, "type": "tether-ipvlan",
+                      "ipam": {"type": "tether-ipam", "range": "10.142.3.0/28", "probe": false}});
+    let kc = token_kubeconfig(
+        &env,
+        "kubeconfig-controller",
+        &token(&env, "tether-controller", None),
+    );
+    clear_election();
+    let first = controller(&kc, "ctl-1");
+    assert!(
+        wait_until(Duration::from_secs(10), || election_holder(&env).as_deref()
+            == Some("ctl-1"))
+        .is_some(),
+        "ctl-1 leads: {:?}",
+        election_holder(&env)
+    );
+    let _second = controller(&kc, "ctl-2");
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(
+        election_holder(&env).as_deref(),
+        Some("ctl-1"),
+        "one leader"
+    );
+
+    drop(first);
+    let (code, r) = call(&b, "ADD", "lost-pod", &conf);
+    assert_eq!(code, 0, "{r}");
+    let lost = address(&r);
+    assert!(
+        env.delete_pod(AGENT_NS, &agent_pod(b.name)),
+        "B's agent pod"
+    );
+    let took = wait_until(Duration::from_secs(40), || {
+        lease_object(&env, net, &lost)["spec"]["state"] == "Released"
+    })
+    .unwrap_or_else(|| panic!("not released: {}", lease_object(&env, net, &lost)));
+    eprintln!(
+        "the standby took over and released the lost node's lease {took:?} after the leader died"
+    );
+    assert_eq!(election_holder(&env).as_deref(), Some("ctl-2"));
 }

@@ -32,6 +32,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
+/// The coordination.k8s.io/v1 Lease that elects the active `tether controller`.
+pub use k8s_openapi::api::coordination::v1::Lease as ElectionLease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use kube::config::Kubeconfig;
 use kube::core::params::{GetParams, ListParams, PostParams, WatchParams};
@@ -356,6 +358,55 @@ impl KubeStore {
             Ok(o) => Ok(Some(o.metadata.uid.unwrap_or_default())),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
             Err(e) => Err(self.map_other("get", "pods", &what, e)),
+        }
+    }
+
+    /// The coordination.k8s.io Lease `namespace/name` that elects the active controller.
+    pub fn election_lease(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ElectionLease>, KubeStoreError> {
+        let what = format!("GET of lease {namespace}/{name}");
+        let req = Request::new(format!(
+            "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        ))
+        .get(name, &GetParams::default())
+        .map_err(|e| self.protocol(&what, e.to_string()))?;
+        match self.send::<ElectionLease>(Verb::Get, &what, req) {
+            Ok(l) => Ok(Some(l)),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+            Err(e) => Err(self.map_other("get", "leases", &what, e)),
+        }
+    }
+
+    /// Create the election Lease (`create`), or replace it if it still has the
+    /// resourceVersion it carries. `Ok(None)`: another replica wrote it first (409).
+    pub fn write_election_lease(
+        &self,
+        lease: &ElectionLease,
+        create: bool,
+    ) -> Result<Option<ElectionLease>, KubeStoreError> {
+        let ns = lease.metadata.namespace.as_deref().unwrap_or_default();
+        let name = lease.metadata.name.as_deref().unwrap_or_default();
+        let what = format!("write of lease {ns}/{name}");
+        let body = serde_json::to_vec(lease).map_err(|e| self.protocol(&what, e.to_string()))?;
+        let coll = Request::new(format!(
+            "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+        ));
+        let pp = PostParams::default();
+        let (verb, req) = if create {
+            (Verb::Create, coll.create(&pp, body))
+        } else {
+            (Verb::Update, coll.replace(name, &pp, body))
+        };
+        let req = req.map_err(|e| self.protocol(&what, e.to_string()))?;
+        match self.send::<ElectionLease>(verb, &what, req) {
+            Ok(l) => Ok(Some(l)),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
+            Err(e) => {
+                Err(self.map_other(if create { "create" } else { "update" }, "leases", &what, e))
+            }
         }
     }
 

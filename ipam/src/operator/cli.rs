@@ -364,11 +364,18 @@ pub fn run(args: Vec<OsString>) -> i32 {
             once,
             output,
         } => {
-            // The agent flags' checks, for a reconciler whose "node" only names it in logs.
+            // The agent flags' checks, for a reconciler whose "node" names it in logs and is its
+            // identity in the election (unique per replica: the pod's name, else host and pid).
+            let identity = std::env::var("POD_NAME")
+                .ok()
+                .filter(|n| !n.trim().is_empty())
+                .unwrap_or_else(|| {
+                    let host =
+                        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+                    format!("{}-{}", host.trim(), std::process::id())
+                });
             let args = ReconcileArgs {
-                node: Some(
-                    std::env::var("POD_NAME").unwrap_or_else(|_| "tether-controller".into()),
-                ),
+                node: Some(identity),
                 grace_s,
                 interval_s,
                 agent_namespace,

@@ -96,6 +96,7 @@ use tether_kube_store::{KubeSettings, KubeStore, KubeStoreError, PodEvent, Watch
 use tether_leases::reclaim::{PodIndex, StaleReason, stale};
 use tether_leases::{FileStore, Lease, LeaseStore, StoreError};
 
+use crate::operator::leader;
 use crate::operator::metrics::{self, Registry};
 use crate::operator::monitor::{self, Monitor};
 
@@ -147,9 +148,9 @@ pub struct Options {
     pub sweep_dead_nodes: bool,
     /// Run as the cluster's controller (`tether controller`) instead of a node's agent: every pass
     /// judges the leases of the nodes that run no agent pod, and nothing else (no node of its
-    /// own, no file store, no pod watch, no monitor). No election: it runs as one replica, and
-    /// its writes are conditional, so a second one during a rollout is harmless. Its identity is
-    /// one no node holds (deploy/base/controller.yaml).
+    /// own, no file store, no monitor; its watch is of the agent pods' namespace). Replicas elect
+    /// one that passes (leader.rs; the Lease in `agent_namespace`, `node` its identity). Its
+    /// credential is one no node holds (deploy/base/controller.yaml).
     pub controller: bool,
     /// Namespace of the node-agent's pods (`--agent-namespace`).
     pub agent_namespace: String,
@@ -671,12 +672,30 @@ impl Reconciler {
             }
             None => None,
         };
-        let helpers = if self.opts.controller {
+        let mut helpers = if self.opts.controller {
             Vec::new()
         } else {
             self.start_helpers(&stop_watch)
         };
-        let result = self.pass_loop(stop, &rx, &mut on_pass);
+        // The controller passes only while it holds the election Lease (see leader.rs).
+        let leading = Arc::new(AtomicBool::new(false));
+        if let (true, Some(settings)) = (self.opts.controller, &self.opts.kube) {
+            let store = KubeStore::connect(long_lived(settings)).map_err(|e| e.to_string())?;
+            let (ns, id) = (self.opts.agent_namespace.clone(), self.opts.node.clone());
+            let (lead, stop_e) = (leading.clone(), stop_watch.clone());
+            helpers.push(
+                std::thread::Builder::new()
+                    .name("election".into())
+                    .spawn(move || leader::campaign(&store, &ns, &id, &lead, &stop_e))
+                    .map_err(|e| format!("cannot start the election: {e}"))?,
+            );
+        }
+        let result = self.pass_loop(
+            stop,
+            &rx,
+            self.opts.controller.then_some(leading.as_ref()),
+            &mut on_pass,
+        );
         stop_watch.store(true, Ordering::Relaxed);
         for h in watcher.into_iter().chain(helpers) {
             let _ = h.join();
@@ -718,11 +737,27 @@ impl Reconciler {
         &self,
         stop: &AtomicBool,
         rx: &Receiver<Trigger>,
+        leading: Option<&AtomicBool>,
         on_pass: &mut dyn FnMut(&PassReport),
     ) -> Result<(), String> {
         let mut next_full = Instant::now();
         let mut next_due: Option<u64> = None;
+        let mut led = false;
         while !stop.load(Ordering::Relaxed) {
+            // A replica that does not lead only waits; one that just took over passes at once.
+            if let Some(l) = leading {
+                let now_leading = l.load(Ordering::Relaxed);
+                if now_leading && !led {
+                    next_full = Instant::now();
+                }
+                led = now_leading;
+                if !led {
+                    self.metrics.beat(now_s());
+                    while rx.try_recv().is_ok() {}
+                    std::thread::sleep(Duration::from_millis(250));
+                    continue;
+                }
+            }
             self.metrics.beat(now_s());
             let now = Instant::now();
             let due_in = next_due.map(|d| Duration::from_secs(d.saturating_sub(now_s())));
