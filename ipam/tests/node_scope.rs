@@ -29,6 +29,8 @@ enum LeaseWrite<'a> {
     Create(&'a Value),
     Replace(&'a str, &'a Value),
     Delete(&'a str),
+    /// A create in another collection (an Event).
+    Post(&'a str, &'a Value),
 }
 
 /// `w` with `kubeconfig`'s credential: (HTTP status, body).
@@ -45,9 +47,13 @@ fn raw(kubeconfig: &Path, w: LeaseWrite<'_>) -> (u16, Value) {
             .await
             .unwrap();
         let client = kube::Client::try_from(config).unwrap();
-        let r = Request::new(LEASES);
+        let r = Request::new(match &w {
+            LeaseWrite::Post(path, _) => path,
+            _ => LEASES,
+        });
         let pp = PostParams::default();
         let req = match w {
+            LeaseWrite::Post(_, b) => r.create(&pp, serde_json::to_vec(b).unwrap()),
             LeaseWrite::Create(b) => r.create(&pp, serde_json::to_vec(b).unwrap()),
             LeaseWrite::Replace(n, b) => r.replace(n, &pp, serde_json::to_vec(b).unwrap()),
             LeaseWrite::Delete(n) => r.delete(n, &DeleteParams::default()),
@@ -391,4 +397,38 @@ fn two_controllers_elect_one_and_the_standby_takes_over() {
         "the standby took over and released the lost node's lease {took:?} after the leader died"
     );
     assert_eq!(election_holder(&env).as_deref(), Some("ctl-2"));
+}
+
+/// Issue 21: the node credential may post only what the node-agent's monitor posts: a Warning
+/// AddressConflict Event about a Pod, reported by tether-ipam from its own node.
+#[test]
+#[ignore = "needs a real API server: make test starts one (conformance/kube/up.sh)"]
+fn a_nodes_credential_posts_only_its_own_conflict_events() {
+    let env = Env::real("nevents");
+    let (a, b) = (node(&env, "a"), node(&env, "b"));
+    let path = format!("/api/v1/namespaces/{AGENT_NS}/events");
+    let event = |reason: &str, host: &str| {
+        json!({"apiVersion": "v1", "kind": "Event",
+               "metadata": {"generateName": "tether-test-"},
+               "involvedObject": {"kind": "Pod", "namespace": AGENT_NS, "name": agent_pod(a.name)},
+               "type": "Warning", "reason": reason, "message": "10.0.0.1 answered from 02:00:00:00:00:01",
+               "source": {"component": "tether-ipam", "host": host}})
+    };
+    let (code, body) = raw(
+        &a.kubeconfig,
+        LeaseWrite::Post(&path, &event("AddressConflict", a.name)),
+    );
+    assert_eq!(code, 200, "its own conflict Event is posted: {body}");
+    for (what, ev) in [
+        ("another reason", event("Killing", a.name)),
+        ("another node's name", event("AddressConflict", b.name)),
+    ] {
+        let (code, body) = raw(&a.kubeconfig, LeaseWrite::Post(&path, &ev));
+        assert_eq!(code, 403, "{what}: {body}");
+        let msg = body["message"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains("tether-event-node-scope"),
+            "{what}: the 403 names the policy: {msg}"
+        );
+    }
 }
