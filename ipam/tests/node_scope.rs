@@ -223,11 +223,7 @@ fn a_lost_nodes_leases_are_reclaimed_by_the_controller_not_by_a_node() {
     assert_eq!(lease_object(&env, net, &lost)["spec"]["state"], "Leased");
 
     // The controller's identity (no node holds it) may, and does.
-    let kc = token_kubeconfig(
-        &env,
-        "kubeconfig-controller",
-        &token(&env, "tether-controller", None),
-    );
+    let kc = controller_kubeconfig(&env);
     let out = tether_env(
         &[
             "controller",
@@ -263,11 +259,7 @@ fn the_controller_reclaims_a_lost_nodes_leases_within_seconds_of_its_agent_pod_g
     let net = env.name("mgmt");
     let conf = json!({"cniVersion": "1.1.0", "name": net, "type": "tether-ipvlan",
                       "ipam": {"type": "tether-ipam", "range": "10.142.2.0/28", "probe": false}});
-    let kc = token_kubeconfig(
-        &env,
-        "kubeconfig-controller",
-        &token(&env, "tether-controller", None),
-    );
+    let kc = controller_kubeconfig(&env);
     clear_election();
     let _controller = controller(&kc, "ctl-event");
     // Its first (full) pass and its watch are up before node B is lost.
@@ -359,11 +351,7 @@ fn two_controllers_elect_one_and_the_standby_takes_over() {
     let net = env.name("mgmt");
     let conf = json!({"cniVersion": "1.1.0", "name": net, "type": "tether-ipvlan",
                       "ipam": {"type": "tether-ipam", "range": "10.142.3.0/28", "probe": false}});
-    let kc = token_kubeconfig(
-        &env,
-        "kubeconfig-controller",
-        &token(&env, "tether-controller", None),
-    );
+    let kc = controller_kubeconfig(&env);
     clear_election();
     let first = controller(&kc, "ctl-1");
     assert!(
@@ -431,4 +419,13 @@ fn a_nodes_credential_posts_only_its_own_conflict_events() {
             "{what}: the 403 names the policy: {msg}"
         );
     }
+}
+
+/// The controller's credential: a token of `tether-controller`, which no node holds.
+fn controller_kubeconfig(env: &Env) -> std::path::PathBuf {
+    token_kubeconfig(
+        env,
+        "kubeconfig-controller",
+        &token(env, "tether-controller", None),
+    )
 }
