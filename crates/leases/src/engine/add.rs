@@ -316,23 +316,9 @@ impl Allocator<'_> {
         }
 
         // 4. Sticky: the pod's previous address in this range, if still just released.
-        let sticky = call
-            .view
-            .values()
-            .filter(|l| {
-                matches!(l.state, LeaseState::Released { .. })
-                    && l.pod.same_name(&req.pod)
-                    && l.ifname == req.ifname
-                    && self.range_of(l) == Some(i)
-            })
-            .max_by_key(|l| (l.since, l.address))
-            .cloned();
-        if let Some(old) = sticky {
-            let new = self.new_lease(req, old.address, range.prefix_len(), i, now);
-            match self.claim(i, new, Some(old), true, call)? {
-                Claimed::Got(l) => return Ok(l),
-                Claimed::Lost | Claimed::InUse(_) => {}
-            }
+        let sticky = self.latest_sticky(call.view.values(), i, req);
+        if let Some(l) = self.take_sticky(i, req, sticky, call)? {
+            return Ok(l);
         }
 
         // 5. The pool.
@@ -356,29 +342,44 @@ impl Allocator<'_> {
                     .unwrap_or_default(),
             );
         }
-        let Some(old) = call
-            .by_pod
-            .iter()
-            .flatten()
+        let records = call.by_pod.iter().flatten();
+        let sticky =
+            self.latest_sticky(records.filter(|l| !call.seen.contains(&l.address)), i, req);
+        self.take_sticky(i, req, sticky, call)
+    }
+
+    /// Of `records`, the latest `Released` one of the pod's name and interface in range `i`.
+    fn latest_sticky<'r>(
+        &self,
+        records: impl Iterator<Item = &'r Lease>,
+        i: usize,
+        req: &AddRequest,
+    ) -> Option<Lease> {
+        records
             .filter(|l| {
                 matches!(l.state, LeaseState::Released { .. })
                     && l.pod.same_name(&req.pod)
                     && l.ifname == req.ifname
                     && self.range_of(l) == Some(i)
-                    && !call.seen.contains(&l.address)
             })
             .max_by_key(|l| (l.since, l.address))
             .cloned()
-        else {
+    }
+
+    /// Take `old` (a sticky record) over for `req`, probed; `None` when there is none or it was
+    /// taken meanwhile or answers on the wire.
+    fn take_sticky(
+        &self,
+        i: usize,
+        req: &AddRequest,
+        old: Option<Lease>,
+        call: &mut Call<'_>,
+    ) -> Result<Option<Lease>, AllocError> {
+        let Some(old) = old else {
             return Ok(None);
         };
-        let new = self.new_lease(
-            req,
-            old.address,
-            self.ranges[i].prefix_len(),
-            i,
-            self.clock.now(),
-        );
+        let now = self.clock.now();
+        let new = self.new_lease(req, old.address, self.ranges[i].prefix_len(), i, now);
         Ok(match self.claim(i, new, Some(old), true, call)? {
             Claimed::Got(l) => Some(l),
             Claimed::Lost | Claimed::InUse(_) => None,
