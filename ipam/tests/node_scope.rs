@@ -261,7 +261,7 @@ fn the_controller_reclaims_a_lost_nodes_leases_within_seconds_of_its_agent_pod_g
                       "ipam": {"type": "tether-ipam", "range": "10.142.2.0/28", "probe": false}});
     let kc = controller_kubeconfig(&env);
     clear_election();
-    let _controller = controller(&kc, "ctl-event");
+    let _controller = controller(&kc, "ctl-event", &[]);
     // Its first (full) pass and its watch are up before node B is lost.
     std::thread::sleep(std::time::Duration::from_secs(3));
     let (code, r) = call(&b, "ADD", "lost-pod", &conf);
@@ -282,53 +282,6 @@ fn the_controller_reclaims_a_lost_nodes_leases_within_seconds_of_its_agent_pod_g
     });
     eprintln!("lost node's lease released {took:?} after its agent pod was deleted");
     assert!(took < std::time::Duration::from_secs(10), "{took:?}");
-}
-
-/// A long-running `tether controller` (interval 600 s) as the pod `pod`; killed when dropped.
-fn controller(kubeconfig: &Path, pod: &str) -> Kill {
-    Kill(
-        std::process::Command::new(env!("CARGO_BIN_EXE_tether"))
-            .args(["controller", "--grace-s", "0", "--interval-s", "600"])
-            .args(["--agent-namespace", AGENT_NS, "--kubeconfig"])
-            .arg(kubeconfig)
-            .env("POD_NAME", pod)
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .env_remove("KUBECONFIG")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    )
-}
-
-struct Kill(std::process::Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill(); // SIGKILL: no handing over, as when a node dies
-        let _ = self.0.wait();
-    }
-}
-
-/// No election Lease left by an earlier test (its holder would hold it for 15 s more).
-fn clear_election() {
-    let out = std::process::Command::new(kubectl())
-        .args(["--kubeconfig", real_cluster().unwrap().to_str().unwrap()])
-        .args([
-            "-n",
-            AGENT_NS,
-            "delete",
-            "lease",
-            "tether-controller",
-            "--ignore-not-found",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 fn election_holder(env: &Env) -> Option<String> {
@@ -353,7 +306,7 @@ fn two_controllers_elect_one_and_the_standby_takes_over() {
                       "ipam": {"type": "tether-ipam", "range": "10.142.3.0/28", "probe": false}});
     let kc = controller_kubeconfig(&env);
     clear_election();
-    let first = controller(&kc, "ctl-1");
+    let first = controller(&kc, "ctl-1", &[]);
     assert!(
         wait_until(Duration::from_secs(10), || election_holder(&env).as_deref()
             == Some("ctl-1"))
@@ -361,7 +314,7 @@ fn two_controllers_elect_one_and_the_standby_takes_over() {
         "ctl-1 leads: {:?}",
         election_holder(&env)
     );
-    let _second = controller(&kc, "ctl-2");
+    let _second = controller(&kc, "ctl-2", &[]);
     std::thread::sleep(Duration::from_secs(6));
     assert_eq!(
         election_holder(&env).as_deref(),
@@ -419,13 +372,4 @@ fn a_nodes_credential_posts_only_its_own_conflict_events() {
             "{what}: the 403 names the policy: {msg}"
         );
     }
-}
-
-/// The controller's credential: a token of `tether-controller`, which no node holds.
-fn controller_kubeconfig(env: &Env) -> std::path::PathBuf {
-    token_kubeconfig(
-        env,
-        "kubeconfig-controller",
-        &token(env, "tether-controller", None),
-    )
 }

@@ -13,6 +13,9 @@ pub enum StaleReason {
     PodGone,
     /// A pod of that namespace/name exists, but it is another pod (another UID) than the holder.
     PodReplaced { current_uid: String },
+    /// The pod still exists, bound to a node that stopped reporting (no heartbeat for
+    /// `silent_s` seconds, not `Ready`) longer than the controller's node-lost grace.
+    NodeLost { node: String, silent_s: u64 },
 }
 
 impl std::fmt::Display for StaleReason {
@@ -22,6 +25,10 @@ impl std::fmt::Display for StaleReason {
             StaleReason::PodReplaced { current_uid } => {
                 write!(f, "its pod was replaced by another (uid {current_uid})")
             }
+            StaleReason::NodeLost { node, silent_s } => write!(
+                f,
+                "its pod is bound to node {node}, which has not reported for {silent_s} s and is not Ready"
+            ),
         }
     }
 }

@@ -132,10 +132,11 @@ enum Cmd {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
-    /// The cluster's lease controller (deploy/base/controller.yaml, one replica): releases the
-    /// leases of nodes that no longer run a node-agent pod (a deleted or lost node) once a GET of
-    /// each lease's pod confirms it is gone. Node credentials may not free another node's lease
-    /// (deploy/base/policy.yaml); this identity may, and no node holds it.
+    /// The cluster's lease controller (deploy/base/controller.yaml; replicas elect one with a
+    /// coordination Lease): releases the leases of nodes that no longer run a node-agent pod (a
+    /// deleted node) once a GET of each lease's pod confirms it is gone, and of pods still bound
+    /// to a node that stopped reporting (see --node-lost-grace-s). Node credentials may not free
+    /// another node's lease (deploy/base/policy.yaml); this identity may, and no node holds it.
     Controller {
         /// Kubeconfig for the API (default: in-cluster service account, else KUBECONFIG).
         #[arg(long)]
@@ -146,6 +147,11 @@ enum Cmd {
         /// Seconds between passes.
         #[arg(long, default_value_t = 60)]
         interval_s: u64,
+        /// Release the leases of pods bound to a node whose kubelet has not renewed its
+        /// heartbeat Lease for this many seconds and that is not Ready (crashed, powered off,
+        /// cut off). At least 60 (above the node lifecycle controller's own grace); 0: never.
+        #[arg(long, default_value_t = reconcile::DEFAULT_NODE_LOST_GRACE_S)]
+        node_lost_grace_s: u64,
         /// Namespace of the node-agent's pods (the nodes running one are alive). Default:
         /// $POD_NAMESPACE, else the service account's namespace file, else kube-system.
         #[arg(long)]
@@ -359,11 +365,20 @@ pub fn run(args: Vec<OsString>) -> i32 {
             kubeconfig,
             grace_s,
             interval_s,
+            node_lost_grace_s,
             agent_namespace,
             agent_selector,
             once,
             output,
         } => {
+            if node_lost_grace_s != 0 && node_lost_grace_s < reconcile::MIN_NODE_LOST_GRACE_S {
+                eprintln!(
+                    "tether: --node-lost-grace-s {node_lost_grace_s} is shorter than a node needs to be marked not Ready \
+                     ({} s at least; 0 turns the node-lost release off)",
+                    reconcile::MIN_NODE_LOST_GRACE_S
+                );
+                return EXIT_USAGE;
+            }
             // The agent flags' checks, for a reconciler whose "node" names it in logs and is its
             // identity in the election (unique per replica: the pod's name, else host and pid).
             let identity = std::env::var("POD_NAME")
@@ -389,6 +404,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
                 Ok(opts) => run_reconcile(
                     reconcile::Options {
                         controller: true,
+                        node_lost_grace_s,
                         ..opts
                     },
                     once,

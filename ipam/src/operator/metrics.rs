@@ -79,6 +79,7 @@ impl Registry {
             let reason = match x.reason {
                 tether_leases::reclaim::StaleReason::PodGone => "pod_gone",
                 tether_leases::reclaim::StaleReason::PodReplaced { .. } => "pod_replaced",
+                tether_leases::reclaim::StaleReason::NodeLost { .. } => "node_lost",
             };
             *s.reclaimed
                 .entry((x.lease.network.clone(), reason))

@@ -104,6 +104,14 @@ use crate::operator::monitor::{self, Monitor};
 pub const DEFAULT_GRACE_S: u64 = 120;
 /// Default interval between periodic full passes.
 pub const DEFAULT_INTERVAL_S: u64 = 600;
+/// Default grace of a silent node (no kubelet heartbeat, not `Ready`) before the controller
+/// releases the leases of its pods: detected within [`silence_check_every`] more, so a silent
+/// node's addresses are back within 5 minutes.
+pub const DEFAULT_NODE_LOST_GRACE_S: u64 = 240;
+/// The shortest node-lost grace accepted: above the node lifecycle controller's own
+/// `--node-monitor-grace-period` (50 s since Kubernetes 1.32, 40 s before), so a node is never
+/// judged lost by tether before Kubernetes marks it so.
+pub const MIN_NODE_LOST_GRACE_S: u64 = 60;
 /// Default label selector of the node-agent's pods (the DaemonSet's pod label).
 pub const DEFAULT_AGENT_SELECTOR: &str = "app.kubernetes.io/name=tether";
 /// Namespace of the node-agent's pods when neither `POD_NAMESPACE` nor the service account's
@@ -152,6 +160,10 @@ pub struct Options {
     /// one that passes (leader.rs; the Lease in `agent_namespace`, `node` its identity). Its
     /// credential is one no node holds (deploy/base/controller.yaml).
     pub controller: bool,
+    /// Controller only: release the leases of pods bound to a node that has not renewed its
+    /// heartbeat Lease (`kube-node-lease`) for this long and is not `Ready` (the node stopped
+    /// reporting without being deleted). 0: never. See [`Reconciler::silence_pass`].
+    pub node_lost_grace_s: u64,
     /// Namespace of the node-agent's pods (`--agent-namespace`).
     pub agent_namespace: String,
     /// Label selector of the node-agent's pods (`--agent-selector`): the nodes running one are
@@ -180,6 +192,7 @@ impl Options {
             interval: Duration::from_secs(DEFAULT_INTERVAL_S),
             sweep_dead_nodes: true,
             controller: false,
+            node_lost_grace_s: DEFAULT_NODE_LOST_GRACE_S,
             agent_namespace: default_agent_namespace(),
             agent_selector: DEFAULT_AGENT_SELECTOR.to_string(),
             debounce: Duration::from_millis(500),
@@ -243,6 +256,11 @@ pub(crate) fn now_s() -> u64 {
         .unwrap_or(0)
 }
 
+/// A pass is due at unix time `t` (the earliest of those asked for).
+fn due_at(r: &mut PassReport, t: u64) {
+    r.next_due = Some(r.next_due.map_or(t, |d| d.min(t)));
+}
+
 /// (namespace, name) → uid of the pods of this node, kept by the watch thread.
 #[derive(Default)]
 struct PodCache {
@@ -268,6 +286,16 @@ pub(crate) fn fnv(s: &str) -> u64 {
 /// How soon a sweep looks again at a lost node's leases whose pods still exist.
 const RECHECK_LOST_NODE_S: u64 = 15;
 
+/// How often the controller reads the kubelets' heartbeats: an eighth of the node-lost grace,
+/// between 5 and 30 s (one small LIST served from the watch cache).
+pub fn silence_check_every(grace_s: u64) -> Duration {
+    Duration::from_secs((grace_s / 8).clamp(5, 30))
+}
+
+/// A kubelet renews its Lease every 10 s: a heartbeat this old is late, and the node is looked at
+/// again exactly when the grace ends.
+const LATE_HEARTBEAT_S: u64 = 30;
+
 /// The sweeper among `candidates` (the nodes that run an agent pod).
 pub fn sweeper(candidates: &[String]) -> Option<&str> {
     candidates
@@ -282,6 +310,10 @@ pub struct Reconciler {
     store: Option<KubeStore>,
     cache: Arc<Mutex<PodCache>>,
     warned_agents: AtomicBool,
+    warned_ready: Mutex<std::collections::HashSet<String>>,
+    /// Silent nodes judged since their last heartbeat with nothing left to release (node →
+    /// that heartbeat): not listed again until it changes.
+    silent_done: Mutex<HashMap<String, u64>>,
     metrics: Arc<Registry>,
     metrics_bound: OnceLock<SocketAddr>,
 }
@@ -313,6 +345,8 @@ impl Reconciler {
             store,
             cache: Arc::default(),
             warned_agents: AtomicBool::new(false),
+            warned_ready: Mutex::default(),
+            silent_done: Mutex::default(),
             metrics: Arc::default(),
             metrics_bound: OnceLock::new(),
         })
@@ -366,6 +400,7 @@ impl Reconciler {
         };
         if self.opts.controller {
             self.sweep(now, store, &mut r);
+            self.reclaim_silent_nodes(now, store, &mut r);
             return r;
         }
         let pods = match self.node_pods(store) {
@@ -441,8 +476,7 @@ impl Reconciler {
                     _ => true,
                 };
                 if !known {
-                    let due = l.since + self.opts.grace_s;
-                    r.next_due = Some(r.next_due.map_or(due, |d| d.min(due)));
+                    due_at(r, l.since + self.opts.grace_s);
                 }
             }
         }
@@ -631,10 +665,166 @@ impl Reconciler {
             // Pods of a node that is gone still exist until the pod GC controller deletes them
             // (tens of seconds after the node): look again soon rather than a whole interval on.
             if r.confirmed_alive > alive {
-                let soon = now + RECHECK_LOST_NODE_S;
-                r.next_due = Some(r.next_due.map_or(soon, |d| d.min(soon)));
+                due_at(r, now + RECHECK_LOST_NODE_S);
             }
         }
+    }
+
+    /// The controller's check of silent nodes alone (what its pass loop runs every
+    /// [`silence_check_every`]): see [`Reconciler::reclaim_silent_nodes`].
+    pub fn silence_pass(&self) -> PassReport {
+        let mut r = PassReport::default();
+        match &self.store {
+            Some(store) if self.opts.controller => {
+                self.reclaim_silent_nodes(now_s(), store, &mut r)
+            }
+            _ => {}
+        }
+        r
+    }
+
+    /// Leases of pods bound to nodes that stopped reporting without being deleted (a crashed or
+    /// cut-off node: its pods stay, Terminating at most, until someone deletes the node).
+    ///
+    /// A node is *lost* when its kubelet has not renewed its heartbeat Lease for
+    /// `node_lost_grace_s` **and** its `Ready` condition is not `True` (the node lifecycle
+    /// controller's own verdict, so tether never judges a node Kubernetes still trusts). Both are
+    /// read fresh (GET) before the node is judged. Then each of its `Leased` records older than
+    /// the lease grace is released, conditionally, once a fresh GET of its pod shows the pod gone,
+    /// replaced, or still bound to that node.
+    ///
+    /// The pod of a node cut off from the API server may still run and answer on the segment:
+    /// its address is released as that pod's own (sticky for its name), cooling down, and every
+    /// ADD probes the wire before it hands an address out, so another pod does not get it while
+    /// it answers. Where a network does not probe, raise the grace or set it to 0 (off).
+    fn reclaim_silent_nodes(&self, now: u64, store: &KubeStore, r: &mut PassReport) {
+        let grace = self.opts.node_lost_grace_s;
+        if grace == 0 {
+            return;
+        }
+        store.restart_budget();
+        let beats = match store.node_heartbeats() {
+            Ok(b) => b,
+            Err(e) => {
+                return r.errors.push(format!(
+                    "listing the kubelets' heartbeats (leases in {}): {e}",
+                    tether_kube_store::NODE_LEASE_NAMESPACE
+                ));
+            }
+        };
+        let mut done = self.silent_done.lock().unwrap_or_else(|p| p.into_inner());
+        done.retain(|n, _| beats.contains_key(n));
+        for (node, &beat) in &beats {
+            let silent = now.saturating_sub(beat);
+            if silent < grace {
+                done.remove(node);
+                if silent >= LATE_HEARTBEAT_S {
+                    due_at(r, beat + grace);
+                }
+                continue;
+            }
+            if done.get(node) == Some(&beat) {
+                continue;
+            }
+            self.metrics.beat(now_s());
+            store.restart_budget();
+            let health = match store.node_health(node) {
+                // Deleted meanwhile: its pods go with it, and the agent-pod sweep follows.
+                Ok(None) => continue,
+                Ok(Some(h)) => h,
+                Err(e) => {
+                    r.errors.push(format!("checking node {node}: {e}"));
+                    continue;
+                }
+            };
+            let silent = now.saturating_sub(health.heartbeat.unwrap_or(beat));
+            if silent < grace {
+                continue;
+            }
+            if health.is_ready() {
+                let mut warned = self.warned_ready.lock().unwrap_or_else(|p| p.into_inner());
+                if warned.insert(node.clone()) {
+                    log::warn!(
+                        "reconcile: node {node} has not renewed its heartbeat for {silent} s but is still Ready; \
+                         its leases are kept until Kubernetes marks it not Ready (is kube-controller-manager running?)"
+                    );
+                }
+                continue;
+            }
+            store.restart_budget();
+            let label = tether_kube_store::crd::label_value(node);
+            let leases = match store.list_node_label(&label) {
+                Ok(l) => l,
+                Err(KubeStoreError::CrdMissing { .. }) => return,
+                Err(e) => {
+                    r.errors
+                        .push(format!("listing the leases of silent node {node}: {e}"));
+                    continue;
+                }
+            };
+            let held = leases.iter().filter(|l| l.is_leased()).count();
+            if held > 0 {
+                log::warn!(
+                    "reconcile: node {node} has not reported for {silent} s and is not Ready ({}); judging its {held} lease(s)",
+                    health.ready.as_deref().unwrap_or("no Ready condition")
+                );
+            }
+            if self.judge_lost_node(node, silent, &leases, now, store, r) {
+                done.insert(node.clone(), beat);
+            }
+        }
+    }
+
+    /// Release `leases` of lost node `node` whose pod a fresh GET shows gone, replaced, or still
+    /// bound to `node`. True when nothing is left to look at again (no young record, no error).
+    fn judge_lost_node(
+        &self,
+        node: &str,
+        silent_s: u64,
+        leases: &[Lease],
+        now: u64,
+        store: &KubeStore,
+        r: &mut PassReport,
+    ) -> bool {
+        let mut settled = true;
+        r.examined += leases.len();
+        for lease in leases.iter().filter(|l| l.is_leased()) {
+            let (Some(ns), Some(name)) = (&lease.pod.namespace, &lease.pod.name) else {
+                continue;
+            };
+            if now.saturating_sub(lease.since) < self.opts.grace_s {
+                due_at(r, lease.since + self.opts.grace_s);
+                settled = false;
+                continue;
+            }
+            store.restart_budget();
+            let reason = match store.pod_placement(ns, name) {
+                Ok(None) => StaleReason::PodGone,
+                Ok(Some(p)) => match &lease.pod.uid {
+                    Some(held) if *held != p.uid => StaleReason::PodReplaced { current_uid: p.uid },
+                    _ if p.node.as_deref() == Some(node) => StaleReason::NodeLost {
+                        node: node.to_string(),
+                        silent_s,
+                    },
+                    _ => {
+                        r.confirmed_alive += 1;
+                        continue;
+                    }
+                },
+                Err(e) => {
+                    r.errors.push(format!(
+                        "checking pod {ns}/{name} of {}: {e}",
+                        lease.address
+                    ));
+                    settled = false;
+                    continue;
+                }
+            };
+            let errors = r.errors.len();
+            self.release(StoreName::Kubernetes, lease, reason, now, store, r);
+            settled &= r.errors.len() == errors;
+        }
+        settled
     }
 
     /// Run until `stop` is set: the pod watch on its own thread, a pass after each pod deletion
@@ -743,6 +933,11 @@ impl Reconciler {
         let mut next_full = Instant::now();
         let mut next_due: Option<u64> = None;
         let mut led = false;
+        // The controller reads the kubelets' heartbeats on a cadence of its own (cheap), apart
+        // from the sweeps (which list every lease's node label).
+        let silence_every = (self.opts.controller && self.opts.node_lost_grace_s > 0)
+            .then(|| silence_check_every(self.opts.node_lost_grace_s));
+        let mut next_silence = Instant::now() + silence_every.unwrap_or_default();
         while !stop.load(Ordering::Relaxed) {
             // A replica that does not lead only waits; one that just took over passes at once.
             if let Some(l) = leading {
@@ -764,6 +959,20 @@ impl Reconciler {
             let mut wait = next_full.saturating_duration_since(now);
             if let Some(d) = due_in {
                 wait = wait.min(d);
+            }
+            if let Some(every) = silence_every {
+                if now >= next_silence {
+                    next_silence = now + every;
+                    let report = self.silence_pass();
+                    log_report(&report, false);
+                    if let Some(d) = report.next_due {
+                        next_due = Some(next_due.map_or(d, |n| n.min(d)));
+                    }
+                    self.metrics.record_pass(&report, false, now_s());
+                    on_pass(&report);
+                    continue;
+                }
+                wait = wait.min(next_silence - now);
             }
             // Wake up regularly to notice `stop`.
             let wait = wait.min(Duration::from_millis(250));

@@ -753,6 +753,15 @@ pub fn token_kubeconfig(env: &Env, file: &str, token: &str) -> PathBuf {
     path
 }
 
+/// The controller's credential: a token of `tether-controller`, which no node holds.
+pub fn controller_kubeconfig(env: &Env) -> PathBuf {
+    token_kubeconfig(
+        env,
+        "kubeconfig-controller",
+        &token(env, "tether-controller", None),
+    )
+}
+
 /// A token of service account `sa` (kube-system), bound to `pod` when given.
 pub fn token(env: &Env, sa: &str, pod: Option<(&str, &str)>) -> String {
     let mut spec = json!({"audiences": ["https://kubernetes.default.svc.cluster.local"], "expirationSeconds": 3600});
@@ -839,4 +848,53 @@ pub fn kubectl() -> PathBuf {
             )
             .join("kubectl")
         })
+}
+
+/// A long-running `tether controller` (interval 600 s, then `extra` flags) as the pod `pod`;
+/// killed when dropped.
+pub fn controller(kubeconfig: &Path, pod: &str, extra: &[&str]) -> Kill {
+    Kill(
+        std::process::Command::new(env!("CARGO_BIN_EXE_tether"))
+            .args(["controller", "--grace-s", "0", "--interval-s", "600"])
+            .args(extra)
+            .args(["--agent-namespace", AGENT_NS, "--kubeconfig"])
+            .arg(kubeconfig)
+            .env("POD_NAME", pod)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBECONFIG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+pub struct Kill(pub std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill(); // SIGKILL: no handing over, as when a node dies
+        let _ = self.0.wait();
+    }
+}
+
+/// No election Lease left by an earlier test (its holder would hold it for 15 s more).
+pub fn clear_election() {
+    let out = std::process::Command::new(kubectl())
+        .args(["--kubeconfig", real_cluster().unwrap().to_str().unwrap()])
+        .args([
+            "-n",
+            AGENT_NS,
+            "delete",
+            "lease",
+            "tether-controller",
+            "--ignore-not-found",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

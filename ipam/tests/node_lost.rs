@@ -1,0 +1,180 @@
+//! Issue 22, part 1: a node that stops reporting without being deleted. Its pods stay (at most
+//! Terminating) until someone deletes the node, so neither the node's agent (silent with it) nor
+//! the agent-pod sweep (its agent pod stays too) frees their addresses. The controller does, once
+//! the kubelet's heartbeat Lease is older than `--node-lost-grace-s` and the node is not Ready.
+//!
+//! The test server runs no kubelet and no node lifecycle controller: this test plays both, writing
+//! each node's heartbeat Lease (`kube-node-lease`) and its Ready condition as they would.
+
+mod reconcile_support;
+
+use std::time::Duration;
+
+use reconcile_support::*;
+use serde_json::json;
+
+const HEARTBEATS: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases";
+
+/// As a MicroTime is written (the API server wants the six digits).
+fn rfc3339(unix: u64) -> String {
+    k8s_openapi::jiff::Timestamp::from_second(unix as i64)
+        .unwrap()
+        .strftime("%Y-%m-%dT%H:%M:%S.000000Z")
+        .to_string()
+}
+
+/// The kubelet's part: `node`'s heartbeat Lease renewed at `renewed` (unix seconds).
+fn heartbeat(env: &Env, node: &str, renewed: u64) {
+    let _ = env.delete_json(HEARTBEATS, node);
+    env.post_json(
+        HEARTBEATS,
+        &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": node, "namespace": "kube-node-lease"},
+                "spec": {"holderIdentity": node, "leaseDurationSeconds": 40,
+                         "renewTime": rfc3339(renewed)}}),
+    )
+    .unwrap_or_else(|e| panic!("heartbeat of {node}: {e}"));
+}
+
+/// The node lifecycle controller's part: `node`'s Ready condition.
+fn ready(node: &str, status: &str) {
+    let t = rfc3339(now());
+    let patch = json!({"status": {"conditions": [{"type": "Ready", "status": status,
+        "reason": "Test", "lastHeartbeatTime": t, "lastTransitionTime": t}]}});
+    let out = std::process::Command::new(kubectl())
+        .args(["--kubeconfig", real_cluster().unwrap().to_str().unwrap()])
+        .args([
+            "patch",
+            "node",
+            node,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+        ])
+        .arg(patch.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A pod of namespace `ns` bound to `node`, and a Leased record of `addr` naming it.
+fn pod_with_lease(env: &Env, ns: &str, pod: &str, node: &str, net: &str, addr: &str) {
+    let uid = env.pod(ns, pod, "", node);
+    env.put(lease(net, addr, Some((ns, pod, &uid)), node, now() - 300));
+}
+
+fn state(env: &Env, net: &str, addr: &str) -> String {
+    format!("{:?}", env.state(net, addr))
+}
+
+fn controller_once(kubeconfig: &std::path::Path, grace: &str) -> String {
+    let out = tether_env(
+        &[
+            "controller",
+            "--once",
+            "--grace-s",
+            "0",
+            "--node-lost-grace-s",
+            grace,
+            "--agent-namespace",
+            AGENT_NS,
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    stdout(&out)
+}
+
+#[test]
+#[ignore = "needs a real API server: make test starts one (conformance/kube/up.sh)"]
+fn a_silent_nodes_addresses_come_back_after_the_grace_and_a_trusted_nodes_never() {
+    // The controller judges every node: no other test of this binary may hold leases meanwhile.
+    let env = Env::real_exclusive("nsilent");
+    let ns = env.name("train");
+    let net = env.name("mgmt");
+    // Each node keeps its agent pod (as a silent node does), so only the silence rule applies.
+    let (silent, late, fresh) = (node(&env, "s"), node(&env, "l"), node(&env, "f"));
+    pod_with_lease(&env, ns, "on-silent", silent.name, net, "10.143.0.1");
+    pod_with_lease(&env, ns, "on-late", late.name, net, "10.143.0.2");
+    pod_with_lease(&env, ns, "on-fresh", fresh.name, net, "10.143.0.3");
+    // A pod of the silent node that moved on: deleted, its record never released.
+    pod_with_lease(&env, ns, "gone", silent.name, net, "10.143.0.4");
+    assert!(env.delete_pod(ns, "gone"));
+    // The silent node: not Ready, its kubelet quiet for 30 s (within a 60 s grace).
+    ready(silent.name, "Unknown");
+    heartbeat(&env, silent.name, now() - 30);
+    // Late heartbeat but still Ready (Kubernetes trusts it): never judged.
+    ready(late.name, "True");
+    heartbeat(&env, late.name, now() - 600);
+    // Not Ready but renewing (a kubelet reporting a problem): never judged.
+    ready(fresh.name, "False");
+    heartbeat(&env, fresh.name, now());
+    let kc = controller_kubeconfig(&env);
+
+    let out = controller_once(&kc, "60");
+    for a in ["10.143.0.1", "10.143.0.2", "10.143.0.3", "10.143.0.4"] {
+        assert!(
+            state(&env, net, a).contains("Leased"),
+            "{a} within the grace: {} ({out})",
+            state(&env, net, a)
+        );
+    }
+
+    // Past the grace: the silent node's records are released, the others stay.
+    heartbeat(&env, silent.name, now() - 61);
+    let out = controller_once(&kc, "60");
+    assert!(state(&env, net, "10.143.0.1").contains("Released"), "{out}");
+    assert!(
+        out.contains("10.143.0.1") && out.contains(&format!("bound to node {}", silent.name)),
+        "the release says why: {out}"
+    );
+    assert!(state(&env, net, "10.143.0.4").contains("Released"), "{out}");
+    for a in ["10.143.0.2", "10.143.0.3"] {
+        assert!(
+            state(&env, net, a).contains("Leased"),
+            "{a}: {} ({out})",
+            state(&env, net, a)
+        );
+    }
+    // 0 turns the rule off; a grace shorter than Kubernetes' own is refused.
+    pod_with_lease(&env, ns, "later", silent.name, net, "10.143.0.5");
+    controller_once(&kc, "0");
+    assert!(state(&env, net, "10.143.0.5").contains("Leased"));
+    let out = tether(&["controller", "--once", "--node-lost-grace-s", "30"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("60 s at least"), "{}", stderr(&out));
+
+    // The long-running controller: a node that goes silent is noticed on its own cadence (an
+    // eighth of the grace) and judged when its grace ends.
+    clear_election();
+    let _controller = controller(&kc, "ctl-silence", &["--node-lost-grace-s", "60"]);
+    pod_with_lease(&env, ns, "on-late-2", late.name, net, "10.143.0.6");
+    std::thread::sleep(Duration::from_secs(3));
+    let quiet_since = now() - 50;
+    heartbeat(&env, late.name, quiet_since);
+    ready(late.name, "Unknown");
+    let released = wait_until(Duration::from_secs(40), || {
+        state(&env, net, "10.143.0.6").contains("Released")
+    });
+    let after_grace = now().saturating_sub(quiet_since + 60);
+    assert!(
+        released.is_some(),
+        "not released {after_grace} s after the grace: {}",
+        state(&env, net, "10.143.0.6")
+    );
+    eprintln!("silent node's lease released {after_grace} s after its grace ended");
+    assert!(after_grace <= 10, "{after_grace} s after the grace");
+    assert!(
+        state(&env, net, "10.143.0.3").contains("Leased"),
+        "the renewing node's lease stays"
+    );
+    for n in [silent.name, late.name, fresh.name] {
+        let _ = env.delete_json(HEARTBEATS, n);
+    }
+}
