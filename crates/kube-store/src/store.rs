@@ -934,6 +934,9 @@ impl AttachmentIndex for KubeStore {
     fn entries(&self, network: &str) -> Result<Vec<JournalEntry>, StoreError> {
         self.journal_for(network)?.entries(network)
     }
+    fn take_pending(&self, network: &str) -> Result<Vec<JournalEntry>, StoreError> {
+        self.journal_for(network)?.take_pending(network)
+    }
 }
 
 /// The node a bound token of the credentials names (see [`crate::token_claims`]).

@@ -21,7 +21,12 @@
 //! ([`FileJournal::rebuild`]), under `.lock`.
 //!
 //! What the journal says is a hint, never the truth: every record read from it is verified
-//! against the store (by the compare-and-swap of a write, or a GET) before it is acted on.
+//! against the store (by the compare-and-swap of a write, or a GET) before it is acted on —
+//! with one exception, while the store cannot be reached: a DEL is then recorded as a pending
+//! release, and an ADD for a sandbox re-created for the same pod object is answered with the
+//! addresses the journal says that pod holds, recorded as a pending re-key (see
+//! `engine::offline`). `.pending` exists while any entry has such work left; every call that
+//! reaches the store finishes it first.
 
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
@@ -34,8 +39,20 @@ use crate::file::file_stem;
 use crate::model::{Lease, PodRef};
 use crate::store::StoreError;
 
+/// Work an entry still owes the store, recorded while the store could not be reached.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pending {
+    /// The store's records still name this container, the pod's previous sandbox: they are
+    /// rewritten to this attachment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rekey_from: Option<String>,
+    /// The runtime ran DEL: the records are released.
+    #[serde(default)]
+    pub release: bool,
+}
+
 /// One attachment of this node and the leases it holds or was about to claim.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JournalEntry {
     /// `CNI_CONTAINERID`.
     pub container_id: String,
@@ -47,6 +64,9 @@ pub struct JournalEntry {
     /// Last known records (with the store's version once claimed; without while a claim is in
     /// flight).
     pub leases: Vec<Lease>,
+    /// Work left for the store (see the module docs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<Pending>,
 }
 
 /// What the journal knows of one attachment.
@@ -75,6 +95,10 @@ pub trait AttachmentIndex {
 
     /// Every entry of `network` (GC).
     fn entries(&self, network: &str) -> Result<Vec<JournalEntry>, StoreError>;
+
+    /// The entries of `network` with work pending, taking the network's `.pending` mark (one
+    /// `stat` when there is none). An entry recorded again with work left marks it again.
+    fn take_pending(&self, network: &str) -> Result<Vec<JournalEntry>, StoreError>;
 }
 
 /// Errors of the journal files.
@@ -143,6 +167,7 @@ fn pod_key(pod: &PodRef, ifname: &str) -> String {
 }
 
 const COMPLETE: &str = ".complete";
+const PENDING: &str = ".pending";
 const LOCK: &str = ".lock";
 
 impl FileJournal {
@@ -237,6 +262,7 @@ impl FileJournal {
                     ifname: l.ifname.clone(),
                     pod: l.pod.clone(),
                     leases: vec![l],
+                    pending: None,
                 }),
             }
         }
@@ -339,6 +365,12 @@ impl AttachmentIndex for FileJournal {
     fn record(&self, network: &str, entry: &JournalEntry) -> Result<(), StoreError> {
         let d = self.net(network, true)?.expect("created");
         let name = Self::file_name(entry);
+        // Marked before the entry is written: a concurrent take_pending either sees the entry
+        // or leaves the mark.
+        if entry.pending.is_some() && !entry.leases.is_empty() {
+            d.open_file(PENDING, Open::Replace)
+                .map_err(JournalError::Dir)?;
+        }
         if entry.leases.is_empty() {
             return d.remove(&name).map_err(|e| JournalError::Dir(e).into());
         }
@@ -371,5 +403,21 @@ impl AttachmentIndex for FileJournal {
             }
         }
         Ok(out)
+    }
+
+    fn take_pending(&self, network: &str) -> Result<Vec<JournalEntry>, StoreError> {
+        let Some(d) = self.net(network, false)? else {
+            return Ok(Vec::new());
+        };
+        if !d.is_file(PENDING) {
+            return Ok(Vec::new());
+        }
+        // The mark goes first: whatever is recorded with work left from now on marks again.
+        d.remove(PENDING).map_err(JournalError::Dir)?;
+        Ok(self
+            .entries(network)?
+            .into_iter()
+            .filter(|e| e.pending.is_some() && !e.leases.is_empty())
+            .collect())
     }
 }

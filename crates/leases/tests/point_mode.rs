@@ -28,6 +28,8 @@ struct Node {
     /// Answers `by_pod` (as the Kubernetes store's pod label does), counted in `by_pod_reads`.
     pod_index: Cell<bool>,
     by_pod_reads: Cell<usize>,
+    /// The store cannot be reached: every request fails as a timed-out one does.
+    away: Cell<bool>,
 }
 
 impl Node {
@@ -54,7 +56,19 @@ impl Node {
             writes: Cell::new(0),
             pod_index: Cell::new(false),
             by_pod_reads: Cell::new(0),
+            away: Cell::new(false),
         }
+    }
+
+    fn reach(&self) -> Result<(), StoreError> {
+        if self.away.get() {
+            return Err(StoreError::Backend {
+                message: "the API server did not answer within 10 s".into(),
+                transient: true,
+                source: None,
+            });
+        }
+        Ok(())
     }
 
     fn counts(&self) -> (usize, usize, usize) {
@@ -79,10 +93,12 @@ impl Node {
 
 impl LeaseStore for Node {
     fn list(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
+        self.reach()?;
         self.lists.set(self.lists.get() + 1);
         self.cluster.list(network)
     }
     fn get(&self, network: &str, address: IpAddr) -> Result<Option<Lease>, StoreError> {
+        self.reach()?;
         self.gets.set(self.gets.get() + 1);
         Ok(self
             .cluster
@@ -91,10 +107,12 @@ impl LeaseStore for Node {
             .find(|l| l.address == address))
     }
     fn claim(&self, new: Lease, expected: Option<&Lease>) -> CasResult<Lease> {
+        self.reach()?;
         self.writes.set(self.writes.get() + 1);
         self.cluster.claim(new, expected)
     }
     fn remove(&self, expected: &Lease) -> Result<Result<(), Taken>, StoreError> {
+        self.reach()?;
         self.writes.set(self.writes.get() + 1);
         self.cluster.remove(expected)
     }
@@ -102,6 +120,7 @@ impl LeaseStore for Node {
         Some(&self.journal)
     }
     fn by_pod(&self, network: &str, pod: &PodRef) -> Result<Option<Vec<Lease>>, StoreError> {
+        self.reach()?;
         if !self.pod_index.get() {
             return Ok(None);
         }
@@ -115,6 +134,7 @@ impl LeaseStore for Node {
         ))
     }
     fn list_mine(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
+        self.reach()?;
         self.lists.set(self.lists.get() + 1);
         Ok(self
             .cluster
@@ -256,6 +276,7 @@ fn a_claim_cut_short_is_found_by_the_journal() {
         ifname: "net1".into(),
         pod: req.pod.clone(),
         leases: vec![lease.clone()],
+        pending: None,
     };
     n.journal.record(NET, &entry).unwrap();
     n.cluster.claim(lease, None).unwrap().unwrap();
@@ -577,4 +598,137 @@ fn a_failed_repeat_add_keeps_what_the_attachment_held() {
     ));
     assert!(n.rec(held).unwrap().is_leased());
     assert_eq!(one.del("c1", "net1").unwrap()[0].address, held);
+}
+
+/// Issue 22, part 5: a node reboot or a dead sandbox while the API server is away. The kubelet
+/// stops the old sandbox (DEL) before it creates the new one (ADD) and retries both: DEL is
+/// recorded in the journal, the new sandbox of the same pod object gets its address from the
+/// journal, a new pod does not; once the store answers, the next call settles it.
+#[test]
+fn a_sandbox_re_created_during_an_outage_keeps_its_address_and_the_store_catches_up() {
+    let (c, d) = (TempDir::new("pm-away-c"), TempDir::new("pm-away-d"));
+    let n = Node::new(&c, &d, "a");
+    let clock = FakeClock::new(1_000_000);
+    let a = alloc(&n, "10.0.0.0/24", &NoProbe, &clock);
+    let first = a.add(&req_on(&n, "c1", pod("ns", "p1", "u1"))).unwrap();
+    let addr = first[0].address;
+
+    n.away.set(true);
+    assert!(a.del("c1", "net1").unwrap().is_empty(), "DEL succeeds");
+    assert!(
+        n.rec(addr).unwrap().is_leased(),
+        "the address stays held until the store hears of the release"
+    );
+    let again = a.add(&req_on(&n, "c2", pod("ns", "p1", "u1"))).unwrap();
+    assert_eq!(again[0].address, addr, "the same pod object gets it back");
+    assert_eq!(again[0].container_id, "c2");
+    assert_eq!(
+        a.add(&req_on(&n, "c2", pod("ns", "p1", "u1"))).unwrap(),
+        again,
+        "a retried ADD"
+    );
+    for (cid, p) in [
+        ("c3", pod("ns", "other", "u3")),
+        ("c4", pod("ns", "p1", "u-new")),
+    ] {
+        let e = a.add(&req_on(&n, cid, p.clone())).unwrap_err();
+        assert!(e.is_transient(), "{p}: {e}");
+    }
+    assert_eq!(
+        n.rec(addr).unwrap().container_id,
+        "c1",
+        "nothing reached the store"
+    );
+
+    // Back: the next call of the network settles first (here a CHECK of the new sandbox).
+    n.away.set(false);
+    let held = a.check("c2", "net1").unwrap();
+    assert_eq!(held[0].address, addr);
+    let rec = n.rec(addr).unwrap();
+    assert!(rec.is_leased() && rec.container_id == "c2", "{rec:?}");
+    assert!(
+        n.journal.take_pending(NET).unwrap().is_empty(),
+        "nothing left pending"
+    );
+    assert_eq!(a.del("c2", "net1").unwrap().len(), 1);
+    assert!(matches!(
+        n.rec(addr).unwrap().state,
+        LeaseState::Released { .. }
+    ));
+}
+
+#[test]
+fn a_del_during_an_outage_is_done_when_the_store_answers() {
+    let (c, d) = (TempDir::new("pm-away-del-c"), TempDir::new("pm-away-del-d"));
+    let n = Node::new(&c, &d, "a");
+    let clock = FakeClock::new(1_000_000);
+    let a = alloc(&n, "10.0.0.0/24", &NoProbe, &clock);
+    let addr = a.add(&req_on(&n, "c1", pod("ns", "p1", "u1"))).unwrap()[0].address;
+    n.away.set(true);
+    assert!(a.del("c1", "net1").unwrap().is_empty());
+    assert!(a.gc(&[]).unwrap_err().is_transient(), "GC needs the store");
+    n.away.set(false);
+    // Another pod's ADD is the first call that reaches the store.
+    let other = a.add(&req_on(&n, "c9", pod("ns", "p9", "u9"))).unwrap();
+    assert_ne!(
+        other[0].address, addr,
+        "cooling down, not handed out at once"
+    );
+    let rec = n.rec(addr).unwrap();
+    assert!(matches!(rec.state, LeaseState::Released { .. }), "{rec:?}");
+    assert_eq!(
+        rec.pod,
+        pod("ns", "p1", "u1"),
+        "released as the pod's own (sticky)"
+    );
+}
+
+#[test]
+fn an_outage_never_hands_out_a_journaled_address_someone_answers_for() {
+    let (c, d) = (
+        TempDir::new("pm-away-probe-c"),
+        TempDir::new("pm-away-probe-d"),
+    );
+    let n = Node::new(&c, &d, "a");
+    let clock = FakeClock::new(1_000_000);
+    let prober = ScriptedProber::new();
+    let a = alloc(&n, "10.0.0.0/24", &prober, &clock);
+    let addr = a.add(&req_on(&n, "c1", pod("ns", "p1", "u1"))).unwrap()[0].address;
+    n.away.set(true);
+    prober.in_use(addr, "02:00:00:00:00:99");
+    let e = a.add(&req_on(&n, "c2", pod("ns", "p1", "u1"))).unwrap_err();
+    assert!(e.is_transient(), "the store's error, retried later: {e}");
+}
+
+#[test]
+fn a_journaled_address_taken_by_another_pod_meanwhile_stays_with_that_pod() {
+    let (c, d) = (
+        TempDir::new("pm-away-taken-c"),
+        TempDir::new("pm-away-taken-d"),
+    );
+    let n = Node::new(&c, &d, "a");
+    let clock = FakeClock::new(1_000_000);
+    let a = alloc(&n, "10.0.0.0/24", &NoProbe, &clock);
+    let addr = a.add(&req_on(&n, "c1", pod("ns", "p1", "u1"))).unwrap()[0].address;
+    n.away.set(true);
+    a.add(&req_on(&n, "c2", pod("ns", "p1", "u1"))).unwrap();
+    // Meanwhile, elsewhere (the node was cut off long enough for the controller to release its
+    // leases), the address went to another pod.
+    let rec = n.cluster.list(NET).unwrap().remove(0);
+    let released = n.cluster.release(&rec, 1_000_100).unwrap().unwrap();
+    let mut theirs = released.clone();
+    theirs.state = LeaseState::Leased;
+    theirs.pod = pod("ns", "q", "uq");
+    theirs.container_id = "cq".into();
+    theirs.node = Some("b".into());
+    n.cluster.claim(theirs, Some(&released)).unwrap().unwrap();
+    n.away.set(false);
+    let _ = a.check("c2", "net1");
+    let rec = n.rec(addr).unwrap();
+    assert_eq!(
+        rec.pod,
+        pod("ns", "q", "uq"),
+        "never taken from its holder: {rec:?}"
+    );
+    assert!(n.journal.take_pending(NET).unwrap().is_empty());
 }

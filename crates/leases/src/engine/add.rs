@@ -87,6 +87,7 @@ impl Allocator<'_> {
         }
         let mut call = match self.store.index() {
             Some(ix) => {
+                self.settle_quietly();
                 let lookup = ix.lookup(&self.network, &req.container_id, &req.ifname, &req.pod)?;
                 let entry = JournalEntry {
                     container_id: req.container_id.clone(),
@@ -97,6 +98,7 @@ impl Allocator<'_> {
                         .as_ref()
                         .map(|e| e.leases.clone())
                         .unwrap_or_default(),
+                    pending: None,
                 };
                 Call {
                     journal: Some(Journaling {
@@ -123,6 +125,14 @@ impl Allocator<'_> {
                     break;
                 }
             }
+        }
+        // The store is unreachable and nothing was written: the journal may answer.
+        if let (Some(e), Some(j)) = (&failed, &mut call.journal)
+            && call.written.is_empty()
+            && super::offline::unreachable(e)
+            && let Some(leases) = self.add_from_journal(req, &wanted, j)?
+        {
+            return Ok(leases);
         }
         let kept = match &failed {
             Some(_) => {
@@ -470,7 +480,7 @@ impl Allocator<'_> {
 
     /// After a sandbox re-create took a lease over, the old sandbox's journal entry no longer
     /// holds it.
-    fn forget_taken_over(&self, j: &Journaling<'_>) {
+    pub(super) fn forget_taken_over(&self, j: &Journaling<'_>) {
         for old in &j.lookup.same_pod {
             let kept: Vec<Lease> = old
                 .leases

@@ -9,6 +9,7 @@ impl Allocator<'_> {
     pub fn check(&self, container_id: &str, ifname: &str) -> Result<Vec<Lease>, AllocError> {
         let all = match self.store.index() {
             Some(ix) => {
+                self.settle_quietly();
                 let mut cur = Vec::new();
                 let entry = ix.lookup(&self.network, container_id, ifname, &PodRef::default())?;
                 for l in entry.mine.iter().flat_map(|e| &e.leases) {

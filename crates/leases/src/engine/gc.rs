@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 
 use super::{AllocError, Allocator};
+use crate::journal::JournalEntry;
 use crate::model::{Attachment, Lease};
 
 /// Result of GC.
@@ -42,12 +43,31 @@ impl Allocator<'_> {
     /// [`LeaseStore::list_mine`]: crate::LeaseStore::list_mine
     pub fn gc(&self, valid: &[Attachment]) -> Result<GcReport, AllocError> {
         let now = self.clock.now();
-        let keep: HashSet<(&str, &str)> = valid
+        // Work left from an outage first: a re-keyed sandbox's records still name the old one.
+        self.settle_pending()?;
+        let mut report = GcReport::default();
+        let entries = match self.store.index().map(|ix| ix.entries(&self.network)) {
+            Some(Ok(e)) => e,
+            Some(Err(e)) => {
+                report.errors.push(e.into());
+                Vec::new()
+            }
+            None => Vec::new(),
+        };
+        let mut keep: HashSet<(&str, &str)> = valid
             .iter()
             .map(|a| (a.container_id.as_str(), a.ifname.as_str()))
             .collect();
+        // A valid sandbox re-created while the store was away whose re-key could not be done
+        // yet (settle_pending logged why): its records under the old container stay too.
+        for e in &entries {
+            if let Some(from) = e.pending.as_ref().and_then(|p| p.rekey_from.as_deref())
+                && keep.contains(&(e.container_id.as_str(), e.ifname.as_str()))
+            {
+                keep.insert((from, e.ifname.as_str()));
+            }
+        }
         let all = self.store.list_mine(&self.network)?;
-        let mut report = GcReport::default();
         for l in all.iter().filter(|l| l.is_leased()) {
             if keep.contains(&(l.container_id.as_str(), l.ifname.as_str())) {
                 continue;
@@ -69,18 +89,17 @@ impl Allocator<'_> {
             }
         }
         if let Some(ix) = self.store.index() {
-            match ix.entries(&self.network) {
-                Ok(entries) => {
-                    for mut e in entries {
-                        if !keep.contains(&(e.container_id.as_str(), e.ifname.as_str())) {
-                            e.leases.clear();
-                            if let Err(err) = ix.record(&self.network, &e) {
-                                report.errors.push(err.into());
-                            }
-                        }
-                    }
+            for e in entries
+                .iter()
+                .filter(|e| !keep.contains(&(e.container_id.as_str(), e.ifname.as_str())))
+            {
+                let gone = JournalEntry {
+                    leases: Vec::new(),
+                    ..e.clone()
+                };
+                if let Err(err) = ix.record(&self.network, &gone) {
+                    report.errors.push(err.into());
                 }
-                Err(e) => report.errors.push(e.into()),
             }
         }
         report.pruned = self.prune(&all, now, usize::MAX, &mut report.errors);

@@ -13,6 +13,7 @@
 //! - `release`: DEL;
 //! - `check`: CHECK;
 //! - `gc`: GC ([`GcReport`]);
+//! - `offline`: what the node journal answers while the store is unreachable, and settling up;
 //! - `prune`: deleting old released and quarantine records (DEL and GC);
 //! - `status`: STATUS and usage counts ([`RangeStatus`]).
 
@@ -28,6 +29,7 @@ mod check;
 mod claim;
 mod error;
 mod gc;
+mod offline;
 mod prune;
 mod release;
 mod status;

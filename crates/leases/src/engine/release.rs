@@ -11,24 +11,40 @@ impl Allocator<'_> {
     /// released records. Tries every lease even if one fails, then reports the first error.
     ///
     /// With a node journal: one conditional write per lease the journal lists (no read), and
-    /// nothing at all for an attachment it does not know.
+    /// nothing at all for an attachment it does not know. While the store is unreachable, the
+    /// release is recorded in the journal and done later (see `offline`).
     pub fn del(&self, container_id: &str, ifname: &str) -> Result<Vec<Lease>, AllocError> {
         let now = self.clock.now();
         let ours = |c: &Lease| c.is_leased() && c.is_attachment(container_id, ifname);
         let (candidates, all, entry) = match self.store.index() {
             Some(ix) => {
+                self.settle_quietly();
                 let entry = ix
                     .lookup(&self.network, container_id, ifname, &PodRef::default())?
                     .mine;
                 let Some(entry) = entry else {
                     return Ok(Vec::new());
                 };
+                // Re-keyed while the store was away: its records still name the old sandbox.
+                if entry
+                    .pending
+                    .as_ref()
+                    .is_some_and(|p| p.rekey_from.is_some())
+                {
+                    return self.del_pending(ix, entry).map(|()| Vec::new());
+                }
                 let mut cands = Vec::new();
                 for l in &entry.leases {
                     // A record written before its claim has no version: read what is there.
                     let cur = match l.version {
                         Some(_) => Some(l.clone()),
-                        None => self.store.get(&self.network, l.address)?,
+                        None => match self.store.get(&self.network, l.address) {
+                            Ok(c) => c,
+                            Err(e) if e.is_transient() => {
+                                return self.del_pending(ix, entry).map(|()| Vec::new());
+                            }
+                            Err(e) => return Err(e.into()),
+                        },
                     };
                     cands.extend(cur.filter(|c| ours(c)));
                 }
@@ -57,6 +73,14 @@ impl Allocator<'_> {
             }
         }
         if let Some(e) = first_err {
+            // Unreachable: what was not released is released later, and the DEL succeeds.
+            if let (true, Some((ix, mut entry))) = (super::offline::unreachable(&e), entry) {
+                entry
+                    .leases
+                    .retain(|l| !released.iter().any(|r| r.address == l.address));
+                self.del_pending(ix, entry)?;
+                return Ok(released);
+            }
             return Err(e);
         }
         if let Some((ix, mut entry)) = entry {
