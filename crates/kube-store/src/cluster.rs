@@ -284,22 +284,10 @@ impl KubeStore {
                     out.clear();
                     cont = None;
                 }
-                // The watch cache is still filling (a new CRD, a restarted API server). Asking
-                // etcd instead (a consistent list reads every IPLease of the cluster) is what
-                // kept a recovering server from serving when every agent did it at once: wait,
-                // with back-off and jitter, and ask the cache again while the budget lasts.
-                Err(kube::Error::Api(s)) if s.code == 429 && cache => {
-                    let wait = cache_retry_wait(waits);
-                    if self.remaining() <= wait {
-                        return Err(self.map_error(Verb::List, what, kube::Error::Api(s)));
-                    }
-                    log::debug!(
-                        "{what}: the watch cache is not ready ({}); asking it again in {wait:?}",
-                        s.message
-                    );
-                    waits += 1;
-                    std::thread::sleep(wait);
-                }
+                // The watch cache is still filling: never a consistent LIST instead.
+                Err(kube::Error::Api(s)) if s.code == 429 && cache => self
+                    .wait_for_cache(&mut waits, what, s)
+                    .map_err(|e| self.map_error(Verb::List, what, e))?,
                 Err(e) => return Err(self.map_error(Verb::List, what, e)),
             }
         }
@@ -311,6 +299,7 @@ impl KubeStore {
         let what = "metadata-only LIST of ipleases";
         let mut out = BTreeMap::new();
         let mut cont: Option<String> = None;
+        let mut waits = 0;
         let cache = self.settings.list_from_cache;
         loop {
             let mut lp = if cache {
@@ -343,6 +332,9 @@ impl KubeStore {
                     out.clear();
                     cont = None;
                 }
+                Err(kube::Error::Api(s)) if s.code == 429 && cache => self
+                    .wait_for_cache(&mut waits, what, s)
+                    .map_err(|e| self.map_error(Verb::List, what, e))?,
                 Err(e) => return Err(self.map_error(Verb::List, what, e)),
             }
         }
@@ -425,6 +417,7 @@ impl KubeStore {
     ) -> Result<String, KubeStoreError> {
         let what = "metadata-only LIST of pods";
         let mut cont: Option<String> = None;
+        let mut waits = 0;
         let cache = self.settings.list_from_cache && field_selector.is_some();
         loop {
             let mut lp = if cache {
@@ -441,9 +434,15 @@ impl KubeStore {
             let req = Request::new("/api/v1/pods")
                 .list_metadata(&lp)
                 .map_err(|e| self.protocol(what, e.to_string()))?;
-            let page = self
-                .send::<LiteList>(Verb::List, what, req)
-                .map_err(|e| self.map_other("list", "pods", what, e))?;
+            let page = match self.send::<LiteList>(Verb::List, what, req) {
+                Ok(p) => p,
+                Err(kube::Error::Api(s)) if s.code == 429 && cache => {
+                    self.wait_for_cache(&mut waits, what, s)
+                        .map_err(|e| self.map_other("list", "pods", what, e))?;
+                    continue;
+                }
+                Err(e) => return Err(self.map_other("list", "pods", what, e)),
+            };
             for item in page.items {
                 if let Some(k) = PodKey::from_meta(item.metadata) {
                     f(k);
@@ -529,10 +528,13 @@ impl KubeStore {
     }
 
     /// The distinct names of the nodes that run a pod of `namespace` matching `label_selector`
-    /// (the node-agent DaemonSet's pods): paginated LIST of
+    /// (the node-agent DaemonSet's pods): LIST of
     /// `/api/v1/namespaces/{namespace}/pods?labelSelector=...` (full objects, as `spec.nodeName`
-    /// is not metadata; only that field is parsed). Pods not yet scheduled are skipped. Needs
-    /// only `list` on pods, not on nodes.
+    /// is not metadata; only that field is parsed), from the watch cache (`resourceVersion=0`,
+    /// with `list_from_cache`): every agent and the controller ask, and a consistent LIST would be
+    /// read from etcd each time. A cache a moment behind is harmless here (every release is
+    /// confirmed by a GET of the lease's pod). Pods not yet scheduled are skipped. Needs only
+    /// `list` on pods, not on nodes.
     pub fn agent_nodes(
         &self,
         namespace: &str,
@@ -542,8 +544,13 @@ impl KubeStore {
         let mut out = std::collections::BTreeSet::new();
         let mut cont: Option<String> = None;
         let mut restarts = 0;
+        let mut waits = 0;
         loop {
-            let mut lp = ListParams::default().limit(self.settings.page_size);
+            let mut lp = if self.settings.list_from_cache {
+                ListParams::default().match_any()
+            } else {
+                ListParams::default().limit(self.settings.page_size)
+            };
             if !label_selector.is_empty() {
                 lp = lp.labels(label_selector);
             }
@@ -572,6 +579,9 @@ impl KubeStore {
                     out.clear();
                     cont = None;
                 }
+                Err(kube::Error::Api(s)) if s.code == 429 && self.settings.list_from_cache => self
+                    .wait_for_cache(&mut waits, &what, s)
+                    .map_err(|e| self.map_other("list", "pods", &what, e))?,
                 Err(e) => return Err(self.map_other("list", "pods", &what, e)),
             }
         }
@@ -839,6 +849,38 @@ pub fn check_credentials(settings: &KubeSettings) -> Result<String, KubeStoreErr
             from_file(Path::new(&first), CredentialSource::Env(v.clone()))
         }
         _ => Err(KubeStoreError::NoCredentials),
+    }
+}
+
+impl KubeStore {
+    /// A watch cache answered 429 (still filling: a new resource, a restarted API server).
+    /// Asking etcd instead (a consistent LIST) is what kept a recovering server from serving
+    /// when every agent did it at once: wait, with back-off and jitter and never less than the
+    /// server's `retryAfterSeconds`, and let the caller ask the cache again while the budget
+    /// lasts; `Err` (the 429) when it would run out.
+    pub(crate) fn wait_for_cache(
+        &self,
+        waits: &mut u32,
+        what: &str,
+        s: Box<kube::core::Status>,
+    ) -> Result<(), kube::Error> {
+        let asked = Duration::from_secs(
+            s.details
+                .as_ref()
+                .map_or(0, |d| u64::from(d.retry_after_seconds)),
+        );
+        // At least what the server asked, plus up to half of it again: not all at once.
+        let wait = cache_retry_wait(*waits).max(asked + jittered(asked / 2));
+        if self.remaining() <= wait {
+            return Err(kube::Error::Api(s));
+        }
+        log::debug!(
+            "{what}: the watch cache is not ready ({}); asking it again in {wait:?}",
+            s.message
+        );
+        *waits += 1;
+        std::thread::sleep(wait);
+        Ok(())
     }
 }
 

@@ -127,6 +127,7 @@ impl KubeStore {
         let what = format!("LIST of leases in namespace {NODE_LEASE_NAMESPACE}");
         let mut out = BTreeMap::new();
         let mut cont: Option<String> = None;
+        let mut waits = 0;
         loop {
             let mut lp = if self.settings.list_from_cache {
                 ListParams::default().match_any()
@@ -141,9 +142,18 @@ impl KubeStore {
             ))
             .list(&lp)
             .map_err(|e| self.protocol(&what, e.to_string()))?;
-            let page = self
-                .send::<HeartbeatList>(Verb::List, &what, req)
-                .map_err(|e| self.map_other("list", "leases.coordination.k8s.io", &what, e))?;
+            let page = match self.send::<HeartbeatList>(Verb::List, &what, req) {
+                Ok(p) => p,
+                Err(kube::Error::Api(s)) if s.code == 429 && self.settings.list_from_cache => {
+                    self.wait_for_cache(&mut waits, &what, s).map_err(|e| {
+                        self.map_other("list", "leases.coordination.k8s.io", &what, e)
+                    })?;
+                    continue;
+                }
+                Err(e) => {
+                    return Err(self.map_other("list", "leases.coordination.k8s.io", &what, e));
+                }
+            };
             for h in page.items {
                 if let (Some(n), Some(t)) = (
                     h.metadata.name,
