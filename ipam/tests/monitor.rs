@@ -242,12 +242,20 @@ fn pool_gauges_follow_the_leases_and_a_conflict_is_an_event_on_the_pod_once() {
     ));
 
     let agent = Running::start(options(&env, n1));
+    // The cluster-wide pools are the controller's to report (while it leads: its election Lease
+    // is in this test's agent namespace). It releases nothing here: the other tests' nodes run no
+    // agent pod in that namespace, so its grace is kept out of reach.
+    let mut c = options(&env, "ctl-monitor");
+    c.controller = true;
+    c.grace_s = u64::MAX / 4;
+    c.node_lost_grace_s = 0;
+    let controller = Running::start(c);
     let pool = [
         ("network", net),
         ("range", "10.78.0.1-10.78.0.6/24"),
         ("store", "kubernetes"),
     ];
-    let m = scrape_until(agent.addr, "pool gauges of the NAD's range", |m| {
+    let m = scrape_until(controller.addr, "pool gauges of the NAD's range", |m| {
         sample(m, "tether_pool_leased", &pool) == Some(1.0)
     });
     assert_eq!(sample(&m, "tether_pool_size", &pool), Some(6.0), "{m}");
@@ -255,7 +263,18 @@ fn pool_gauges_follow_the_leases_and_a_conflict_is_an_event_on_the_pod_once() {
     assert_eq!(
         sample(&m, "tether_pool_reporter", &[]),
         Some(1.0),
-        "the only agent node reports the pools: {m}"
+        "the leading controller reports the pools: {m}"
+    );
+    let m = scrape(agent.addr);
+    assert_eq!(
+        sample(&m, "tether_pool_reporter", &[]),
+        Some(0.0),
+        "no agent reads other nodes' leases: {m}"
+    );
+    assert_eq!(
+        sample(&m, "tether_pool_size", &pool),
+        None,
+        "the agent reports no cluster-wide pool: {m}"
     );
     assert_eq!(
         sample(
@@ -287,11 +306,11 @@ fn pool_gauges_follow_the_leases_and_a_conflict_is_an_event_on_the_pod_once() {
 
     // Leases change: a second one, then a release into the cooldown.
     let second = env.put(lease(net, "10.78.0.6", Some((ns, "alive", &alive)), n1, t));
-    scrape_until(agent.addr, "two leased", |m| {
+    scrape_until(controller.addr, "two leased", |m| {
         sample(m, "tether_pool_leased", &pool) == Some(2.0)
     });
     store.release(&second, now()).unwrap().unwrap();
-    let m = scrape_until(agent.addr, "one leased, one cooling down", |m| {
+    let m = scrape_until(controller.addr, "one leased, one cooling down", |m| {
         sample(m, "tether_pool_leased", &pool) == Some(1.0)
             && sample(m, "tether_pool_cooling", &pool) == Some(1.0)
     });
@@ -313,16 +332,17 @@ fn pool_gauges_follow_the_leases_and_a_conflict_is_an_event_on_the_pod_once() {
         ("address", &*squatted.to_string()),
         ("mac", ROGUE),
     ];
-    // (Counters and pools are refreshed one after the other within a round.)
-    let m = scrape_until(
-        agent.addr,
-        "the conflict counted, quarantined and the pod's new lease",
+    scrape_until(
+        controller.addr,
+        "the address quarantined and the pod's new lease in the pool",
         |m| {
-            sample(m, "tether_address_conflicts_total", &conflict) == Some(1.0)
-                && sample(m, "tether_pool_quarantined", &pool) == Some(1.0)
+            sample(m, "tether_pool_quarantined", &pool) == Some(1.0)
                 && sample(m, "tether_pool_leased", &pool) == Some(2.0)
         },
     );
+    let m = scrape_until(agent.addr, "the conflict counted on the node", |m| {
+        sample(m, "tether_address_conflicts_total", &conflict) == Some(1.0)
+    });
     assert_eq!(
         sample(&m, "tether_conflict_events_total", &[("result", "posted")]),
         Some(1.0),
@@ -363,7 +383,11 @@ fn pool_gauges_follow_the_leases_and_a_conflict_is_an_event_on_the_pod_once() {
     drop(agent);
     let agent = Running::start(options(&env, n1));
     let m = scrape_until(agent.addr, "the restarted agent's first rounds", |m| {
-        sample(m, "tether_pool_quarantined", &pool) == Some(1.0)
+        sample(
+            m,
+            "tether_node_lease_records",
+            &[("network", net), ("state", "quarantined")],
+        ) == Some(1.0)
     });
     std::thread::sleep(Duration::from_millis(600));
     let m2 = scrape(agent.addr);
@@ -381,14 +405,14 @@ fn pool_gauges_follow_the_leases_and_a_conflict_is_an_event_on_the_pod_once() {
 }
 
 /// A file-store network is per node: its pool gauges carry the node, and a conflict in it is an
-/// Event too. Another node's agent (not the sweeper) reports no cluster-wide pool.
+/// Event too. An agent reports no cluster-wide pool (the controller does).
 #[test]
 #[ignore = "needs a real API server: make test starts one (../shared/peers)"]
 fn file_store_pools_are_per_node_and_their_conflicts_are_events_too() {
     let env = Env::real("monitor-file");
     let (net, ns, n1) = (env.name("local"), env.name("ns"), env.name("n1"));
     nad_crd(&env);
-    // No agent pod on n1: it is not the sweeper, so it reports only its own (file-store) pools.
+    // An agent reports only its own node's (file-store) pools.
     let uid = env.pod(ns, "victim", "u-v", n1);
     let data = env.dir.join("data");
     let conf = json!({"cniVersion": "1.0.0", "name": net, "plugins": [{"type": "tether-ipvlan", "master": "lo",
@@ -452,6 +476,13 @@ fn without_rbac_for_events_the_conflict_is_still_counted_and_the_failure_shows()
     let kc = env.forbidding(&[]);
     let mut o = options(&env, n1);
     o.kube = Some(tether_kube_store::KubeSettings::with_kubeconfig(&kc));
+    // A file-store network on the node: its pool's size is in a NAD, which the agent then reads.
+    let data = env.dir.join("data");
+    FileStore::new(data.clone())
+        .claim(lease(env.name("local"), "10.82.0.1", None, n1, now()), None)
+        .unwrap()
+        .unwrap();
+    o.data_dir = Some(data);
     let agent = Running::start(o);
     scrape_until(agent.addr, "a first monitor round", |m| {
         sample(m, "tether_monitor_last_run_timestamp_seconds", &[]).is_some()

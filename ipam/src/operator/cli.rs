@@ -152,6 +152,10 @@ enum Cmd {
         /// cut off). At least 60 (above the node lifecycle controller's own grace); 0: never.
         #[arg(long, default_value_t = reconcile::DEFAULT_NODE_LOST_GRACE_S)]
         node_lost_grace_s: u64,
+        /// Serve Prometheus metrics here (`IP:PORT`, `:PORT`); off when unset. The leading
+        /// replica reports the cluster-wide pools (`tether_pool_*`); see docs/monitoring.md.
+        #[arg(long)]
+        metrics_addr: Option<String>,
         /// Namespace of the node-agent's pods (the nodes running one are alive). Default:
         /// $POD_NAMESPACE, else the service account's namespace file, else kube-system.
         #[arg(long)]
@@ -366,6 +370,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
             grace_s,
             interval_s,
             node_lost_grace_s,
+            metrics_addr,
             agent_namespace,
             agent_selector,
             once,
@@ -396,7 +401,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
                 agent_namespace,
                 agent_selector,
                 no_sweep: false,
-                metrics_addr: None,
+                metrics_addr,
                 monitor_interval_s: crate::operator::monitor::DEFAULT_INTERVAL_S,
                 no_conflict_events: true,
             };

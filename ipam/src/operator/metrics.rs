@@ -36,7 +36,8 @@ pub struct Registry {
 #[derive(Default)]
 struct State {
     pools: Vec<PoolGauge>,
-    /// Whether this agent reports the cluster-wide pools (it is the sweeper); `None`: not known yet.
+    /// Whether this process reports the cluster-wide pools (the leading controller, or a sweeping
+    /// agent that is the sweeper); `None`: not known yet.
     pool_reporter: Option<bool>,
     /// (network, store, state) → records of this node.
     node_leases: BTreeMap<(String, &'static str, &'static str), u64>,
@@ -118,9 +119,15 @@ impl Registry {
         }
     }
 
-    /// Does this agent report the cluster-wide pools? (It is the sweeper among the agent nodes.)
+    /// Does this process report the cluster-wide pools? (The leading controller; an agent that
+    /// sweeps, on a cluster without the node-scope policy, when it is the sweeper.)
     pub fn pool_reporter(&self) -> bool {
         self.state().pool_reporter == Some(true)
+    }
+
+    /// Whether this process reports the cluster-wide pools (the controller: while it leads).
+    pub fn set_pool_reporter(&self, reporter: bool) {
+        self.state().pool_reporter = Some(reporter);
     }
 
     /// Replace the pool gauges.

@@ -11,11 +11,12 @@
 //! - **This node's records** by network, store and state (`tether_node_lease_records`).
 //! - **Pools** (only when metrics are served): sizes come from the tether-ipam configurations of
 //!   the cluster's NetworkAttachmentDefinitions (one watch-cache LIST), counts from the leases.
-//!   Cluster-wide (`kubernetes` store) pools are reported by one agent, the dead-node sweeper, so
-//!   they are not listed by every node; a file-store pool is per node and reported by its node.
+//!   Cluster-wide (`kubernetes` store) pools are reported by the leading `tether controller`
+//!   (its monitor does nothing else), so no agent reads the leases of other nodes; a file-store
+//!   pool is per node and reported by its node.
 //!
-//! Cost per round: one LIST of this node's leases (watch cache), plus NADs and one LIST per
-//! cluster-wide network on the reporting agent.
+//! Cost per round: one LIST of this node's leases (watch cache), plus the NADs when this node has
+//! file-store pools; on the leading controller, NADs and one LIST per cluster-wide network.
 
 // KubeStoreError is large by design (it carries what the operator needs); this is not a hot path.
 #![allow(clippy::result_large_err)]
@@ -52,6 +53,8 @@ pub struct Monitor {
     data_dir: Option<PathBuf>,
     events: bool,
     pools: bool,
+    /// The controller's monitor: cluster-wide pools only (no node, no conflicts).
+    controller: bool,
     registry: Arc<Registry>,
     started: u64,
     seen: HashSet<Conflict>,
@@ -80,6 +83,7 @@ impl Monitor {
             data_dir: opts.data_dir.clone(),
             events: opts.conflict_events,
             pools: opts.metrics_addr.is_some(),
+            controller: opts.controller,
             registry,
             started: reconcile::now_s(),
             seen: HashSet::new(),
@@ -119,7 +123,7 @@ impl Monitor {
                 }
             }
         };
-        if let Some(s) = &self.store {
+        if let Some(s) = self.store.as_ref().filter(|_| !self.controller) {
             s.restart_budget();
             match s.list_node(&self.node) {
                 Ok(ls) => tally(StoreName::Kubernetes, ls),
@@ -128,7 +132,7 @@ impl Monitor {
             }
         }
         let mut file_networks = Vec::new();
-        if let Some(dir) = &self.data_dir {
+        if let Some(dir) = self.data_dir.as_ref().filter(|_| !self.controller) {
             let fs = FileStore::new(dir.clone());
             match fs.networks() {
                 Ok(nets) => {
@@ -144,8 +148,10 @@ impl Monitor {
                 Err(e) => errors.push(format!("listing the networks in {}: {e}", dir.display())),
             }
         }
-        self.registry.set_node_leases(counts);
-        self.conflicts(&quarantined, now, &mut errors);
+        if !self.controller {
+            self.registry.set_node_leases(counts);
+            self.conflicts(&quarantined, now, &mut errors);
+        }
         if self.pools
             && let Some(pools) = self.pools(&file_networks, &mut errors)
         {

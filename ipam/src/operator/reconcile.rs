@@ -78,8 +78,9 @@
 //!
 //! [`Reconciler::run`] also runs the monitor ([`crate::operator::monitor`]: conflict Events on pods, pool
 //! and record gauges) on a thread of its own, and with `metrics_addr` serves the Prometheus
-//! metrics ([`crate::operator::metrics`]) on another. The agent nodes' LIST of full passes tells who
-//! reports the cluster-wide pools: the sweeper, also with `sweep_dead_nodes` off.
+//! metrics ([`crate::operator::metrics`]) on another. The cluster-wide pools are reported by the
+//! leading controller (its monitor reports nothing else), or, on a cluster without the node-scope
+//! policy, by the agent that is the sweeper: no agent of the shipped DaemonSet reads other nodes.
 
 // KubeStoreError is large by design (it carries what the operator needs); this is not a hot path.
 #![allow(clippy::result_large_err)]
@@ -447,8 +448,9 @@ impl Reconciler {
                     .push(format!("listing the networks in {}: {e}", dir.display())),
             }
         }
-        // Served pool metrics need to know the sweeper even when it does not sweep.
-        if full && (self.opts.sweep_dead_nodes || self.opts.metrics_addr.is_some()) {
+        // Only an agent that sweeps (a cluster without the node-scope policy) lists the other
+        // nodes: the cluster-wide pool metrics are the controller's.
+        if full && self.opts.sweep_dead_nodes {
             self.sweep(now, store, &mut r);
         }
         r
@@ -589,11 +591,7 @@ impl Reconciler {
             self.opts.agent_namespace.as_str(),
             self.opts.agent_selector.as_str(),
         );
-        let missed = if self.opts.sweep_dead_nodes {
-            "leases of deleted nodes are not reclaimed"
-        } else {
-            "the cluster's pool metrics are not reported"
-        };
+        let missed = "leases of deleted nodes are not reclaimed";
         store.restart_budget();
         // The live nodes, and the sweeper candidates: the nodes running an agent pod.
         let live = match store.agent_nodes(ns, sel) {
@@ -608,7 +606,7 @@ impl Reconciler {
             }
         };
         if self.opts.controller {
-            r.sweeper = Some(true);
+            // Leading (it passes only then); its pool reporting follows the election.
         } else if !live.contains(&self.opts.node) {
             r.sweeper = Some(false);
             if !self.warned_agents.swap(true, Ordering::Relaxed) {
@@ -622,7 +620,7 @@ impl Reconciler {
         } else {
             let me = sweeper(&live) == Some(self.opts.node.as_str());
             r.sweeper = Some(me);
-            if !me || !self.opts.sweep_dead_nodes {
+            if !me {
                 return;
             }
         }
@@ -862,11 +860,7 @@ impl Reconciler {
             }
             None => None,
         };
-        let mut helpers = if self.opts.controller {
-            Vec::new()
-        } else {
-            self.start_helpers(&stop_watch)
-        };
+        let mut helpers = self.start_helpers(&stop_watch);
         // The controller passes only while it holds the election Lease (see leader.rs).
         let leading = Arc::new(AtomicBool::new(false));
         if let (true, Some(settings)) = (self.opts.controller, &self.opts.kube) {
@@ -907,7 +901,13 @@ impl Reconciler {
                 Err(e) => log::error!("cannot serve metrics on {addr}: {e}; going on without"),
             }
         }
-        if self.opts.conflict_events || self.opts.metrics_addr.is_some() {
+        // The controller's monitor only reports the cluster-wide pools: with metrics served.
+        let monitor = if self.opts.controller {
+            self.opts.metrics_addr.is_some()
+        } else {
+            self.opts.conflict_events || self.opts.metrics_addr.is_some()
+        };
+        if monitor {
             let (opts, registry, stop) = (self.opts.clone(), self.metrics.clone(), stop.clone());
             let spawned = std::thread::Builder::new()
                 .name("monitor".into())
@@ -946,6 +946,7 @@ impl Reconciler {
                     next_full = Instant::now();
                 }
                 led = now_leading;
+                self.metrics.set_pool_reporter(led);
                 if !led {
                     self.metrics.beat(now_s());
                     while rx.try_recv().is_ok() {}
