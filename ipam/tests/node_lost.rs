@@ -41,24 +41,15 @@ fn ready(node: &str, status: &str) {
     let t = rfc3339(now());
     let patch = json!({"status": {"conditions": [{"type": "Ready", "status": status,
         "reason": "Test", "lastHeartbeatTime": t, "lastTransitionTime": t}]}});
-    let out = std::process::Command::new(kubectl())
-        .args(["--kubeconfig", real_cluster().unwrap().to_str().unwrap()])
-        .args([
-            "patch",
-            "node",
-            node,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-        ])
-        .arg(patch.to_string())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    kubectl_ok(&[
+        "patch",
+        "node",
+        node,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &patch.to_string(),
+    ]);
 }
 
 /// A pod of namespace `ns` bound to `node`, and a Leased record of `addr` naming it.

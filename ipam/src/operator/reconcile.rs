@@ -488,23 +488,8 @@ impl Reconciler {
             let (Some(ns), Some(name)) = (&lease.pod.namespace, &lease.pod.name) else {
                 continue;
             };
-            store.restart_budget();
-            let reason = match store.pod_uid(ns, name) {
-                Ok(None) => StaleReason::PodGone,
-                Ok(Some(uid)) => match &lease.pod.uid {
-                    Some(held) if *held != uid => StaleReason::PodReplaced { current_uid: uid },
-                    _ => {
-                        r.confirmed_alive += 1;
-                        continue;
-                    }
-                },
-                Err(e) => {
-                    r.errors.push(format!(
-                        "checking pod {ns}/{name} of {}: {e}",
-                        lease.address
-                    ));
-                    continue;
-                }
+            let Some(reason) = self.confirm(lease, ns, name, None, store, r) else {
+                continue;
             };
             self.release(which, lease, reason, now, store, r);
         }
@@ -530,6 +515,53 @@ impl Reconciler {
                 )),
             }
         }
+    }
+
+    /// Why `lease` (of pod `ns/name`) is stale, decided on a fresh GET of its pod: gone, or
+    /// another pod (uid) of that name, or — with `lost` (a lost node, silent for so long) — still
+    /// bound to that node. `None`: the pod is alive (counted), or the GET failed (in `r.errors`).
+    fn confirm(
+        &self,
+        lease: &Lease,
+        ns: &str,
+        name: &str,
+        lost: Option<(&str, u64)>,
+        store: &KubeStore,
+        r: &mut PassReport,
+    ) -> Option<StaleReason> {
+        store.restart_budget();
+        // Where the node does not matter, the pod's metadata is enough (a smaller answer).
+        let pod = match lost {
+            None => store.pod_uid(ns, name).map(|u| u.map(|uid| (uid, None))),
+            Some(_) => store
+                .pod_placement(ns, name)
+                .map(|p| p.map(|p| (p.uid, p.node))),
+        };
+        let reason = match pod {
+            Ok(None) => StaleReason::PodGone,
+            Ok(Some((uid, _))) if lease.pod.uid.as_ref().is_some_and(|held| *held != uid) => {
+                StaleReason::PodReplaced { current_uid: uid }
+            }
+            Ok(Some((_, Some(bound)))) if lost.is_some_and(|(n, _)| n == bound) => {
+                let (node, silent_s) = lost.unwrap_or_default();
+                StaleReason::NodeLost {
+                    node: node.to_string(),
+                    silent_s,
+                }
+            }
+            Ok(Some(_)) => {
+                r.confirmed_alive += 1;
+                return None;
+            }
+            Err(e) => {
+                r.errors.push(format!(
+                    "checking pod {ns}/{name} of {}: {e}",
+                    lease.address
+                ));
+                return None;
+            }
+        };
+        Some(reason)
     }
 
     fn release(
@@ -795,31 +827,10 @@ impl Reconciler {
                 settled = false;
                 continue;
             }
-            store.restart_budget();
-            let reason = match store.pod_placement(ns, name) {
-                Ok(None) => StaleReason::PodGone,
-                Ok(Some(p)) => match &lease.pod.uid {
-                    Some(held) if *held != p.uid => StaleReason::PodReplaced { current_uid: p.uid },
-                    _ if p.node.as_deref() == Some(node) => StaleReason::NodeLost {
-                        node: node.to_string(),
-                        silent_s,
-                    },
-                    _ => {
-                        r.confirmed_alive += 1;
-                        continue;
-                    }
-                },
-                Err(e) => {
-                    r.errors.push(format!(
-                        "checking pod {ns}/{name} of {}: {e}",
-                        lease.address
-                    ));
-                    settled = false;
-                    continue;
-                }
-            };
             let errors = r.errors.len();
-            self.release(StoreName::Kubernetes, lease, reason, now, store, r);
+            if let Some(reason) = self.confirm(lease, ns, name, Some((node, silent_s)), store, r) {
+                self.release(StoreName::Kubernetes, lease, reason, now, store, r);
+            }
             settled &= r.errors.len() == errors;
         }
         settled

@@ -880,21 +880,26 @@ impl Drop for Kill {
 
 /// No election Lease left by an earlier test (its holder would hold it for 15 s more).
 pub fn clear_election() {
+    kubectl_ok(&[
+        "-n",
+        AGENT_NS,
+        "delete",
+        "lease",
+        "tether-controller",
+        "--ignore-not-found",
+    ]);
+}
+
+/// `kubectl` as the admin of the real server; panics with its stderr when it fails.
+pub fn kubectl_ok(args: &[&str]) {
     let out = std::process::Command::new(kubectl())
         .args(["--kubeconfig", real_cluster().unwrap().to_str().unwrap()])
-        .args([
-            "-n",
-            AGENT_NS,
-            "delete",
-            "lease",
-            "tether-controller",
-            "--ignore-not-found",
-        ])
+        .args(args)
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "kubectl {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
