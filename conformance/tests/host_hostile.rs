@@ -157,7 +157,7 @@ fn a_data_dir_others_can_write_is_refused_before_anything_is_written() {
     symlink(&victim, shared.join(".hostile.json.tmp")).unwrap();
     symlink(tmp.join("created-by-root"), shared.join("hostile.lock")).unwrap();
     let before = listing(tmp.path());
-    for verb in ["ADD", "DEL", "CHECK"] {
+    for verb in ["ADD", "CHECK"] {
         let r = run(
             "tether-ipam",
             verb,
@@ -169,6 +169,14 @@ fn a_data_dir_others_can_write_is_refused_before_anything_is_written() {
             &["ipam.dataDir", "writable by others", "only root can write"],
         );
     }
+    // DEL has nothing to release under a configuration no ADD can work with, and succeeds (a
+    // runtime replays the ADD's configuration in every DEL): without touching the directory.
+    let r = run(
+        "tether-ipam",
+        "DEL",
+        ipam(&shared, json!({})).to_string().as_bytes(),
+    );
+    assert_eq!((r.code, r.stdout.as_str()), (0, ""), "DEL");
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
     assert_eq!(
         std::fs::metadata(&victim).unwrap().permissions().mode() & 0o777,

@@ -279,3 +279,33 @@ fn a_sandbox_re_created_while_the_api_server_is_away_keeps_its_address() {
     assert_eq!(sandbox("DEL", "sb-2", "trainer-0", "uid-0", &up).0, 0);
     assert_eq!(object()["spec"]["state"], "Released");
 }
+
+/// Found with a real kubelet (docs/e2e.md): under a configuration no ADD can work with (here the
+/// cluster store without credentials) ADD fails with code 7, and DEL succeeds. containerd replays
+/// the ADD's configuration in every DEL (thin Multus from its cache), so a failing DEL would fail
+/// forever and keep the pod Terminating until someone force-deletes it.
+#[test]
+fn del_under_a_configuration_no_add_can_work_with_succeeds() {
+    let c = json!({"cniVersion": "1.1.0", "name": "m", "type": "tether-ipvlan",
+                   "ipam": {"type": "tether-ipam", "range": "10.20.30.241-10.20.30.250/24", "store": "kubernetes"}});
+    let (code, e) = call("ADD", "c-nocreds", &c);
+    assert_eq!((code, e["code"].as_u64()), (1, Some(7)), "{e}");
+    assert!(
+        e["msg"]
+            .as_str()
+            .unwrap()
+            .contains("ipam.kubernetes.kubeconfig"),
+        "{e}"
+    );
+    let (code, out) = call("DEL", "c-nocreds", &c);
+    assert_eq!(
+        (code, out),
+        (0, Value::Null),
+        "DEL succeeds, nothing on stdout"
+    );
+    // The same for any configuration error, e.g. a range that is not one.
+    let bad =
+        json!({"cniVersion": "1.1.0", "name": "m", "ipam": {"type": "tether-ipam", "range": "x"}});
+    assert_eq!(call("ADD", "c-bad", &bad).1["code"], 7);
+    assert_eq!(call("DEL", "c-bad", &bad), (0, Value::Null));
+}

@@ -240,7 +240,24 @@ impl Plugin for Ipam {
     }
 
     fn del(&self, req: &Request) -> Result<(), CniError> {
-        let ctx = Context::new(req)?;
+        let ctx = match Context::new(req) {
+            Ok(c) => c,
+            // An ADD under this configuration fails the same way before it leases anything, and
+            // the runtime replays the configuration of the ADD (Multus from its cache), so no
+            // retry can change the answer: failing would leave the pod Terminating until someone
+            // force-deletes it (seen with a real kubelet). Nothing is held to release; a lease of
+            // an earlier, working configuration is the reconciler's once the pod is gone.
+            Err(e) if e.code == code::INVALID_CONFIG => {
+                log::warn!(
+                    "DEL of container {} interface {}: {}; nothing can be held under this configuration, so there is nothing to release",
+                    req.env.container_id(),
+                    req.env.ifname(),
+                    e.msg
+                );
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
         ctx.allocator(&NoProbe)
             .del(req.env.container_id(), req.env.ifname())
             .map(|_| ())
