@@ -170,6 +170,17 @@ demo: deps driver
 	$(CARGO) build --locked --workspace --bins
 	conformance/lab/run.sh conformance/demo/demo.sh
 
+# A real node (issue 23, docs/e2e.md): etcd, kube-apiserver, controller-manager and scheduler here on
+# the host; containerd + kubelet in the lab VM (ipvlan), reaching the API server through its one
+# forwarded port; tether installed from the image by deploy/tether.yaml, unchanged; a pod on a
+# tether NAD checked from inside its netns, its lease on the API server, released by the kubelet's
+# DEL. The VM is killed after E2E_TIMEOUT s; everything started is stopped by pid. Logs and times:
+# target/lab/e2e/. Ports (host loopback) 47443, 47379, 47380, 47257, 47259: TETHER_E2E_*_PORT.
+E2E_TIMEOUT ?= 600
+.PHONY: e2e
+e2e: image
+	TETHER_E2E_TIMEOUT=$(E2E_TIMEOUT) conformance/e2e/run.sh
+
 # Benchmarks (not tests): each prints a table with ratios against the reference measured in the same run.
 bench-ipam:
 	$(CARGO) build --release --locked --bin tether-ipam

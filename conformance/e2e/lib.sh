@@ -1,0 +1,46 @@
+# shellcheck shell=bash
+# Shared by the e2e scripts (conformance/e2e/): where things live, the ports, and the helpers that
+# stop exactly the processes our pid files name. Sourced on the host and in the lab VM alike; the
+# state directory is under target/lab, which the lab VM shares read-write with the host.
+E2E_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+E2E_ROOT=$(cd "$E2E_HERE/../.." && pwd)
+# Everything one run writes (PKI, kubeconfigs, binaries, images, logs, results). Cleared at the
+# start of a run, kept after it for post-mortems.
+E2E_DIR=${TETHER_E2E_DIR:-$E2E_ROOT/target/lab/e2e}
+# The host's control plane. Ports of their own: other API servers run beside this one on this
+# machine (conformance/kube: 26443/33790, a dev server on 27443/34790, a fleet bench on 28443/35790).
+E2E_API_PORT=${TETHER_E2E_API_PORT:-47443}
+E2E_ETCD_PORT=${TETHER_E2E_ETCD_PORT:-47379}
+E2E_ETCD_PEER_PORT=${TETHER_E2E_ETCD_PEER_PORT:-47380}
+E2E_KCM_PORT=${TETHER_E2E_KCM_PORT:-47257}
+E2E_SCHED_PORT=${TETHER_E2E_SCHED_PORT:-47259}
+# What the lab VM's one forwarded port looks like from inside the VM (conformance/lab/run.sh).
+E2E_GUEST_API_HOST=10.0.2.100
+E2E_NODE=${TETHER_E2E_NODE:-e2e-node}
+E2E_TOKEN=e2e-admin-token
+PEERS_BIN_DIR=${PEERS_BIN_DIR:-/var/cache/tether-peers/bin}
+PEERS=${TETHER_PEERS:-$E2E_ROOT/../shared/peers}
+
+e2e_log() { echo "e2e/${0##*/}: $(date +%T) $*" >&2; }
+e2e_die() { echo "e2e/${0##*/}: FAILED: $*" >&2; exit 1; }
+
+# ours PIDFILE WORD: print the pid if that process is alive and its command line has WORD
+# (never a recycled pid that now belongs to someone else).
+ours() {
+  local pid
+  [ -s "$1" ] || return 1
+  pid=$(cat "$1")
+  [ "$pid" != "$$" ] && [ -d "/proc/$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$2" && echo "$pid"
+}
+# stop_pidfile PIDFILE WORD [SECONDS]: TERM, then KILL after SECONDS (default 10).
+stop_pidfile() {
+  local pid t=${3:-10}
+  pid=$(ours "$1" "$2") || { rm -f "$1"; return 0; }
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 1 $((t * 4))); do [ -d "/proc/$pid" ] || break; sleep 0.25; done
+  if [ -d "/proc/$pid" ]; then e2e_log "$2 (pid $pid) ignored SIGTERM: SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; fi
+  rm -f "$1"
+}
+# now: seconds since the epoch, with decimals (for the measured times)
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}'; }
