@@ -56,6 +56,13 @@ fn item80_add_creates_one_object_per_address_and_del_releases_it() {
     // The objects, as the API server has them.
     let objs = env.lease_objects(net);
     assert_eq!(objs.len(), 3, "one object per leased address: {objs:?}");
+    // Written under the plugin's own name (managedFields, audit logs), not "unknown".
+    for o in &objs {
+        assert_eq!(
+            o["metadata"]["managedFields"][0]["manager"], "tether-ipam",
+            "{o}"
+        );
+    }
     for a in &addrs {
         let ip = a.split('/').next().unwrap();
         assert!(

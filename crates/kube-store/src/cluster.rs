@@ -386,7 +386,7 @@ impl KubeStore {
         let coll = Request::new(format!(
             "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
         ));
-        let pp = PostParams::default();
+        let pp = self.post_params();
         let (verb, req) = if create {
             (Verb::Create, coll.create(&pp, body))
         } else {

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kube::core::Request;
-use kube::core::params::{ListParams, PostParams};
+use kube::core::params::ListParams;
 use serde_json::{Value, json};
 
 use crate::convert::time_text;
@@ -192,7 +192,7 @@ impl KubeStore {
         });
         let req = Request::new(format!("/api/v1/namespaces/{}/events", w.namespace))
             .create(
-                &PostParams::default(),
+                &self.post_params(),
                 serde_json::to_vec(&body).expect("json"),
             )
             .map_err(|e| self.protocol(&what, e.to_string()))?;

@@ -46,6 +46,9 @@ pub struct KubeSettings {
     /// The node journal's directory (see [`tether_leases::journal`]). With `node`, ADD, DEL and
     /// CHECK read single objects instead of listing the network.
     pub journal_dir: Option<PathBuf>,
+    /// The field manager of every write (`managedFields`, audit logs): which program changed an
+    /// object. `tether-ipam` for the plugin; the operator sets its own.
+    pub field_manager: String,
     /// API group of the lease resource. Tests point it at a group that does not exist to see a
     /// real server's "not installed" answer; nothing else should change it.
     #[doc(hidden)]
@@ -62,6 +65,7 @@ impl Default for KubeSettings {
             page_size: DEFAULT_PAGE_SIZE,
             node: None,
             journal_dir: None,
+            field_manager: "tether-ipam".to_string(),
             group: GROUP.to_string(),
         }
     }

@@ -329,6 +329,14 @@ impl KubeStore {
         }
     }
 
+    /// Parameters of a create or replace: named after the program that writes.
+    pub(crate) fn post_params(&self) -> PostParams {
+        PostParams {
+            field_manager: Some(self.settings.field_manager.clone()),
+            ..PostParams::default()
+        }
+    }
+
     /// Requests sent so far.
     pub fn requests(&self) -> RequestCounts {
         let c = &self.counters;
@@ -607,7 +615,7 @@ impl KubeStore {
         let obj = to_object(&new, None)?;
         let body = serde_json::to_vec(&obj).map_err(|e| self.protocol(&what, e.to_string()))?;
         let req = Request::new(&self.path)
-            .create(&PostParams::default(), body)
+            .create(&self.post_params(), body)
             .map_err(|e| self.protocol(&what, e.to_string()))?;
         match self.send::<IPLease>(Verb::Create, &what, req) {
             Ok(o) => from_object(&o)
@@ -630,7 +638,7 @@ impl KubeStore {
         let obj = to_object(&new, Some((uid, rv)))?;
         let body = serde_json::to_vec(&obj).map_err(|e| self.protocol(&what, e.to_string()))?;
         let req = Request::new(&self.path)
-            .replace(&name, &PostParams::default(), body)
+            .replace(&name, &self.post_params(), body)
             .map_err(|e| self.protocol(&what, e.to_string()))?;
         match self.send::<IPLease>(Verb::Update, &what, req) {
             Ok(o) => from_object(&o)

@@ -1035,6 +1035,7 @@ impl Reconciler {
 pub(crate) fn long_lived(s: &KubeSettings) -> KubeSettings {
     let mut s = s.clone();
     s.timeout = s.timeout.max(Duration::from_secs(30));
+    s.field_manager = "tether-operator".into();
     s
 }
 
