@@ -16,6 +16,7 @@ apt_pkgs=(
   musl-tools                      # musl-gcc: ring's C for the static musl build (make build)
   binutils                        # readelf: make static-check
   buildah                         # make image: FROM scratch, offline
+  containerd runc iptables        # make e2e: the real node's runtime (in the lab VM), its Service DNAT
 )
 missing=()
 for p in "${apt_pkgs[@]}"; do
@@ -26,9 +27,11 @@ if ((${#missing[@]})); then
   echo "deps: installing ${missing[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  # Debian starts an etcd service on install; the tests start their own on their own ports.
-  if [[ " ${missing[*]} " == *" etcd-server "* && -d /run/systemd/system ]]; then
-    systemctl disable --now etcd >/dev/null 2>&1 || true
+  # Debian starts etcd and containerd services on install; the tests start their own (on their own
+  # ports; containerd only inside the lab VM).
+  if [[ -d /run/systemd/system ]]; then
+    [[ " ${missing[*]} " != *" etcd-server "* ]] || systemctl disable --now etcd >/dev/null 2>&1 || true
+    [[ " ${missing[*]} " != *" containerd "* ]] || systemctl disable --now containerd >/dev/null 2>&1 || true
   fi
 fi
 if ! command -v vng >/dev/null; then
