@@ -32,7 +32,7 @@ LAB_TESTS  := $(sort $(basename $(notdir $(wildcard conformance/tests/lab_*.rs))
 
 BENCH_BIN := $(CARGO) run --release --locked -p tether-conformance --bin
 
-.PHONY: peers bins bench bench-attach bench-kube bench-ipam bench-probe bench-static all build install image render static-check test unit kube-up kube-down host-tests lab-tests conformance manifests fuzz-regressions fuzz driver deps demo fmt clippy clean
+.PHONY: peers bins bench bench-agents bench-attach bench-kube bench-ipam bench-probe bench-static all build install image render static-check test unit kube-up kube-down host-tests lab-tests conformance manifests fuzz-regressions fuzz driver deps demo fmt clippy clean
 
 all: build
 
@@ -206,6 +206,15 @@ BENCH_KUBE_ARGS ?=
 bench-kube: build
 	TETHER_BIN_DIR=$(CURDIR)/$(STATIC) $(BENCH_BIN) bench-kube $(if $(BENCH_KUBE_ARGS),-- $(BENCH_KUBE_ARGS))
 
+# The lease reconciler at 10, 50 and 200 simulated nodes (each a `tether node-agent` process with its
+# own node credential) with pod churn, node deletion, node silence and a real outage (kube-apiserver
+# killed, etcd kept), on a server of its own (conformance/kube/up.sh: target/bench-agents-k8s,
+# loopback, ports 38443/45790/45800, stopped at the end). `make test` runs the same scenario small
+# (ipam/tests/agents_faults.rs). Options in BENCH_AGENTS_ARGS, e.g. BENCH_AGENTS_ARGS="--nodes 10,100".
+BENCH_AGENTS_ARGS ?=
+bench-agents: build
+	TETHER_BIN_DIR=$(CURDIR)/$(STATIC) $(BENCH_BIN) bench-agents $(if $(BENCH_AGENTS_ARGS),-- $(BENCH_AGENTS_ARGS))
+
 # All of the above in one run, then BENCHMARKS.md and docs/benchmarks.png from their output.
 BENCH_OUT := target/bench
 bench:
@@ -216,7 +225,8 @@ bench:
 	  $(MAKE) --no-print-directory bench-ipam | tee $(BENCH_OUT)/ipam.txt && \
 	  $(MAKE) --no-print-directory bench-kube | tee $(BENCH_OUT)/kube.txt && \
 	  $(MAKE) --no-print-directory bench-static | tee $(BENCH_OUT)/static.txt && \
-	  $(MAKE) --no-print-directory bench-probe | tee $(BENCH_OUT)/probe.txt
+	  $(MAKE) --no-print-directory bench-probe | tee $(BENCH_OUT)/probe.txt && \
+	  $(MAKE) --no-print-directory bench-agents | tee $(BENCH_OUT)/agents.txt
 	python3 conformance/bench/report.py
 
 fmt:

@@ -48,6 +48,20 @@ SECTIONS = [
      "ADD/DEL with each build. The attach and cluster benchmarks above measure the static binaries."),
     ("probe", "Conflict probing: added latency per ADD",
      "Sequential ADDs on a veth segment (this machine's kernel), probing off vs on with several budgets."),
+    ("agents", "Lease reconciler at scale and under faults: simulated nodes on a real API server",
+     "`make bench-agents` (`conformance/src/bin/bench-agents.rs`, the scenario of `conformance/src/fleet/scenario.rs`) "
+     "starts a kube-apiserver v1.36 + etcd of its own per cluster size (`conformance/kube/up.sh`, `deploy/base` "
+     "applied, loopback only, no controllers; stopped at the end) on this machine, which also runs every simulated "
+     "node. Each node is a Node object with a heartbeat Lease renewed every 10 s, a `tether node-agent` process "
+     "(the static build that ships, the DaemonSet's flags) with its own credential (a token bound to its agent pod, "
+     "held to its node by the node-scope policy) and pods whose addresses come from real `tether-ipam` ADDs; one "
+     "`tether controller` leads. Per size: a steady window with one pod deleted and replaced per node, a node "
+     "deleted (its pods deleted later, as the pod GC controller does), a node gone silent (heartbeat stopped, "
+     "Ready=Unknown, pods kept), then kube-apiserver killed (etcd kept) and started again. Per-agent figures are "
+     "each agent's own metrics (`tether_api_requests_total`, `tether_api_objects_read_total`); server figures are "
+     "the API server's own (`apiserver_storage_list_fetched_objects_total`: read from etcd; "
+     "`apiserver_cache_list_fetched_objects_total`: read from its watch cache). The bounds are issue 22's; a MISS "
+     "does not fail the run, a duplicate or a leak does.", "markdown"),
 ]
 
 

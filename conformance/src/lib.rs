@@ -52,5 +52,9 @@ pub use plugin::{FakeIpam, PluginExec, assert_cni_error, tether_bin_dir, tether_
 pub mod segment;
 pub use segment::{Capture, LeaseState, Segment, SlowRogue, first_candidates};
 
+// A simulated cluster on a real API server: node-agents as processes, faults, measurements
+// (ipam/tests/agents_faults.rs, src/bin/bench-agents.rs; see fleet/mod.rs).
+pub mod fleet;
+
 // Timing helpers for the benchmark binaries (src/bin/bench-ipam.rs, bench-probe.rs, bench-kube.rs).
 pub mod bench;

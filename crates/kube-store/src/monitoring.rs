@@ -1,6 +1,6 @@
 //! What the node-agent's monitor needs from the API beyond leases and pods: the tether-ipam
 //! configurations of the cluster's NetworkAttachmentDefinitions (pool sizes), a Warning Event
-//! on a pod, and this process's API request and error counts (Prometheus counters).
+//! on a pod, and this process's API request, error and object counts (Prometheus counters).
 //!
 //! | call | request |
 //! |---|---|
@@ -24,6 +24,7 @@ pub const VERBS: [&str; 6] = ["list", "get", "create", "update", "delete", "watc
 
 static REQUESTS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
 static ERRORS: Mutex<BTreeMap<(&'static str, String), u64>> = Mutex::new(BTreeMap::new());
+static OBJECTS: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
 
 /// API requests sent by every store of this process, by verb ([`VERBS`]), answered or not.
 pub fn api_requests() -> Vec<(&'static str, u64)> {
@@ -44,6 +45,155 @@ pub fn api_errors() -> Vec<(&'static str, String, u64)> {
         .iter()
         .map(|((v, c), n)| (*v, c.clone(), *n))
         .collect()
+}
+
+/// Objects this process received from the API server, by resource (the last segment of the
+/// collection's path: `pods`, `ipleases`, ...): the items of every LIST answer (each page) and
+/// the events of every watch (bookmarks included). What a client makes the server read and send
+/// for it, which request counts alone do not show: one LIST may carry one object or every
+/// object of the cluster.
+pub fn api_objects_read() -> Vec<(String, u64)> {
+    OBJECTS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|(r, n)| (r.clone(), *n))
+        .collect()
+}
+
+/// Count `n` objects of the collection at `path` received.
+pub(crate) fn record_objects(path: &str, n: u64) {
+    let resource = path.rsplit('/').find(|s| !s.is_empty()).unwrap_or("");
+    let mut objects = OBJECTS.lock().unwrap_or_else(|p| p.into_inner());
+    match objects.get_mut(resource) {
+        Some(c) => *c += n,
+        None => {
+            objects.insert(resource.to_string(), n);
+        }
+    }
+}
+
+/// The number of `items` of a LIST answer, without building them (the caller parses the answer
+/// into its own type).
+pub(crate) fn list_items(text: &str) -> u64 {
+    struct Count(u64);
+    impl<'de> serde::Deserialize<'de> for Count {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Count, D::Error> {
+            struct Seq;
+            impl<'de> serde::de::Visitor<'de> for Seq {
+                type Value = Count;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a list of items, or null")
+                }
+                fn visit_unit<E>(self) -> Result<Count, E> {
+                    Ok(Count(0))
+                }
+                fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                    self,
+                    mut a: A,
+                ) -> Result<Count, A::Error> {
+                    let mut n = 0;
+                    while a.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                        n += 1;
+                    }
+                    Ok(Count(n))
+                }
+            }
+            d.deserialize_any(Seq)
+        }
+    }
+    #[derive(serde::Deserialize)]
+    struct Items {
+        #[serde(default)]
+        items: Option<Count>,
+    }
+    serde_json::from_str::<Items>(text)
+        .ok()
+        .and_then(|l| l.items)
+        .map_or(0, |c| c.0)
+}
+
+/// Counts the events of watch answers as they stream by (a layer of every store's client): the
+/// API server writes each event of a JSON watch as one line, so the newlines of the body are
+/// its events, counted without parsing them again. Other answers pass untouched.
+#[derive(Clone, Copy)]
+pub(crate) struct CountWatchEvents;
+
+impl<S> tower::Layer<S> for CountWatchEvents {
+    type Service = WatchEvents<S>;
+    fn layer(&self, inner: S) -> WatchEvents<S> {
+        WatchEvents(inner)
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct WatchEvents<S>(S);
+
+/// A response body counting the lines it carries for `path` (`None`: not a watch).
+pub(crate) struct EventLines<B> {
+    body: B,
+    path: Option<String>,
+}
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+impl<S, B> tower::Service<http::Request<kube::client::Body>> for WatchEvents<S>
+where
+    S: tower::Service<http::Request<kube::client::Body>, Response = http::Response<B>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<EventLines<B>>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, S::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<kube::client::Body>) -> Self::Future {
+        let watch = req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+        let path = watch.then(|| req.uri().path().to_string());
+        let answer = self.0.call(req);
+        Box::pin(async move { Ok(answer.await?.map(|body| EventLines { body, path })) })
+    }
+}
+
+impl<B> http_body::Body for EventLines<B>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin,
+{
+    type Data = bytes::Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, B::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.body).poll_frame(cx);
+        if let (Some(path), std::task::Poll::Ready(Some(Ok(frame)))) = (&self.path, &polled)
+            && let Some(data) = frame.data_ref()
+        {
+            let events = data.iter().filter(|b| **b == b'\n').count() as u64;
+            if events > 0 {
+                record_objects(path, events);
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Count one request of `verb` and, when it failed, its error.
@@ -227,6 +377,31 @@ mod tests {
             n.len() <= 253 && n.ends_with(".0123456789abcdef") && !n.contains("-."),
             "{n}"
         );
+    }
+
+    #[test]
+    fn list_items_are_counted_by_resource() {
+        assert_eq!(
+            list_items(
+                r#"{"kind":"PodList","metadata":{"resourceVersion":"7"},"items":[{"a":[1,{"b":2}]},{}]}"#
+            ),
+            2
+        );
+        // A metadata-only list with no items says null; a Status or garbage counts nothing.
+        assert_eq!(list_items(r#"{"items":null}"#), 0);
+        assert_eq!(list_items(r#"{"kind":"Status","code":500}"#), 0);
+        assert_eq!(list_items("not json"), 0);
+        let read = |r: &str| {
+            api_objects_read()
+                .into_iter()
+                .find(|(x, _)| x == r)
+                .map_or(0, |(_, n)| n)
+        };
+        let (pods, leases) = (read("pods"), read("ipleases"));
+        record_objects("/api/v1/namespaces/kube-system/pods", 3);
+        record_objects("/api/v1/pods/", 1);
+        record_objects("/apis/ipam.tether.dev/v1alpha1/ipleases", 5);
+        assert_eq!((read("pods"), read("ipleases")), (pods + 4, leases + 5));
     }
 
     #[test]

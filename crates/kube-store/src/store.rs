@@ -226,18 +226,20 @@ impl KubeStore {
         config.default_retry = false; // no hidden waits: a 429/5xx is reported as transient
         let client = {
             let _guard = rt.enter();
-            Client::try_from(config).map_err(|e| match e {
-                kube::Error::InferKubeconfig(k) => KubeStoreError::Kubeconfig {
-                    source_: source.clone(),
-                    detail: k.to_string(),
-                },
-                other => KubeStoreError::Tls {
-                    server: server.clone(),
-                    what: "building the client".into(),
-                    source_: source.clone(),
-                    detail: error_chain(&other),
-                },
-            })?
+            kube::client::ClientBuilder::try_from(config)
+                .map(|b| b.with_layer(&crate::monitoring::CountWatchEvents).build())
+                .map_err(|e| match e {
+                    kube::Error::InferKubeconfig(k) => KubeStoreError::Kubeconfig {
+                        source_: source.clone(),
+                        detail: k.to_string(),
+                    },
+                    other => KubeStoreError::Tls {
+                        server: server.clone(),
+                        what: "building the client".into(),
+                        source_: source.clone(),
+                        detail: error_chain(&other),
+                    },
+                })?
         };
         let path = format!("/apis/{}/{VERSION}/{PLURAL}", settings.group);
         let mut settings = settings;
@@ -445,7 +447,16 @@ impl KubeStore {
             .client
             .as_ref()
             .expect("client lives as long as the store");
-        let r = match self.within(what, client.request::<T>(req)) {
+        // A LIST's items are counted (objects read); its path names the resource.
+        let list_path = (verb == Verb::List).then(|| req.uri().path().to_string());
+        let answer = async {
+            let text = client.request_text(req).await?;
+            if let Some(path) = &list_path {
+                crate::monitoring::record_objects(path, crate::monitoring::list_items(&text));
+            }
+            serde_json::from_str::<T>(&text).map_err(kube::Error::SerdeError)
+        };
+        let r = match self.within(what, answer) {
             Ok(r) => r,
             Err(t) => Err(kube::Error::Service(Box::new(Budget(t)))),
         };

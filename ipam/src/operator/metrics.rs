@@ -369,6 +369,15 @@ impl Registry {
                 .collect(),
         );
         family(
+            "tether_api_objects_read_total",
+            "counter",
+            "Objects this agent received from the Kubernetes API by resource: the items of LIST answers and the events of watches.",
+            tether_kube_store::monitoring::api_objects_read()
+                .into_iter()
+                .map(|(r, n)| (labels(&[("resource", &r)]), n as f64))
+                .collect(),
+        );
+        family(
             "tether_api_errors_total",
             "counter",
             "Failed Kubernetes API requests of this agent by verb and code (HTTP status, timeout, network, decode).",
