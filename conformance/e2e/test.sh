@@ -105,15 +105,15 @@ EOF
 wait_for 60 "default ServiceAccount" K -n default get serviceaccount default || fail "no default ServiceAccount"
 
 # ---- 3. a pod on mgmt --------------------------------------------------------------------------
-POD=trainer-0
-t=$(now)
-K apply -f - >&2 <<EOF || fail "creating pod $POD"
+# A busybox pod NAME in namespace default on the cluster network plus the NAD NETWORK.
+busybox_pod() {
+  K apply -f - >&2 <<EOF || fail "creating pod $1"
 apiVersion: v1
 kind: Pod
 metadata:
-  name: $POD
+  name: $1
   namespace: default
-  annotations: {k8s.v1.cni.cncf.io/networks: mgmt}
+  annotations: {k8s.v1.cni.cncf.io/networks: $2}
 spec:
   terminationGracePeriodSeconds: 1
   containers:
@@ -122,6 +122,10 @@ spec:
     imagePullPolicy: Never
     command: ["/bin/sh", "-c", "exec sleep 3600"]
 EOF
+}
+POD=trainer-0
+t=$(now)
+busybox_pod $POD mgmt
 pod_running() { [ "$(pod_phase default $POD)" = Running ]; }
 if ! wait_for "${TETHER_E2E_POD_TIMEOUT:-180}" "pod Running" pod_running; then
   K -n default get pod $POD -o wide >&2 || true
@@ -187,21 +191,7 @@ spec:
      "ipam": {"type": "tether-ipam", "range": "10.20.30.241-10.20.30.250/24", "store": "kubernetes"}}
 EOF
 BAD=trainer-nokubeconfig
-K apply -f - >&2 <<EOF || fail "creating pod $BAD"
-apiVersion: v1
-kind: Pod
-metadata:
-  name: $BAD
-  namespace: default
-  annotations: {k8s.v1.cni.cncf.io/networks: mgmt-nokubeconfig}
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: main
-    image: localhost/kubelet-lab/busybox:1.35
-    imagePullPolicy: Never
-    command: ["/bin/sh", "-c", "exec sleep 3600"]
-EOF
+busybox_pod $BAD mgmt-nokubeconfig
 t=$(now)
 sandbox_failed() { K -n default get events --field-selector "involvedObject.name=$BAD,reason=FailedCreatePodSandBox" -o name | grep -q .; }
 wait_for 120 "FailedCreatePodSandBox" sandbox_failed || { pod_events default $BAD >&2; fail "no FailedCreatePodSandBox event for $BAD in 120 s"; }

@@ -7,6 +7,7 @@
 //!   veth pairs and `ip` helpers.
 //! - [`libcni`]: drive a conflist through the real libcni ([`libcni::Libcni`]).
 //! - [`lab`]: are we in the real-kernel lab; does the kernel have ipvlan.
+//! - [`signals`]: benchmarks stop the servers they started when interrupted.
 //!
 //! Lab tests (needing ipvlan etc.) are `#[ignore]`d so a plain `cargo test`
 //! on a kernel without ipvlan reports them as ignored; run them with
@@ -19,6 +20,7 @@ pub mod lab;
 pub mod libcni;
 pub mod netns;
 pub mod paths;
+pub mod signals;
 
 pub use cmd::{CmdOutput, capture, run, run_ok};
 pub use libcni::{Libcni, multus_cni_args};

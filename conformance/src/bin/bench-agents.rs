@@ -185,27 +185,12 @@ impl Drop for Server {
     }
 }
 
-/// SIGINT/SIGTERM/SIGHUP are blocked in every thread (call before starting any) and taken by
-/// one that stops the server (it runs in a session of its own, so a Ctrl-C would not reach it);
-/// the agents die with this process (PR_SET_PDEATHSIG).
+/// A signal stops the server (in a session of its own) first; the agents die with this process
+/// (PR_SET_PDEATHSIG).
 fn stop_server_on_signal() {
-    // SAFETY: plain sigset manipulation on a local, before other threads exist.
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            libc::sigaddset(&mut set, s);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    };
-    std::thread::spawn(move || {
-        let mut sig = 0;
-        // SAFETY: waits on the set blocked above.
-        unsafe { libc::sigwait(&set, &mut sig) };
+    tether_conformance::signals::on_termination(|sig| {
         eprintln!("bench-agents: signal {sig}: stopping the API server");
         stop_server();
-        std::process::exit(128 + sig);
     });
 }
 

@@ -260,29 +260,13 @@ impl Drop for Server {
     }
 }
 
-/// SIGINT/SIGTERM/SIGHUP are blocked in every thread (call this before starting any) and taken by
-/// one thread that stops the server: the server runs in its own session, so a Ctrl-C of `make`
-/// would otherwise leave it running. Children get a clean signal mask from std::process.
+/// A signal stops the server (in a session of its own) first.
 fn stop_server_on_signal(peers: PathBuf, dir: PathBuf) {
-    // SAFETY: plain sigset manipulation on a local, before other threads exist.
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            libc::sigaddset(&mut set, s);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    };
-    std::thread::spawn(move || {
-        let mut sig = 0;
-        // SAFETY: waits on the set blocked above.
-        unsafe { libc::sigwait(&set, &mut sig) };
+    tether_conformance::signals::on_termination(move |sig| {
         eprintln!("bench-kube: signal {sig}: stopping the API server");
         if dir.exists() {
             stop_server(&peers, &dir);
         }
-        std::process::exit(128 + sig);
     });
 }
 
