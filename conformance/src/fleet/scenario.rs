@@ -885,7 +885,7 @@ pub fn run(plan: &Plan, s: &Setup<'_>) -> Result<Report, String> {
             objects_per_min_by: d
                 .objects_by
                 .iter()
-                .map(|(k, v)| (k.clone(), per_min(*v)))
+                .map(|(res, v)| (res.clone(), per_min(*v)))
                 .collect(),
             deletions: churned_on.get(&i).copied().unwrap_or(0),
             own_pods: 1 + f

@@ -160,7 +160,12 @@ where
             .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
         let path = watch.then(|| req.uri().path().to_string());
         let answer = self.0.call(req);
-        Box::pin(async move { Ok(answer.await?.map(|body| EventLines { body, path })) })
+        Box::pin(async move {
+            let res = answer.await?;
+            // An error answer (a Status) carries no events.
+            let path = path.filter(|_| res.status().is_success());
+            Ok(res.map(|body| EventLines { body, path }))
+        })
     }
 }
 
