@@ -486,7 +486,9 @@ fn print_tables(o: &Opts, rows: &[Report]) {
     );
     println!();
     println!(
-        "From the server answering `/readyz` again. A pod is deleted at that moment, while the agents still back off. \
+        "From the server answering `/readyz` again. An agent has resumed at its first clean pass after the server \
+         started again (0 s when that was before `/readyz` said so). A pod is deleted at that moment, while the agents \
+         still back off. \
          Burst: what all agents sent and received in the first {} s. The server's counters start at 0 with it: \
          \"restart → ready\" is its own filling of its watch cache; \"first 30 s\" what its clients then made it read.",
         scenario::BURST_WINDOW.as_secs()

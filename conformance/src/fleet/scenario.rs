@@ -135,8 +135,8 @@ pub struct OutageReport {
     pub duration: Duration,
     /// From starting the killed server again until it answered `/readyz` (proxy: zero).
     pub server_back_after: Duration,
-    /// Per live agent: from the server answering until its first clean pass (`None`: none
-    /// within the bound).
+    /// Per live agent: from the server answering until its first clean pass after the server
+    /// started again (0 when that was before `/readyz` said so; `None`: none within the bound).
     pub recovery: Vec<(String, Option<Duration>)>,
     /// Requests and objects read by all live agents in the first [`BURST_WINDOW`].
     pub burst: Metrics,
@@ -1068,6 +1068,7 @@ fn outage(
     .ok_or("the API server is not ready 120 s after the outage ended")?;
     let t_back = if f.proxy.is_some() { t_restart } else { ready };
     let back_unix = unix_now() - t_back.elapsed().as_secs_f64();
+    let restart_unix = unix_now() - t_restart.elapsed().as_secs_f64();
     o.server_back_after = t_back.saturating_duration_since(t_restart);
     let server_back = f.admin.server_reads().ok();
     o.server_until_back = server_back
@@ -1090,9 +1091,11 @@ fn outage(
         let seen = Instant::now();
         if let Ok(now) = f.scrape_all(&which) {
             for (k, m) in waiting.iter().zip(now) {
-                // Its pass ended within the second it stamps: before (stamp + 1), and before
-                // this scrape.
-                if let Some(t) = m.last_success.filter(|t| *t >= back_unix.floor()) {
+                // A clean pass cannot happen while the server is away: one stamped after it
+                // started again is the agent back in sync, maybe even before `/readyz` said so
+                // (then 0 s). The pass ended within the second it stamps, so before (stamp + 1),
+                // and before this scrape.
+                if let Some(t) = m.last_success.filter(|t| *t >= restart_unix.floor()) {
                     let by_stamp = Duration::from_secs_f64((t + 1.0 - back_unix).max(0.0));
                     recovered[*k] = Some(by_stamp.min(seen.saturating_duration_since(t_back)));
                 }
