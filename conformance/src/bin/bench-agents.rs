@@ -486,11 +486,12 @@ fn print_tables(o: &Opts, rows: &[Report]) {
     );
     println!();
     println!(
-        "From the server answering `/readyz` again. An agent has resumed at its first clean pass after the server \
-         started again (0 s when that was before `/readyz` said so). A pod is deleted at that moment, while the agents \
-         still back off. \
-         Burst: what all agents sent and received in the first {} s. The server's counters start at 0 with it: \
-         \"restart → ready\" is its own filling of its watch cache; \"first 30 s\" what its clients then made it read.",
+        "Times from the server answering `/readyz` again. An agent has resumed at its first clean pass after the \
+         server started again (0 s when that was before `/readyz` said so). A pod is deleted as soon as the server \
+         answers, while the agents still back off. Burst: what all agents sent and received in the first {} s. The \
+         server's counters start at 0 with it: etcd columns are the objects it read from etcd to serve LISTs (its \
+         watch caches' own fill is not in that counter), before it was ready and in the first 30 s; the watch cache \
+         column what its clients made it scan there.",
         scenario::BURST_WINDOW.as_secs()
     );
     println!();

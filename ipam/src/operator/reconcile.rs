@@ -1089,7 +1089,8 @@ fn watch_loop(
         }) {
             Ok(rv) => rv,
             Err(e) => {
-                let wait = tether_kube_store::jittered(backoff);
+                // Jittered, then capped: an agent is back within 30 s of the server.
+                let wait = tether_kube_store::jittered(backoff).min(Duration::from_secs(30));
                 log::error!(
                     "reconcile: listing pods ({sel}): {e}; retrying in {:.1}s",
                     wait.as_secs_f32()
@@ -1144,7 +1145,8 @@ fn watch_loop(
                     continue 'relist;
                 }
                 Err(e) => {
-                    let wait = tether_kube_store::jittered(backoff);
+                    // Jittered, then capped: an agent is back within 30 s of the server.
+                    let wait = tether_kube_store::jittered(backoff).min(Duration::from_secs(30));
                     log::error!(
                         "reconcile: watching pods ({sel}): {e}; listing again in {:.1}s",
                         wait.as_secs_f32()
