@@ -7,6 +7,7 @@
 //!   veth pairs and `ip` helpers.
 //! - [`libcni`]: drive a conflist through the real libcni ([`libcni::Libcni`]).
 //! - [`lab`]: are we in the real-kernel lab; does the kernel have ipvlan.
+//! - [`prometheus_text`]: label sets of `/metrics` lines.
 //! - [`signals`]: benchmarks stop the servers they started when interrupted.
 //!
 //! Lab tests (needing ipvlan etc.) are `#[ignore]`d so a plain `cargo test`
@@ -20,6 +21,7 @@ pub mod lab;
 pub mod libcni;
 pub mod netns;
 pub mod paths;
+pub mod prometheus_text;
 pub mod signals;
 
 pub use cmd::{CmdOutput, capture, run, run_ok};

@@ -117,3 +117,29 @@ impl Drop for TempDir {
         }
     }
 }
+
+/// The directory of scripts that start the real peers (`k8s-up.sh`, ...): `TETHER_PEERS`, else
+/// `../shared/peers` next to the repository.
+pub fn peers_dir() -> PathBuf {
+    match std::env::var_os("TETHER_PEERS").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None => repo_root().join("../shared/peers"),
+    }
+}
+
+/// [`peers_dir`], or exit 1 with a banner saying that benchmark `bench` measured nothing (the
+/// peers hold `what`).
+pub fn require_peers(bench: &str, what: &str) -> PathBuf {
+    let peers = peers_dir();
+    if !peers.join("k8s-up.sh").is_file() {
+        eprintln!();
+        eprintln!(
+            "!!! {bench}: no peers directory at {} (k8s-up.sh missing).",
+            peers.display()
+        );
+        eprintln!("!!! It holds {what}; set TETHER_PEERS to its path. Nothing was measured.");
+        eprintln!();
+        std::process::exit(1);
+    }
+    peers
+}

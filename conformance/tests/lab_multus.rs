@@ -62,12 +62,6 @@ struct Node {
 
 static NODE: OnceLock<Result<Node, String>> = OnceLock::new();
 
-fn peers_dir() -> PathBuf {
-    std::env::var_os("TETHER_PEERS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("../shared/peers"))
-}
-
 fn not_run_banner(why: &str) -> String {
     format!(
         "\n\n##########################################################################################\n\
@@ -88,10 +82,13 @@ fn node() -> &'static Node {
 }
 
 fn start_node() -> Result<Node, String> {
-    if !peers_dir().join("k8s-up.sh").is_file() {
+    if !tether_conformance::paths::peers_dir()
+        .join("k8s-up.sh")
+        .is_file()
+    {
         return Err(not_run_banner(&format!(
             "{} is absent",
-            peers_dir().display()
+            tether_conformance::paths::peers_dir().display()
         )));
     }
     require_ipvlan();

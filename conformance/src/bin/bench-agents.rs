@@ -98,13 +98,6 @@ fn opts() -> Opts {
     o
 }
 
-fn peers_dir() -> PathBuf {
-    match std::env::var_os("TETHER_PEERS").filter(|d| !d.is_empty()) {
-        Some(d) => PathBuf::from(d),
-        None => repo_root().join("../shared/peers"),
-    }
-}
-
 fn server_dir() -> PathBuf {
     target_dir().join("bench-agents-k8s")
 }
@@ -607,19 +600,11 @@ fn print_tables(o: &Opts, rows: &[Report]) {
 
 fn main() {
     let o = opts();
-    let peers = peers_dir();
-    if !peers.join("k8s-up.sh").is_file() {
-        eprintln!();
-        eprintln!(
-            "!!! bench-agents: no peers directory at {} (k8s-up.sh missing).",
-            peers.display()
-        );
-        eprintln!(
-            "!!! It holds the real kube-apiserver this benchmark runs; set TETHER_PEERS. Nothing was measured."
-        );
-        eprintln!();
-        std::process::exit(1);
-    }
+    // The server comes from conformance/kube/up.sh, which starts the peers' kube-apiserver.
+    tether_conformance::paths::require_peers(
+        "bench-agents",
+        "the real kube-apiserver this benchmark runs",
+    );
     stop_server_on_signal();
     let bins = Bins {
         tether: tether_binary("tether"),

@@ -342,7 +342,7 @@ impl Kube {
             let Some((labels, value)) = rest.rsplit_once("} ") else {
                 continue;
             };
-            let l = parse_labels(labels);
+            let l = tether_conformance::prometheus_text::parse_labels(labels);
             // The server's own loopback requests (its identity lease, bootstrap) are not a
             // plugin's; they carry system_client="kube-apiserver".
             if l.get("system_client").map(String::as_str) == Some("kube-apiserver") {
@@ -444,34 +444,6 @@ impl Kube {
             Ok(())
         })
     }
-}
-
-/// `a="x",b="y"` → {a: x, b: y} (Prometheus text format; values may hold escaped quotes).
-fn parse_labels(s: &str) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    let mut rest = s;
-    while let Some((k, v)) = rest.split_once("=\"") {
-        let mut val = String::new();
-        let mut chars = v.char_indices();
-        let mut end = v.len();
-        while let Some((i, ch)) = chars.next() {
-            match ch {
-                '\\' => {
-                    if let Some((_, e)) = chars.next() {
-                        val.push(if e == 'n' { '\n' } else { e });
-                    }
-                }
-                '"' => {
-                    end = i + 1;
-                    break;
-                }
-                _ => val.push(ch),
-            }
-        }
-        out.insert(k.trim_start_matches(',').trim().to_string(), val);
-        rest = &v[end..];
-    }
-    out
 }
 
 /// `after - before` for `resources` only, zero entries dropped.
@@ -745,27 +717,12 @@ fn peers_bin_dir() -> String {
     std::env::var("PEERS_BIN_DIR").unwrap_or_else(|_| "/var/cache/tether-peers/bin".into())
 }
 
-fn peers_dir() -> PathBuf {
-    match std::env::var_os("TETHER_PEERS").filter(|d| !d.is_empty()) {
-        Some(d) => PathBuf::from(d),
-        None => repo_root().join("../shared/peers"),
-    }
-}
-
 fn main() {
     let o = opts();
-    let peers = peers_dir();
-    if !peers.join("k8s-up.sh").is_file() {
-        eprintln!();
-        eprintln!(
-            "!!! bench-kube: no peers directory at {} (k8s-up.sh missing).",
-            peers.display()
-        );
-        eprintln!("!!! It holds the real kube-apiserver and whereabouts this benchmark runs;");
-        eprintln!("!!! set TETHER_PEERS to its path. Nothing was measured.");
-        eprintln!();
-        std::process::exit(1);
-    }
+    let peers = tether_conformance::paths::require_peers(
+        "bench-kube",
+        "the real kube-apiserver and whereabouts this benchmark runs",
+    );
     stop_server_on_signal(peers.clone(), target_dir().join("bench-k8s"));
     let code = match run(&o, &peers) {
         Ok(()) => 0,
