@@ -20,6 +20,18 @@ pub enum AttachError {
     Unsupported { field: &'static str, value: String },
     #[error("master interface {name:?} does not exist {place}")]
     MasterMissing { name: String, place: &'static str },
+    /// The master exists but cannot carry traffic: a pod attached now would start with a dead
+    /// interface (and an address no probe could vouch for), so ADD waits for the link instead.
+    #[error(
+        "master interface {name:?} {place} is {state}: a pod attached to it would have no network; \
+         {remedy}. The kubelet retries the pod by itself once the link is up"
+    )]
+    MasterDown {
+        name: String,
+        place: &'static str,
+        state: &'static str,
+        remedy: String,
+    },
     #[error(
         "no master: \"master\" is not set and {place} has no IPv4 default route to take it from; set \"master\" in the network config"
     )]
@@ -86,6 +98,7 @@ impl AttachError {
                 code::KERNEL
             }
             AttachError::NoAddresses { .. } => code::DELEGATE_FAILED,
+            AttachError::MasterDown { .. } => code::TRY_AGAIN_LATER,
             AttachError::DadFailed { .. } => code::ADDRESS_IN_USE,
             AttachError::Check(_) => code::CHECK_FAILED,
         }

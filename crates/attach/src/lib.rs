@@ -74,6 +74,37 @@ fn resolve_master(
     }
 }
 
+/// ADD refuses a master that is down or has no carrier before anything is leased or created: the
+/// kernel would accept the slave, and the pod would run with an interface that reaches no one.
+fn require_carrier(link_in_container: bool, master: &Link) -> Result<(), AttachError> {
+    let name = &master.name;
+    let (state, remedy) = match (master.up, master.carrier) {
+        (true, true) => return Ok(()),
+        (false, _) => (
+            "administratively down",
+            format!(
+                "bring it up on the node (`ip link set {name} up`); tether never changes a master's state"
+            ),
+        ),
+        (true, false) => (
+            "up but has no carrier",
+            format!(
+                "check its cable, switch port or bond members (`ip link show {name}` says NO-CARRIER)"
+            ),
+        ),
+    };
+    Err(AttachError::MasterDown {
+        name: name.clone(),
+        place: if link_in_container {
+            "in the pod network namespace"
+        } else {
+            "on the host"
+        },
+        state,
+        remedy,
+    })
+}
+
 /// An ipvlan slave cannot carry its own MAC, so a requested one is refused rather than ignored.
 fn reject_requested_mac(req: &Request) -> Result<(), AttachError> {
     if let Some(mac) = req.conf.runtime_config("mac") {
@@ -190,6 +221,7 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
     let host = Netlink::current()?;
 
     let master = resolve_master(&cfg, prev, &host, &pod)?;
+    require_carrier(cfg.link_in_container, &master)?;
     if let (Some(mtu), Some(master_mtu)) = (cfg.mtu, master.mtu)
         && mtu > master_mtu
     {
@@ -714,7 +746,7 @@ pub fn gc(req: &Request) -> Result<(), CniError> {
 
 #[cfg(test)]
 mod tests {
-    use super::temporary_name;
+    use super::*;
 
     #[test]
     fn the_temporary_name_is_the_attachments_own_and_fits_a_link_name() {
@@ -735,5 +767,42 @@ mod tests {
         );
         // Pinned: a DEL by a newer tether must find the link an older one's ADD left.
         assert_eq!(temporary_name("c", "net1"), "tthba3dc66c66d1");
+    }
+
+    fn master(up: bool, carrier: bool) -> Link {
+        Link {
+            index: 2,
+            name: "enp5s0".into(),
+            mac: Some(vec![2, 0, 0, 0, 0, 1]),
+            mtu: Some(1500),
+            up,
+            carrier,
+            kind: None,
+            ipvlan_mode: None,
+            ipvlan_flag: None,
+            parent_index: None,
+        }
+    }
+
+    #[test]
+    fn a_master_without_carrier_is_refused_with_what_to_do() {
+        assert!(require_carrier(false, &master(true, true)).is_ok());
+        let down = require_carrier(false, &master(false, false)).unwrap_err();
+        assert_eq!(down.code(), code::TRY_AGAIN_LATER);
+        assert_eq!(
+            down.to_string(),
+            "master interface \"enp5s0\" on the host is administratively down: a pod attached to it would \
+             have no network; bring it up on the node (`ip link set enp5s0 up`); tether never changes a \
+             master's state. The kubelet retries the pod by itself once the link is up"
+        );
+        let dark = require_carrier(true, &master(true, false)).unwrap_err();
+        assert_eq!(dark.code(), code::TRY_AGAIN_LATER);
+        let m = dark.to_string();
+        assert!(
+            m.starts_with(
+                "master interface \"enp5s0\" in the pod network namespace is up but has no carrier"
+            ) && m.contains("NO-CARRIER"),
+            "{m}"
+        );
     }
 }

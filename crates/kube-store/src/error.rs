@@ -71,7 +71,8 @@ pub enum KubeStoreError {
     /// The IPLease CRD is not installed (the API answers 404 for the resource).
     #[error(
         "the IPLease custom resource ({CRD_NAME}) is not installed in the cluster at {server}: \
-         install it with `kubectl apply -f {CRD_MANIFEST}` (shipped with tether), then retry"
+         install tether's manifest (`kubectl apply -f deploy/tether.yaml`, or the CRD alone: {CRD_MANIFEST}); \
+         pods waiting for it are retried by the kubelet and start by themselves"
     )]
     CrdMissing {
         /// API server URL.

@@ -514,7 +514,9 @@ fn requested_address_in_use_is_an_error_and_allocates_nothing() {
         .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "requested address 10.0.0.9 is already in use on the network by MAC aa:bb:cc:dd:ee:ff (conflict probe); it is quarantined for 600s"
+        "requested address 10.0.0.9 of network net-a is already in use on the segment by MAC aa:bb:cc:dd:ee:ff \
+         (it answered the conflict probe): free it on the host with that MAC, or request another address; \
+         a retry of this pod probes it again, and the pool keeps it out for 600s"
     );
     assert!(fx.leases().iter().all(|l| !l.is_leased()));
     // v6 first, then a requested v4 in use: the v6 lease is rolled back too
@@ -668,7 +670,8 @@ fn exhaustion_message_counts() {
         .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "no free address in range 10.0.0.0/30 of network net-a: 2 usable, 2 leased, 0 quarantined, 0 cooling down"
+        "no free address in range 10.0.0.0/30 of network net-a: 2 usable, 2 leased, 0 quarantined, 0 cooling down; \
+         delete pods that no longer need this network or widen the range, and the pod is retried by itself"
     );
     let st = a.status().unwrap_err();
     assert!(

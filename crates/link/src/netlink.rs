@@ -88,6 +88,8 @@ pub struct Link {
     pub mac: Option<Vec<u8>>,
     pub mtu: Option<u32>,
     pub up: bool,
+    /// `IFF_LOWER_UP`: the link has a carrier (a cable, a peer, a bond member that is up).
+    pub carrier: bool,
     /// `IFLA_INFO_KIND`, e.g. "ipvlan", "veth", "macvlan".
     pub kind: Option<String>,
     pub ipvlan_mode: Option<IpvlanMode>,
@@ -508,6 +510,7 @@ fn parse_link(m: &LinkMessage) -> Link {
         mac: None,
         mtu: None,
         up: m.header.flags.contains(LinkFlags::Up),
+        carrier: m.header.flags.contains(LinkFlags::LowerUp),
         kind: None,
         ipvlan_mode: None,
         ipvlan_flag: None,

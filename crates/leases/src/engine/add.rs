@@ -434,6 +434,7 @@ impl Allocator<'_> {
                 Claimed::Lost => continue,
                 Claimed::InUse(mac) => {
                     return Err(AllocError::RequestedInUse {
+                        network: self.network.clone(),
                         address: w.address,
                         mac,
                         quarantine_s: self.policy.quarantine_s,

@@ -62,10 +62,13 @@ pub enum AllocError {
     },
     /// The conflict probe found a requested address in use.
     #[error(
-        "requested address {address} is already in use on the network by MAC {mac} (conflict probe); \
-         it is quarantined for {quarantine_s}s"
+        "requested address {address} of network {network} is already in use on the segment by MAC {mac} \
+         (it answered the conflict probe): free it on the host with that MAC, or request another address; \
+         a retry of this pod probes it again, and the pool keeps it out for {quarantine_s}s"
     )]
     RequestedInUse {
+        /// Network.
+        network: String,
         /// The address.
         address: IpAddr,
         /// The MAC that answered.
@@ -86,7 +89,8 @@ pub enum AllocError {
     /// No address is free in a range.
     #[error(
         "no free address in range {range} of network {network}: {usable} usable, {leased} leased, \
-         {quarantined} quarantined, {cooling} cooling down"
+         {quarantined} quarantined, {cooling} cooling down; delete pods that no longer need this network \
+         or widen the range, and the pod is retried by itself"
     )]
     Exhausted {
         /// Network.
