@@ -340,6 +340,248 @@ fn two_controllers_elect_one_and_the_standby_takes_over() {
     assert_eq!(election_holder(&env).as_deref(), Some("ctl-2"));
 }
 
+/// Issue 23 (seen on the real node): in its container the controller is PID 1, which the kernel
+/// delivers no unhandled signal to, so a deleted pod waited out its 30 s grace and never gave the
+/// Lease up. SIGTERM now stops it at once (status 0) and hands the Lease over: the standby leads
+/// within a renewal, not after the Lease expires (15 s).
+#[test]
+#[ignore = "needs a real API server: make test starts one (conformance/kube/up.sh)"]
+fn sigterm_stops_the_controller_at_once_and_hands_the_lease_over() {
+    let env = Env::real_exclusive("nsigterm");
+    let kc = controller_kubeconfig(&env);
+    clear_election();
+    let mut first = controller(&kc, "ctl-term-1", &[]);
+    assert!(
+        wait_until(Duration::from_secs(10), || election_holder(&env).as_deref()
+            == Some("ctl-term-1"))
+        .is_some(),
+        "ctl-term-1 leads: {:?}",
+        election_holder(&env)
+    );
+    let _second = controller(&kc, "ctl-term-2", &[]);
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(first.0.id() as i32, libc::SIGTERM) }, 0);
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = first.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "still running 5 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+    let took = wait_until(Duration::from_secs(8), || {
+        election_holder(&env).as_deref() == Some("ctl-term-2")
+    })
+    .unwrap_or_else(|| panic!("the standby does not lead: {:?}", election_holder(&env)));
+    eprintln!(
+        "stopped {:?} after SIGTERM; the standby led {took:?} later",
+        t.elapsed()
+    );
+}
+
+/// The token of a kubeconfig this suite or the node-agent wrote (JSON or YAML, one user).
+fn kubeconfig_token(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap();
+    let kc: Value = serde_saphyr::from_str(&text).unwrap();
+    kc["users"][0]["user"]["token"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no token in {}", path.display()))
+        .to_string()
+}
+
+/// Who the API server says `kubeconfig`'s credential is: (HTTP status, userInfo).
+fn whoami(kubeconfig: &Path) -> (u16, Value) {
+    let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"});
+    let (code, v) = raw(
+        kubeconfig,
+        LeaseWrite::Post("/apis/authentication.k8s.io/v1/selfsubjectreviews", &body),
+    );
+    (code, v["status"]["userInfo"].clone())
+}
+
+/// A TokenRequest for the node identity bound to Node `node`, with `kubeconfig`'s credential.
+fn node_token_request(kubeconfig: &Path, node: &str, seconds: u64) -> (u16, Value) {
+    let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"expirationSeconds": seconds,
+                 "boundObjectRef": {"apiVersion": "v1", "kind": "Node", "name": node}}});
+    raw(
+        kubeconfig,
+        LeaseWrite::Post(
+            &format!("/api/v1/namespaces/{AGENT_NS}/serviceaccounts/tether/token"),
+            &body,
+        ),
+    )
+}
+
+/// Issue 23 (seen on the real node, rolling the DaemonSet while pods start): the plugin's
+/// kubeconfig held the agent pod's token, which the API server refuses once that pod is gone, so
+/// every ADD failed with 401 until the next agent wrote its own. The agent now writes a token bound
+/// to its Node: the plugin keeps working with it after the agent's pod is deleted, it is held to its
+/// node by the node-scope policy like the pod's, and deploy/base/policy.yaml lets only an agent
+/// pod's own token ask for one, for its own node, for at most 2 h.
+#[test]
+#[ignore = "needs a real API server: make test starts one (conformance/kube/up.sh)"]
+fn the_plugins_token_is_bound_to_the_node_and_outlives_the_agent_pod() {
+    let env = Env::real("ntoken");
+    let (a, b) = (node(&env, "a"), node(&env, "b"));
+    // What the kubelet mounts into A's agent pod: its pod-bound token and the cluster's CA.
+    let admin: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(&env.kubeconfig).unwrap()).unwrap();
+    let cluster = &admin["clusters"][0]["cluster"];
+    let ca = match cluster["certificate-authority"].as_str() {
+        Some(file) => std::fs::read(file).unwrap(),
+        None => {
+            let out = std::process::Command::new("base64")
+                .arg("-d")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .and_then(|mut c| {
+                    use std::io::Write;
+                    c.stdin.take().unwrap().write_all(
+                        cluster["certificate-authority-data"]
+                            .as_str()
+                            .unwrap()
+                            .as_bytes(),
+                    )?;
+                    c.wait_with_output()
+                })
+                .unwrap();
+            out.stdout
+        }
+    };
+    let sa = a.dir.join("serviceaccount");
+    let (src, cni_bin) = (a.dir.join("image"), a.dir.join("opt-cni-bin"));
+    for d in [&sa, &src, &cni_bin] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let pod_token = kubeconfig_token(&a.kubeconfig);
+    std::fs::write(sa.join("token"), &pod_token).unwrap();
+    std::fs::write(sa.join("ca.crt"), ca).unwrap();
+    for p in ["tether-ipvlan", "tether-ipam"] {
+        std::fs::write(src.join(p), p).unwrap();
+    }
+    let server = cluster["server"].as_str().unwrap();
+    let (host, port) = server
+        .trim_start_matches("https://")
+        .trim_end_matches('/')
+        .rsplit_once(':')
+        .unwrap();
+    let out = a.dir.join("net.d/tether.d/tether.kubeconfig");
+    let run = tether_env(
+        &[
+            "node-agent",
+            "--once",
+            "--no-reconcile",
+            "--kubeconfig",
+            a.kubeconfig.to_str().unwrap(),
+            "--service-account-dir",
+            sa.to_str().unwrap(),
+            "--source-dir",
+            src.to_str().unwrap(),
+            "--cni-bin-dir",
+            cni_bin.to_str().unwrap(),
+            "--kubeconfig-out",
+            out.to_str().unwrap(),
+        ],
+        &[
+            ("KUBERNETES_SERVICE_HOST", host),
+            ("KUBERNETES_SERVICE_PORT", port),
+        ],
+    );
+    assert!(run.status.success(), "{}", stderr(&run));
+    assert!(
+        stderr(&run).contains(&format!("bound to node {}", a.name)),
+        "{}",
+        stderr(&run)
+    );
+    let plugin_token = kubeconfig_token(&out);
+    assert_ne!(
+        plugin_token, pod_token,
+        "the plugin does not get the pod's token"
+    );
+    let (code, me) = whoami(&out);
+    assert_eq!(code, 200, "{me}");
+    assert_eq!(me["username"], "system:serviceaccount:kube-system:tether");
+    assert_eq!(
+        me["extra"]["authentication.kubernetes.io/node-name"][0], a.name,
+        "{me}"
+    );
+    assert!(
+        me["extra"]
+            .get("authentication.kubernetes.io/pod-name")
+            .is_none(),
+        "bound to the node, not to the pod: {me}"
+    );
+
+    // The plugin with it: its leases name node A; another node's lease is refused as before.
+    let plugin = std::mem::ManuallyDrop::new(Node {
+        name: a.name,
+        kubeconfig: out.clone(),
+        dir: a.dir.clone(),
+    });
+    let net = env.name("mgmt");
+    let conf = json!({"cniVersion": "1.1.0", "name": net, "type": "tether-ipvlan",
+                      "ipam": {"type": "tether-ipam", "range": "10.142.4.0/28", "probe": false}});
+    let (code, r) = call(&plugin, "ADD", "trainer-t", &conf);
+    assert_eq!(code, 0, "{r}");
+    let held = address(&r);
+    assert_eq!(lease_object(&env, net, &held)["spec"]["node"], a.name);
+    let foreign = json!({"apiVersion": "ipam.tether.dev/v1alpha1", "kind": "IPLease",
+        "metadata": {"name": format!("{net}-foreign")},
+        "spec": {"network": net, "address": "10.142.4.14", "prefixLength": 28, "containerID": "c",
+                 "ifname": "net1", "node": b.name, "state": "Leased", "since": "2026-01-01T00:00:00Z"}});
+    assert_refused_by_policy(
+        "a lease for node B with A's node-bound token",
+        raw(&out, LeaseWrite::Create(&foreign)),
+    );
+
+    // A's agent pod deleted (a DaemonSet roll): its token is refused, the plugin's still works.
+    assert!(env.delete_pod(AGENT_NS, &agent_pod(a.name)));
+    assert!(
+        wait_until(Duration::from_secs(15), || whoami(&a.kubeconfig).0 == 401).is_some(),
+        "the deleted pod's token still works: {:?}",
+        whoami(&a.kubeconfig)
+    );
+    let (code, r) = call(&plugin, "DEL", "trainer-t", &conf);
+    assert_eq!(
+        code, 0,
+        "DEL with the node-bound token after the agent pod is gone: {r}"
+    );
+    assert_eq!(lease_object(&env, net, &held)["spec"]["state"], "Released");
+
+    // Who may ask for such a token: an agent pod's own, for its own node, for at most 2 h.
+    let refused = |what: &str, (code, body): (u16, Value), says: &str| {
+        assert_eq!(code, 403, "{what}: {body}");
+        let msg = body["message"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains("tether-token-node-scope") && msg.contains(says),
+            "{what}: {msg}"
+        );
+    };
+    refused(
+        "a node-bound token renewing itself",
+        node_token_request(&out, a.name, 3600),
+        "only the node-agent pod's own token",
+    );
+    refused(
+        "B's agent asking for a token of node A",
+        node_token_request(&b.kubeconfig, a.name, 3600),
+        "only ask for a token bound to its own Node",
+    );
+    refused(
+        "B's agent asking for 3 h",
+        node_token_request(&b.kubeconfig, b.name, 3 * 3600),
+        "at most 2 h",
+    );
+    let (code, body) = node_token_request(&b.kubeconfig, b.name, 3600);
+    assert_eq!(code, 200, "B's agent, for node B, 1 h: {body}");
+}
+
 /// Issue 21: the node credential may post only what the node-agent's monitor posts: a Warning
 /// AddressConflict Event about a Pod, reported by tether-ipam from its own node.
 #[test]

@@ -43,6 +43,7 @@ pub mod convert;
 pub mod crd;
 pub mod error;
 pub mod monitoring;
+pub mod node_token;
 pub mod nodes;
 pub mod settings;
 pub mod store;
@@ -54,6 +55,7 @@ pub use cluster::{
 pub use crd::{IPLease, IPLeaseSpec, LeasePhase, PodInfo, Quarantine, crd_yaml, object_name};
 pub use error::{CredentialSource, KubeStoreError};
 pub use monitoring::{NadConfig, PodWarning, Posted};
+pub use node_token::IssuedToken;
 pub use nodes::{NODE_LEASE_NAMESPACE, NodeHealth, PodPlacement};
 pub use settings::{DEFAULT_PAGE_SIZE, DEFAULT_TIMEOUT, KubeSettings};
 pub use store::{KubeStore, RequestCounts};

@@ -2,8 +2,9 @@
 //!
 //! 1. Installs `tether-ipvlan` and `tether-ipam` into the host's CNI bin dir: copy to a temporary name
 //!    in the same directory, fsync, rename — kubelet never executes a half-written file.
-//! 2. Writes the kubeconfig the plugin uses (0600, directory 0700) from this pod's service-account
-//!    token and CA, and rewrites it whenever either rotates (projected tokens expire in about an hour).
+//! 2. Writes the kubeconfig the plugin uses (0600, directory 0700): the CA, and a token bound to
+//!    this node that it asks for and renews ([`crate::operator::plugin_token`]; it outlives this
+//!    pod), else this pod's own token; rewritten whenever either changes.
 //! 3. Runs the lease reconciler for this node ([`crate::operator::reconcile`]) on its own thread, with the
 //!    pod's service account: this node's IPLeases and the file store under `--data-dir`, plus the
 //!    leases of deleted nodes while this agent is the sweeper. The live nodes and the sweeper come
@@ -19,9 +20,10 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
+use crate::operator::plugin_token::PluginToken;
 use crate::operator::reconcile::{self, Reconciler};
 
 pub const BINARIES: &[&str] = &["tether-ipvlan", "tether-ipam"];
@@ -98,16 +100,20 @@ pub fn install_binaries(src: &Path, dst: &Path) -> Result<Vec<String>, String> {
     Ok(changed)
 }
 
-/// A kubeconfig with the token and CA embedded, so the plugin needs no access to the pod's mounts.
-pub fn kubeconfig(sa: &ServiceAccount) -> Result<String, String> {
+/// A kubeconfig with the token and CA embedded, so the plugin needs no access to the pod's mounts:
+/// `token` (the node-bound one, [`crate::operator::plugin_token`]), else this pod's own.
+pub fn kubeconfig(sa: &ServiceAccount, token: Option<&str>) -> Result<String, String> {
     let read = |f: &str| {
         fs::read(sa.dir.join(f)).map_err(|e| format!("reading {}: {e}", sa.dir.join(f).display()))
     };
-    let token = String::from_utf8(read("token")?)
-        .map_err(|_| "the service-account token is not text".to_string())?;
+    let token = match token {
+        Some(t) => t.to_string(),
+        None => String::from_utf8(read("token")?)
+            .map_err(|_| "the service-account token is not text".to_string())?,
+    };
     let ca = read("ca.crt")?;
     Ok(format!(
-        "# Written by tether node-agent from the tether service account; rewritten when the token rotates.\n\
+        "# Written by tether node-agent from the tether service account; rewritten when the token is renewed.\n\
          apiVersion: v1\nkind: Config\n\
          clusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
          users:\n- name: tether\n  user:\n    token: {token}\n\
@@ -120,7 +126,11 @@ pub fn kubeconfig(sa: &ServiceAccount) -> Result<String, String> {
 }
 
 /// Write the kubeconfig (0600) into a 0700 directory; returns whether it changed.
-pub fn write_kubeconfig(sa: &ServiceAccount, out: &Path) -> Result<bool, String> {
+pub fn write_kubeconfig(
+    sa: &ServiceAccount,
+    token: Option<&str>,
+    out: &Path,
+) -> Result<bool, String> {
     let dir = out
         .parent()
         .ok_or_else(|| format!("{} has no parent directory", out.display()))?;
@@ -133,7 +143,7 @@ pub fn write_kubeconfig(sa: &ServiceAccount, out: &Path) -> Result<bool, String>
     }
     fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
         .map_err(|e| format!("{}: {e}", dir.display()))?;
-    write_atomic(out, kubeconfig(sa)?.as_bytes(), 0o600)
+    write_atomic(out, kubeconfig(sa, token)?.as_bytes(), 0o600)
         .map_err(|e| format!("writing {}: {e}", out.display()))
 }
 
@@ -163,14 +173,22 @@ pub struct AgentOptions {
     pub kubeconfig_out: PathBuf,
     pub service_account_dir: PathBuf,
     pub refresh: Duration,
+    /// The API, with this pod's credential, to ask for the plugin's node-bound token (`None`:
+    /// the plugin gets this pod's token).
+    pub plugin_token_api: Option<tether_kube_store::KubeSettings>,
     /// The reconciler to run (`None`: `--no-reconcile`).
     pub reconcile: Option<reconcile::Options>,
     /// Stop after the first pass (tests, and `kubectl debug` style checks).
     pub once: bool,
 }
 
-/// Install, then keep the kubeconfig fresh until killed.
-pub fn run(opts: &AgentOptions, mut each_pass: impl FnMut()) -> Result<(), String> {
+/// Install, then keep the kubeconfig fresh until `stop` (SIGTERM: the reconciler is stopped and
+/// joined first).
+pub fn run(
+    opts: &AgentOptions,
+    stop: Arc<AtomicBool>,
+    mut each_pass: impl FnMut(),
+) -> Result<(), String> {
     let changed = install_binaries(&opts.source_dir, &opts.cni_bin_dir)?;
     log::warn!(
         "installed into {}: {}",
@@ -182,10 +200,11 @@ pub fn run(opts: &AgentOptions, mut each_pass: impl FnMut()) -> Result<(), Strin
         }
     );
     let sa = ServiceAccount::in_cluster(opts.service_account_dir.clone())?;
-    let stop = Arc::new(AtomicBool::new(false));
     let mut reconciler: Option<std::thread::JoinHandle<()>> = None;
+    let mut plugin_token = PluginToken::new(opts.plugin_token_api.clone());
     loop {
-        match write_kubeconfig(&sa, &opts.kubeconfig_out) {
+        let token = plugin_token.current();
+        match write_kubeconfig(&sa, token.as_deref(), &opts.kubeconfig_out) {
             Ok(true) => log::warn!("wrote {}", opts.kubeconfig_out.display()),
             Ok(false) => {}
             // Keep the old kubeconfig: a transient read error must not break the plugin.
@@ -226,7 +245,17 @@ pub fn run(opts: &AgentOptions, mut each_pass: impl FnMut()) -> Result<(), Strin
         if opts.once {
             return Ok(());
         }
-        std::thread::sleep(opts.refresh);
+        let until = Instant::now() + opts.refresh;
+        while Instant::now() < until {
+            if stop.load(Ordering::Relaxed) {
+                if let Some(h) = reconciler {
+                    let _ = h.join();
+                }
+                log::warn!("stopped");
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 }
 
@@ -308,7 +337,7 @@ mod tests {
             server: "https://10.43.0.1:443".into(),
         };
         let out = d.join("net.d/tether.d/tether.kubeconfig");
-        assert!(write_kubeconfig(&sa, &out).unwrap());
+        assert!(write_kubeconfig(&sa, None, &out).unwrap());
         let text = fs::read_to_string(&out).unwrap();
         assert!(
             text.contains("token: token-one\n")
@@ -328,20 +357,25 @@ mod tests {
             0o700
         );
         assert!(
-            !write_kubeconfig(&sa, &out).unwrap(),
+            !write_kubeconfig(&sa, None, &out).unwrap(),
             "unchanged token: no rewrite"
         );
         fs::write(sa_dir.join("token"), "token-two").unwrap();
-        assert!(write_kubeconfig(&sa, &out).unwrap());
+        assert!(write_kubeconfig(&sa, None, &out).unwrap());
         assert!(
             fs::read_to_string(&out)
                 .unwrap()
                 .contains("token: token-two\n")
         );
+        // The node-bound token, when there is one, instead of the pod's.
+        assert!(write_kubeconfig(&sa, Some("node-bound"), &out).unwrap());
+        let text = fs::read_to_string(&out).unwrap();
+        assert!(text.contains("token: node-bound\n") && !text.contains("token-two"));
         fs::remove_file(sa_dir.join("token")).unwrap();
-        assert!(write_kubeconfig(&sa, &out).is_err());
+        assert!(write_kubeconfig(&sa, Some("node-bound"), &out).is_ok());
+        assert!(write_kubeconfig(&sa, None, &out).is_err());
         assert!(
-            fs::read_to_string(&out).unwrap().contains("token-two"),
+            fs::read_to_string(&out).unwrap().contains("node-bound"),
             "a failed refresh keeps the old file"
         );
     }

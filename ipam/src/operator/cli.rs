@@ -329,6 +329,16 @@ pub fn run(args: Vec<OsString>) -> i32 {
             once,
         } => {
             tether_cni::logging::install("tether");
+            // Before any thread exists: they all inherit the blocked signals.
+            let stop = (!once).then(crate::operator::termination::stop_flag);
+            // The plugin's node-bound token is asked for with this pod's own credential.
+            let plugin_token_api = match kubeconfig.clone() {
+                Some(p) => Some(KubeSettings::with_kubeconfig(p)),
+                None => {
+                    std::env::var_os("KUBERNETES_SERVICE_HOST").map(|_| KubeSettings::default())
+                }
+            }
+            .map(|s| reconcile::long_lived(&s));
             let reconcile = if no_reconcile {
                 None
             } else {
@@ -347,10 +357,11 @@ pub fn run(args: Vec<OsString>) -> i32 {
                 kubeconfig_out,
                 service_account_dir,
                 refresh: std::time::Duration::from_secs(refresh_s),
+                plugin_token_api,
                 reconcile,
                 once,
             };
-            crate::operator::agent::run(&opts, || {}).map(|()| EXIT_OK)
+            crate::operator::agent::run(&opts, stop.unwrap_or_default(), || {}).map(|()| EXIT_OK)
         }
         Cmd::Reconcile {
             kubeconfig,
@@ -668,6 +679,8 @@ fn release(
 }
 
 fn run_reconcile(opts: reconcile::Options, once: bool, output: Output) -> Result<i32, String> {
+    // Before any thread exists (the reconciler's store starts some): they inherit the blocked signals.
+    let stop = (!once).then(crate::operator::termination::stop_flag);
     let r = reconcile::Reconciler::new(opts)?;
     if once {
         let report = r.pass(true);
@@ -723,8 +736,7 @@ fn run_reconcile(opts: reconcile::Options, once: bool, output: Output) -> Result
         });
     }
     tether_cni::logging::install("tether");
-    static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    r.run(&STOP, |_| {})?;
+    r.run(&stop.unwrap_or_default(), |_| {})?;
     Ok(EXIT_OK)
 }
 

@@ -9,5 +9,7 @@ pub mod leader;
 pub mod metrics;
 pub mod monitor;
 pub mod output;
+pub mod plugin_token;
 pub mod reconcile;
 pub mod store_access;
+pub mod termination;
