@@ -78,6 +78,7 @@ teardown() {
     e2e_log "pods deleted"
   fi
   stop_pidfile "$W/pids/kubelet.pid" kubelet 20
+  stop_pidfile "$W/pids/controller.pid" tether   # test-node-gone.sh's
   if ours "$W/pids/containerd.pid" containerd >/dev/null; then
     for t in $(CTR tasks ls -q 2>/dev/null); do CTR tasks kill -s SIGKILL "$t" >/dev/null 2>&1; done
     sleep 1
@@ -138,6 +139,18 @@ ip link add enp5s0 type veth peer name wire0 netns e2e-wire
 ip link set enp5s0 up
 ip -n e2e-wire link set wire0 up
 ip -n e2e-wire addr add 10.20.30.1/24 dev wire0
+# The compute network: enp6s0 cabled to netns e2e-compute (192.168.100.1). A third NIC, enp7s0, to
+# netns e2e-wire (10.30.0.1) for the master-down check (test-events.sh turns it off and on).
+ip netns add e2e-compute
+ip link add enp6s0 type veth peer name wire1 netns e2e-compute
+ip link add enp7s0 type veth peer name wire7 netns e2e-wire
+ip link set enp6s0 up
+ip link set enp7s0 up
+ip -n e2e-compute link set lo up
+ip -n e2e-compute link set wire1 up
+ip -n e2e-compute addr add 192.168.100.1/24 dev wire1
+ip -n e2e-wire link set wire7 up
+ip -n e2e-wire addr add 10.30.0.1/24 dev wire7
 mark node-network
 
 # ---- 2. the node's directories, fresh ---------------------------------------------------------
@@ -240,7 +253,7 @@ mark containerd-ready
 # Before the kubelet: the agent's image (IfNotPresent, nothing can be pulled) must be there when
 # the DaemonSet's pod is first synced.
 imgs=("$E2E_DIR/images/pause.tar" "$E2E_DIR/images/busybox.tar")
-[ "${TETHER_E2E_NODE_ONLY:-0}" = 1 ] || imgs+=("$E2E_ROOT/target/tether-image.tar")
+[ "${TETHER_E2E_NODE_ONLY:-0}" = 1 ] || imgs+=("$E2E_ROOT/target/tether-image.tar" "$E2E_DIR/images/tether-next.tar")
 for i in "${imgs[@]}"; do
   CTR images import "$i" >/dev/null || e2e_die "ctr images import $i failed"
 done
@@ -301,5 +314,8 @@ e2e_log "node $E2E_NODE Ready $(since "$TK") s after the kubelet started"
 # at TETHER_LAB_TIMEOUT, and the logs are copied out only by the teardown).
 left=$(( ${TETHER_LAB_TIMEOUT:-600} - TEARDOWN_S - ${SECONDS} - BOOT_S ))
 [ "$left" -gt 30 ] || e2e_die "no time left for the checks (${left} s; raise TETHER_E2E_TIMEOUT)"
-[ "${TETHER_E2E_NODE_ONLY:-0}" = 1 ] || timeout -k 5 "$left" bash "$E2E_HERE/test.sh" ||
+# The scripts, in order (TETHER_E2E_CHECKS; `make bench-node`: install.sh bench-node.sh).
+checks=${TETHER_E2E_CHECKS:-install.sh test.sh test-events.sh test-node-gone.sh}
+[ "${TETHER_E2E_NODE_ONLY:-0}" = 1 ] ||
+  timeout -k 5 "$left" bash -c 'd=$1; shift; for c in "$@"; do bash "$d/$c" || exit; done' checks "$E2E_HERE" $checks ||
   { rc=$?; [ $rc != 124 ] || e2e_log "the checks did not finish in $left s"; exit $rc; }

@@ -11,7 +11,7 @@
 #   The VM reaches the API server, and nothing else, through one forwarded port
 #   (TETHER_LAB_FORWARD): 10.0.2.100:$E2E_API_PORT in the VM is 127.0.0.1:$E2E_API_PORT here.
 #
-# Bounded: the VM is killed after TETHER_E2E_TIMEOUT s (default 600); everything started is stopped
+# Bounded: the VM is killed after TETHER_E2E_TIMEOUT s (default 1500); everything started is stopped
 # by pid (the VM's own services by node.sh, the control plane here, also on failure or Ctrl-C).
 # Exit status 0 only if every check passed. State and logs: target/lab/e2e/ (cleared at the start
 # of each run): timings.txt, results.txt, cp/logs/ (control plane), logs/ (containerd, kubelet,
@@ -41,10 +41,11 @@ if ((${#need[@]})); then
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; } ||
     e2e_die "cannot install ${need[*]}"
 fi
-for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl multus; do
+for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl multus whereabouts; do
   [ -x "$PEERS_BIN_DIR/$b" ] || e2e_die "no $PEERS_BIN_DIR/$b (PEERS_BIN_DIR; .ci/deps.sh builds the peers)"
 done
-[ -s target/tether-image.tar ] || [ "${TETHER_E2E_NODE_ONLY:-0}" = 1 ] || e2e_die "no target/tether-image.tar: run \`make image\` (make e2e does)"
+[ -s target/tether-image.tar ] && [ -x target/image/tether-ipam ] || [ "${TETHER_E2E_NODE_ONLY:-0}" = 1 ] ||
+  e2e_die "no target/tether-image.tar or target/image/: run \`make image\` (make e2e does)"
 [ -f "$PEERS/nad-crd.yaml" ] || e2e_die "no $PEERS/nad-crd.yaml (TETHER_PEERS)"
 
 # ---- state ----
@@ -53,8 +54,19 @@ rm -rf "$E2E_DIR" && mkdir -p "$E2E_DIR/bin" "$E2E_DIR/logs"
 T0=$(now); echo "$T0" >"$E2E_DIR/t0"
 : >"$E2E_DIR/timings.txt"
 # In the VM the host's /var/cache is not visible: the binaries it runs are copied into the shared dir.
-for b in kubelet kubectl multus; do cp "$PEERS_BIN_DIR/$b" "$E2E_DIR/bin/$b"; done
+for b in kubelet kubectl multus whereabouts; do cp "$PEERS_BIN_DIR/$b" "$E2E_DIR/bin/$b"; done
 "$E2E_HERE/images.sh" "$E2E_DIR/images"
+if [ "${TETHER_E2E_NODE_ONLY:-0}" != 1 ]; then
+  # The image test.sh rolls the DaemonSet to: the binaries of `make image`, each with bytes
+  # appended (an ELF runs the same), so the new agent really replaces both plugins on the node.
+  next=$E2E_DIR/images/next/usr/local/bin
+  mkdir -p "$next"
+  for b in tether tether-ipam tether-ipvlan; do
+    cp "target/image/$b" "$next/$b" && printf '\ntether e2e rollout\n' >>"$next/$b"
+  done
+  python3 "$E2E_HERE/mkimage.py" "$E2E_DIR/images/tether-next.tar" localhost/tether:0.1.1-e2e "$E2E_DIR/images/next" \
+    --entrypoint '["/usr/local/bin/tether"]' --env PATH=/usr/local/bin >/dev/null
+fi
 
 status=1
 finish() {
@@ -72,6 +84,7 @@ finish() {
          $4 ~ /^exit=/ { printf "%s -> %s in %.1f s\n", line[$3], $4, $1 - t[$3] }' "$E2E_DIR/logs/cni-trace.log" >&2
     grep -m1 ' ADD ' "$E2E_DIR/logs/cni-trace.log" | sed 's/^/first ADD: /' >&2 || true
   fi
+  [ ! -s "$E2E_DIR/bench-node.md" ] || { echo "---- bench-node ----" >&2; cat "$E2E_DIR/bench-node.md" >&2; }
   echo "---- e2e results ----" >&2
   cat "$E2E_DIR/results.txt" >&2 2>/dev/null || echo "(no results: the node did not get to the checks)" >&2
   if [ "$status" = 0 ]; then e2e_log "PASSED in $(since "$T0") s"; else e2e_log "FAILED (status $status) after $(since "$T0") s; logs in ${E2E_DIR#"$E2E_ROOT"/}/{cp/logs,logs}"; fi
@@ -86,6 +99,6 @@ echo "control-plane-ready $(since "$T0")" >>"$E2E_DIR/timings.txt"
 # ---- the node, in the lab VM ----
 export TETHER_LAB_FORWARD=$E2E_API_PORT
 export TETHER_LAB_MEMORY=${TETHER_LAB_MEMORY:-4G}
-export TETHER_LAB_TIMEOUT=${TETHER_E2E_TIMEOUT:-600}
+export TETHER_LAB_TIMEOUT=${TETHER_E2E_TIMEOUT:-1500}
 status=0
 conformance/lab/run.sh "bash $(printf '%q' "$E2E_HERE/node.sh")" || status=$?

@@ -358,7 +358,8 @@ fn doctor_without_the_crd_says_how_to_install_it() {
     let f = findings(&out, "FAIL", "crd");
     assert_eq!(f.len(), 1, "{out}");
     assert!(
-        f[0].contains("kubectl apply -f deploy/crds/ipleases.yaml"),
+        f[0].contains("kubectl apply -f deploy/tether.yaml")
+            && f[0].contains("deploy/crds/ipleases.yaml"),
         "{out}"
     );
     assert!(

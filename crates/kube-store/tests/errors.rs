@@ -61,7 +61,8 @@ fn crd_missing_names_the_manifest() {
     let msg = e.to_string();
     assert!(msg.contains("deploy/crds/ipleases.yaml"), "{msg}");
     assert!(
-        msg.contains("kubectl apply -f deploy/crds/ipleases.yaml"),
+        msg.contains("kubectl apply -f deploy/tether.yaml")
+            && msg.contains("retried by the kubelet"),
         "{msg}"
     );
     assert!(!e.is_transient(), "installing the CRD is an operator's job");

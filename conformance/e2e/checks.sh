@@ -1,0 +1,158 @@
+# shellcheck shell=bash
+# Helpers of the e2e checks (test.sh, test-events.sh), sourced INSIDE the lab VM once the node is
+# Ready. Every wait is bounded; a failed check exits 1 with what it saw.
+# Why not `kubectl exec`: the API server cannot reach this kubelet (see node.sh). Pods are looked
+# into through containerd: the sandbox task's pid, then nsenter.
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+export PATH=/run/e2e/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+K() { kubectl -s http://127.0.0.1:8001 "$@"; }
+CTR() { ctr -n k8s.io "$@"; }
+RES=$E2E_DIR/results.txt
+pass() { echo "PASS $*" | tee -a "$RES" >&2; }
+fail() { echo "FAIL $*" | tee -a "$RES" >&2; exit 1; }
+timing() { echo "$1 $2" >>"$E2E_DIR/timings.txt"; e2e_log "$1: $2 s"; }
+# The management pool of deploy/examples/nad-management-pool.yaml: .241-.250 without .245.
+POOL_RE='^10\.20\.30\.(24[1-46-9]|250)$'
+COMPUTE_RE='^192\.168\.100\.([1-9][0-9]|1[0-9][0-9]|2[0-4][0-9]|250)$'
+LEASES=ipleases.ipam.tether.dev
+
+# wait_for SECONDS COMMAND...: until COMMAND succeeds (once a second); 1 if it never did
+wait_for() {
+  local s=$1; shift
+  local deadline=$(( $(date +%s) + s ))
+  until "$@" >/dev/null 2>&1; do
+    [ "$(date +%s)" -lt "$deadline" ] || return 1
+    sleep 1
+  done
+}
+pod_events() { # namespace pod: the pod's events, oldest first (what `kubectl describe` shows)
+  K -n "$1" get events --field-selector "involvedObject.name=$2" \
+    -o custom-columns=TYPE:.type,REASON:.reason,COUNT:.count,MESSAGE:.message --sort-by=.lastTimestamp 2>&1 || true
+}
+pod_phase() { K -n default get pod "$1" -o jsonpath='{.status.phase}'; }
+pod_uid() { K -n default get pod "$1" -o jsonpath='{.metadata.uid}'; }
+running() { [ "$(pod_phase "$1")" = Running ]; }
+gone() { ! K -n default get pod "$1"; }
+# wait_running SECONDS POD...: every POD Running, or fail with their events
+wait_running() {
+  local s=$1 p; shift
+  all_running() { local q; for q in "$@"; do running "$q" || return 1; done; }
+  if ! wait_for "$s" all_running "$@"; then
+    for p in "$@"; do
+      running "$p" && continue
+      K -n default get pod "$p" -o wide >&2 || true
+      pod_events default "$p" >&2
+    done
+    fail "not Running within $s s: $(for p in "$@"; do running "$p" || printf '%s(%s) ' "$p" "$(pod_phase "$p" 2>/dev/null)"; done)"
+  fi
+}
+# sandbox_id POD: the id of the pod's RUNNING sandbox (after a re-creation the dead one is still listed)
+sandbox_id() {
+  local id
+  for id in $(CTR containers ls -q "labels.\"io.kubernetes.pod.name\"==$1,labels.\"io.kubernetes.pod.namespace\"==default,labels.\"io.cri-containerd.kind\"==sandbox"); do
+    CTR tasks ls | awk -v id="$id" '$1 == id && $3 == "RUNNING" {found = 1} END {exit !found}' && { echo "$id"; return 0; }
+  done
+  return 1
+}
+# sandbox_pid POD: the pid of the pod's running sandbox task (its netns is the pod's)
+sandbox_pid() {
+  local id
+  id=$(sandbox_id "$1") || return 1
+  CTR tasks ls | awk -v id="$id" '$1 == id {print $2}'
+}
+in_pod() { local pid=$1; shift; nsenter -t "$pid" -n "$@"; }
+# addr_of POD IFNAME: the IPv4 address of IFNAME in POD's netns
+addr_of() {
+  local pid
+  pid=$(sandbox_pid "$1") || return 1
+  in_pod "$pid" ip -j addr show dev "$2" | jq -r '.[0].addr_info[] | select(.family == "inet") | .local' | head -n 1
+}
+# assert_ipvlan POD IFNAME REGEX: IFNAME is an l2 ipvlan link whose address matches REGEX; prints it
+assert_ipvlan() {
+  local pid link kind mode addr
+  pid=$(sandbox_pid "$1") || fail "no running sandbox task for $1 in containerd"
+  link=$(in_pod "$pid" ip -j -d addr show dev "$2") || fail "no $2 in $1's netns: $(in_pod "$pid" ip -br addr 2>&1 | tr '\n' ';')"
+  kind=$(jq -r '.[0].linkinfo.info_kind' <<<"$link")
+  mode=$(jq -r '.[0].linkinfo.info_data.mode // empty' <<<"$link")
+  addr=$(jq -r '.[0].addr_info[] | select(.family == "inet") | .local' <<<"$link" | head -n 1)
+  [ "$kind" = ipvlan ] || fail "$2 of $1 is a '$kind' link, not ipvlan: $link"
+  [ "$mode" = l2 ] || fail "$2 of $1 is ipvlan mode '$mode', not l2"
+  [[ "$addr" =~ $3 ]] || fail "$2 of $1 has address '$addr', not one of $3"
+  echo "$addr"
+}
+# ping_from POD IFNAME ADDRESS
+ping_from() {
+  local pid
+  pid=$(sandbox_pid "$1") || fail "no running sandbox for $1"
+  in_pod "$pid" ping -c 1 -W 5 -I "$2" "$3" >/dev/null || fail "$1 cannot ping $3 over $2"
+}
+leases_json() { K get "$LEASES" -o json; }
+lease_of() { # address: that address's IPLease as one line of JSON (none: empty)
+  leases_json | jq -c --arg a "$1" '.items[] | select(.spec.address == $a)'
+}
+lease_state() { lease_of "$1" | jq -r '.spec.state // empty'; }
+# assert_leased ADDRESS POD IFNAME: Leased to POD (name, namespace, UID) on this node for IFNAME
+assert_leased() {
+  local lease uid
+  lease=$(lease_of "$1")
+  uid=$(pod_uid "$2")
+  jq -e --arg p "$2" --arg u "$uid" --arg n "$E2E_NODE" --arg i "$3" \
+    '.spec.state == "Leased" and .spec.pod.name == $p and .spec.pod.namespace == "default" and .spec.pod.uid == $u and .spec.node == $n and .spec.ifname == $i' \
+    <<<"$lease" >/dev/null || fail "IPLease of $1 is not Leased to default/$2 (uid $uid) $3 on $E2E_NODE: ${lease:-none}"
+}
+released() { [ "$(lease_state "$1")" = Released ]; }
+# event_text POD REASON: the message of the newest REASON event of POD (empty if none)
+event_text() {
+  K -n default get events --field-selector "involvedObject.name=$1,reason=$2" --sort-by=.lastTimestamp \
+    -o jsonpath='{range .items[*]}{.message}{"\n"}{end}' 2>/dev/null | tail -n 1
+}
+has_event() { [ -n "$(event_text "$1" "$2")" ]; }
+event_count() { # POD REASON: how many times REASON was reported for POD (events aggregate repeats)
+  K -n default get events --field-selector "involvedObject.name=$1,reason=$2" -o json 2>/dev/null |
+    jq '[.items[].count // 1] | add // 0'
+}
+# busybox_pod NAME NETWORKS_JSON: a pod on the cluster network plus the selected networks
+busybox_pod() {
+  K apply -f - >&2 <<EOF || fail "creating pod $1"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $1
+  namespace: default
+  annotations:
+    k8s.v1.cni.cncf.io/networks: '$2'
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: localhost/kubelet-lab/busybox:1.35
+    imagePullPolicy: Never
+    command: ["/bin/sh", "-c", "exec sleep 3600"]
+EOF
+}
+# nad NAME MASTER RANGE: a NAD as users write one (no "name": Multus names the network after the NAD)
+nad() {
+  K apply -f - >&2 <<EOF || fail "creating NAD $1"
+apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {name: $1, namespace: default}
+spec:
+  config: |
+    {"cniVersion": "1.0.0", "type": "tether-ipvlan", "master": "$2", "mode": "l2",
+     "ipam": {"type": "tether-ipam", "range": "$3",
+              "kubernetes": {"kubeconfig": "/etc/cni/net.d/tether.d/tether.kubeconfig"}}}
+EOF
+}
+# delete_pods SECONDS POD...: delete and wait until gone
+delete_pods() {
+  local s=$1 p; shift
+  K -n default delete pod "$@" --wait=false >&2 || true
+  all_gone() { local q; for q in "$@"; do gone "$q" || return 1; done; }
+  wait_for "$s" all_gone "$@" || fail "still in the API $s s after delete: $*"
+}
+agent_pod() { K -n kube-system get pods -l app.kubernetes.io/name=tether -o json | jq -r '[.items[] | select(.metadata.deletionTimestamp == null)][0].metadata.name // empty'; }
+agent_ready() {
+  local p
+  p=$(agent_pod)
+  [ -n "$p" ] && [ "$(K -n kube-system get pod "$p" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]
+}

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The e2e checks, part 2 (after test.sh, in the lab VM): what a user sees when something is wrong.
+# Each fault is made for real, the pod's FailedCreatePodSandBox event (what `kubectl describe pod`
+# shows) must name the network and the cause and say what to do, nothing may stay leased for the
+# failed pod, and once the cause is fixed the pod must start by itself (the kubelet retries).
+#
+#   1. An exhausted pool (NAD tiny: one address, held by another pod) → freed by deleting that pod.
+#   2. A fixed address in use on the wire (10.20.30.239 configured in netns e2e-wire) → removed there.
+#   3. A master that is down (enp7s0, administratively down) → `ip link set enp7s0 up`.
+#   4. "store": "kubernetes" without a kubeconfig: the pod does not start, and it can be deleted
+#      (its DEL succeeds although no ADD can work with that config).
+#   5. The IPLease CRD missing (deleted, with no pod holding a tether address) → deploy/tether.yaml
+#      applied again.
+# Times: fault seen (event) and fixed → Running, in $E2E_DIR/timings.txt.
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/checks.sh"
+
+# expect_event POD WHAT STRING...: POD not Running, a FailedCreatePodSandBox event containing every STRING
+expect_event() {
+  local pod=$1 what=$2 msg s t; shift 2
+  t=$(now)
+  wait_for 120 has_event "$pod" FailedCreatePodSandBox || { pod_events default "$pod" >&2; fail "$what: no FailedCreatePodSandBox event for $pod in 120 s"; }
+  timing "$what-create-to-event" "$(since "$t")"
+  [ "$(pod_phase "$pod")" != Running ] || fail "$what: $pod is Running"
+  msg=$(event_text "$pod" FailedCreatePodSandBox)
+  echo "$msg" >"$E2E_DIR/event-$what.txt"
+  for s in "$@"; do
+    [[ "$msg" == *"$s"* ]] || fail "$what: the event of $pod does not say '$s': $msg"
+  done
+  [ -z "$(leases_json | jq -r --arg p "$pod" '.items[] | select(.spec.pod.name == $p and .spec.state == "Leased") | .spec.address')" ] ||
+    fail "$what: $pod holds a lease although its sandbox failed"
+  pass "$what: $pod not started, nothing leased; kubectl describe shows: ${msg#*error adding container to network }"
+}
+# recovers POD WHAT: after the fix, POD Running by itself (no one touches it)
+recovers() {
+  local t
+  t=$(now)
+  wait_running "${TETHER_E2E_RECOVER_TIMEOUT:-180}" "$1"
+  timing "$2-fixed-to-running" "$(since "$t")"
+}
+
+# ---- 1. an exhausted pool ------------------------------------------------------------------------
+nad tiny enp5s0 10.20.30.200-10.20.30.200/24
+busybox_pod tiny-a '[{"name": "tiny", "interface": "net1"}]'
+wait_running 180 tiny-a
+[ "$(addr_of tiny-a net1)" = 10.20.30.200 ] || fail "tiny-a has net1 $(addr_of tiny-a net1), not the pool's one address"
+busybox_pod tiny-b '[{"name": "tiny", "interface": "net1"}]'
+expect_event tiny-b exhausted 'error adding container to network "tiny"' 'no free address in range' \
+  '10.20.30.200' 'of network tiny' '1 leased' 'delete pods that no longer need this network or widen the range'
+delete_pods 120 tiny-a
+recovers tiny-b exhausted
+[ "$(addr_of tiny-b net1)" = 10.20.30.200 ] || fail "tiny-b started with net1 $(addr_of tiny-b net1), not 10.20.30.200"
+assert_leased 10.20.30.200 tiny-b net1
+pass "exhausted: tiny-a deleted → tiny-b Running by itself with 10.20.30.200"
+delete_pods 120 tiny-b
+
+# ---- 2. a fixed address in use on the wire -------------------------------------------------------
+ip -n e2e-wire addr add 10.20.30.239/24 dev wire0
+mac=$(ip -n e2e-wire -j link show dev wire0 | jq -r '.[0].address')
+busybox_pod fixed-b '[{"name": "mgmt-fixed", "interface": "net1", "ips": ["10.20.30.239/24"]}]'
+expect_event fixed-b in-use 'error adding container to network "mgmt-fixed"' \
+  "requested address 10.20.30.239 of network mgmt-fixed is already in use on the segment by MAC $mac" \
+  'free it on the host with that MAC, or request another address'
+ip -n e2e-wire addr del 10.20.30.239/24 dev wire0
+recovers fixed-b in-use
+[ "$(addr_of fixed-b net1)" = 10.20.30.239 ] || fail "fixed-b started with net1 $(addr_of fixed-b net1), not 10.20.30.239"
+assert_leased 10.20.30.239 fixed-b net1
+pass "in-use: 10.20.30.239 removed from the wire → fixed-b Running by itself with it"
+delete_pods 120 fixed-b
+
+# ---- 3. a master that is down ----------------------------------------------------------------------
+ip link set enp7s0 down
+nad side enp7s0 10.30.0.10-10.30.0.20/24
+busybox_pod side-a '[{"name": "side", "interface": "net1"}]'
+expect_event side-a master-down 'error adding container to network "side"' \
+  'master interface "enp7s0" on the host is administratively down' 'ip link set enp7s0 up' \
+  'retries the pod by itself'
+ip link set enp7s0 up
+recovers side-a master-down
+assert_ipvlan side-a net1 '^10\.30\.0\.(1[0-9]|20)$' >/dev/null
+pass "master-down: enp7s0 brought up → side-a Running by itself"
+delete_pods 120 side-a
+
+# ---- 4. "store": "kubernetes" and no kubeconfig ------------------------------------------------
+# Under containerd a CNI plugin gets no KUBERNETES_SERVICE_HOST and no KUBECONFIG.
+K apply -f - >&2 <<'EOF' || fail "creating NAD mgmt-nokubeconfig"
+apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {name: mgmt-nokubeconfig, namespace: default}
+spec:
+  config: |
+    {"cniVersion": "1.0.0", "type": "tether-ipvlan", "master": "enp5s0",
+     "ipam": {"type": "tether-ipam", "range": "10.20.30.241-10.20.30.250/24", "store": "kubernetes"}}
+EOF
+busybox_pod nokubeconfig '[{"name": "mgmt-nokubeconfig", "interface": "net1"}]'
+expect_event nokubeconfig nokubeconfig 'error adding container to network "mgmt-nokubeconfig"' \
+  'no Kubernetes credentials for the lease store' 'set ipam.kubernetes.kubeconfig'
+# containerd calls DEL for the failed sandbox, and again on every StopPodSandbox, with the ADD's
+# configuration. Seen on the first runs: tether-ipam's DEL failed like the ADD, so the pod stayed
+# Terminating for ever (FailedKillPod); DEL now succeeds under a configuration no ADD can work with.
+t=$(now)
+K -n default delete pod nokubeconfig --wait=false >&2
+if ! wait_for 60 gone nokubeconfig; then
+  fk=$(event_text nokubeconfig FailedKillPod)
+  K -n default delete pod nokubeconfig --force --grace-period=0 >&2 2>/dev/null || true
+  fail "nokubeconfig stuck Terminating 60 s after delete: its CNI DEL fails (FailedKillPod: ${fk:0:300})"
+fi
+timing delete-failed-pod-to-gone "$(since "$t")"
+pass "nokubeconfig deleted (its DEL succeeds)"
+
+# ---- 5. the IPLease CRD missing ------------------------------------------------------------------
+# Deleting the CRD deletes every IPLease: first every pod holding a tether address goes, or the
+# next ADD could hand out an address a running pod still has.
+K -n default delete statefulset trainer >&2
+delete_pods 180 trainer-0 trainer-1 login
+K delete crd "$LEASES" >&2
+crd_gone() { ! K get crd "$LEASES"; }
+wait_for 60 crd_gone || fail "the IPLease CRD is still there 60 s after delete"
+busybox_pod crd-a '[{"name": "mgmt-pool", "interface": "net1"}]'
+expect_event crd-a crd-missing 'error adding container to network "mgmt-pool"' \
+  "the IPLease custom resource ($LEASES) is not installed" 'kubectl apply -f'
+K apply -f "$E2E_ROOT/deploy/tether.yaml" >&2 || fail "kubectl apply -f deploy/tether.yaml (again)"
+recovers crd-a crd-missing
+a=$(assert_ipvlan crd-a net1 "$POOL_RE")
+assert_leased "$a" crd-a net1
+wait_for 120 agent_ready || fail "the node-agent is not Ready after the CRD came back"
+pass "crd-missing: deploy/tether.yaml applied again → crd-a Running by itself with $a; the node-agent Ready"
+delete_pods 120 crd-a

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The e2e checks, part 3 and last (it ends the node): `kubectl delete node` with the real
+# kube-controller-manager's pod GC, and tether's controller reclaiming the node's leases.
+#
+# The controller must outlive the node, as it does on a control-plane node of a real cluster. This
+# cluster has one node, which deploy/tether.yaml's controller Deployment does not select (it asks
+# for node-role.kubernetes.io/control-plane), so `tether controller` runs here as a process outside
+# the kubelet, from the image's binary, with a token of its own ServiceAccount (tether-controller,
+# the manifest's RBAC) and the Deployment's flags.
+#
+#   1. Two pods on mgmt-pool + compute, Running, four leases Leased.
+#   2. The kubelet stopped (the node goes silent; its containers keep running), the Node deleted.
+#   3. The pod GC controller deletes the node's pods; the controller releases all four leases
+#      (confirmed by a GET of each pod) within 30 s of the later of the pods' deletion and the end
+#      of the leases' grace (30 s here: these pods are young). Time from the Node's deletion.
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/checks.sh"
+W=/run/e2e
+
+busybox_pod gone-a '[{"name": "mgmt-pool", "interface": "net1"}, {"name": "compute", "interface": "net2"}]'
+busybox_pod gone-b '[{"name": "mgmt-pool", "interface": "net1"}, {"name": "compute", "interface": "net2"}]'
+wait_running 240 gone-a gone-b
+ADDRS=()
+for p in gone-a gone-b; do
+  a1=$(assert_ipvlan $p net1 "$POOL_RE"); a2=$(assert_ipvlan $p net2 "$COMPUTE_RE")
+  assert_leased "$a1" $p net1; assert_leased "$a2" $p net2
+  ADDRS+=("$a1" "$a2")
+done
+pass "gone-a and gone-b Running; ${ADDRS[*]} Leased"
+
+# ---- the controller, outside the node --------------------------------------------------------
+token=$(K -n kube-system create token tether-controller --duration=2h) || fail "kubectl create token tether-controller"
+cat >"$W/controller.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: e2e
+  cluster: {server: "https://$E2E_GUEST_API_HOST:$E2E_API_PORT", certificate-authority: "$E2E_DIR/cp/pki/ca.crt"}
+users:
+- name: tether-controller
+  user: {token: "$token"}
+contexts:
+- name: e2e
+  context: {cluster: e2e, user: tether-controller}
+current-context: e2e
+EOF
+chmod 600 "$W/controller.kubeconfig"
+cp "$E2E_ROOT/target/image/tether" "$W/bin/tether"
+# The Deployment's flags (deploy/tether.yaml), but its metrics address and a grace of 30 s (not
+# 120): these pods are young, and the run waits for their grace to end.
+POD_NAME=e2e-controller-outside POD_NAMESPACE=kube-system setsid nohup "$W/bin/tether" controller \
+  --kubeconfig "$W/controller.kubeconfig" --interval-s=60 --node-lost-grace-s=240 --grace-s=30 --metrics-addr=127.0.0.1:9465 \
+  >"$W/logs/controller.log" 2>&1 </dev/null &
+echo $! >"$W/pids/controller.pid"
+leads() { grep -q "leads" "$W/logs/controller.log"; }
+wait_for 60 leads || { tail -20 "$W/logs/controller.log" >&2; fail "the controller did not take the leader lease in 60 s"; }
+pass "tether controller (ServiceAccount tether-controller, outside the node) leads"
+# While it leads it reports the cluster's pools, read from the NADs with its own RBAC.
+pools() { curl -s --max-time 5 http://127.0.0.1:9465/metrics | grep -q '^tether_pool_size{.*network="mgmt-pool"'; }
+wait_for 90 pools || fail "the controller reports no tether_pool_size for mgmt-pool: $(grep -m2 -i 'forbid\|error' "$W/logs/controller.log")"
+pass "the leading controller reports the pools (tether_pool_size of mgmt-pool)"
+
+# ---- the node goes away ------------------------------------------------------------------------
+stop_pidfile "$W/pids/kubelet.pid" kubelet 20
+t=$(now)
+K delete node "$E2E_NODE" --wait=false >&2 || fail "kubectl delete node $E2E_NODE"
+pods_gone() { gone gone-a && gone gone-b; }
+all_released() { local a; for a in "${ADDRS[@]}"; do released "$a" || return 1; done; }
+wait_for 180 pods_gone || fail "the pod GC did not delete gone-a/gone-b within 180 s of the node's deletion"
+timing node-deleted-to-pods-gc "$(since "$t")"
+gc_done=$(date +%s)
+# The grace (--grace-s 30 above): no lease younger than that is released.
+grace_end=$(( $(for a in "${ADDRS[@]}"; do date -d "$(lease_of "$a" | jq -r .spec.since)" +%s; done | sort -n | tail -n 1) + 30 ))
+bound=$(( (gc_done > grace_end ? gc_done : grace_end) + 30 - $(date +%s) ))
+wait_for "$(( bound > 1 ? bound : 1 ))" all_released || { tail -30 "$W/logs/controller.log" >&2; fail "leases of the deleted node not Released within 30 s of the pods' deletion and the grace's end: $(for a in "${ADDRS[@]}"; do printf '%s=%s ' "$a" "$(lease_state "$a")"; done)"; }
+timing node-deleted-to-leases-released "$(since "$t")"
+timing grace-end-or-gc-to-leases-released "$(( $(date +%s) - (gc_done > grace_end ? gc_done : grace_end) ))"
+pass "node $E2E_NODE deleted: its pods garbage-collected and all four leases Released $(since "$t") s after the Node's deletion"
+stop_pidfile "$W/pids/controller.pid" tether
+pass "all checks"
