@@ -682,16 +682,16 @@ impl Reconciler {
                 }
             };
             // No cache of other nodes' pods: with an empty index every old Leased record is a
-            // candidate, and judge() decides on a GET of its pod. Its young ones do not schedule
-            // passes here (the sweep runs in periodic passes only).
+            // candidate, and judge() decides on a GET of its pod. A young one asks for a pass when
+            // its grace ends: seen on the e2e node, a deleted node's pods younger than the grace
+            // otherwise waited for the next periodic pass.
             let pods = PodIndex::new();
-            let (due, alive) = (r.next_due, r.confirmed_alive);
+            let alive = r.confirmed_alive;
             log::info!(
                 "reconcile: node {label} runs no node-agent pod; judging its {} lease record(s)",
                 leases.len()
             );
             self.judge(StoreName::Kubernetes, &leases, &pods, now, store, r);
-            r.next_due = due;
             // Pods of a node that is gone still exist until the pod GC controller deletes them
             // (tens of seconds after the node): look again soon rather than a whole interval on.
             if r.confirmed_alive > alive {
