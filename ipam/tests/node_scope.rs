@@ -298,20 +298,8 @@ fn a_deleted_nodes_pods_collected_together_are_reclaimed_within_seconds() {
                       "ipam": {"type": "tether-ipam", "range": "10.142.5.0/28", "probe": false}});
     let kc = controller_kubeconfig(&env);
     clear_election();
-    // As controller() starts it, but with a grace: the periodic pass is 600 s away.
-    let _controller = Kill(
-        std::process::Command::new(env!("CARGO_BIN_EXE_tether"))
-            .args(["controller", "--grace-s", "8", "--interval-s", "600"])
-            .args(["--agent-namespace", AGENT_NS, "--kubeconfig"])
-            .arg(&kc)
-            .env("POD_NAME", "ctl-gc")
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .env_remove("KUBECONFIG")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    // A grace of 8 s; the periodic pass is 600 s away.
+    let _controller = controller(&kc, "ctl-gc", &["--grace-s", "8"]);
     std::thread::sleep(Duration::from_secs(3));
     // A real pod on node B, and its lease under its real UID.
     let ns = env.name("train");

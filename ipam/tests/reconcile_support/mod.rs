@@ -850,12 +850,18 @@ pub fn kubectl() -> PathBuf {
         })
 }
 
-/// A long-running `tether controller` (interval 600 s, then `extra` flags) as the pod `pod`;
-/// killed when dropped.
+/// A long-running `tether controller` (interval 600 s, grace 0 unless `extra` sets one, then
+/// `extra` flags) as the pod `pod`; killed when dropped.
 pub fn controller(kubeconfig: &Path, pod: &str, extra: &[&str]) -> Kill {
+    let grace: &[&str] = if extra.contains(&"--grace-s") {
+        &[]
+    } else {
+        &["--grace-s", "0"]
+    };
     Kill(
         std::process::Command::new(env!("CARGO_BIN_EXE_tether"))
-            .args(["controller", "--grace-s", "0", "--interval-s", "600"])
+            .args(["controller", "--interval-s", "600"])
+            .args(grace)
             .args(extra)
             .args(["--agent-namespace", AGENT_NS, "--kubeconfig"])
             .arg(kubeconfig)
