@@ -111,9 +111,14 @@ create(f"{RBAC}/clusterrolebindings", {
     "subjects": [{"kind": "ServiceAccount", "name": "multus", "namespace": "kube-system"}],
 })
 # tether's, exactly as shipped (deploy/base/rbac.yaml).
+# The namespaced ones (the plugin-token Role) go where kustomize puts them: kube-system.
+RBAC_PATHS = {"ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings",
+              "Role": "namespaces/kube-system/roles", "RoleBinding": "namespaces/kube-system/rolebindings"}
 for d in yaml_docs(TETHER_RBAC):
     k = kind(d)
-    create(f"{RBAC}/{'clusterroles' if k == 'ClusterRole' else 'clusterrolebindings'}", d, "application/yaml")
+    if k not in RBAC_PATHS:
+        sys.exit(f"setup-api: {TETHER_RBAC}: no path for kind {k}")
+    create(f"{RBAC}/{RBAC_PATHS[k]}", d, "application/yaml")
 
 # tether's node-scope policy, exactly as shipped.
 ADM = "/apis/admissionregistration.k8s.io/v1"
