@@ -243,8 +243,14 @@ impl TrustedDir {
                 }
             }
         };
-        // A symlink must not lead out of the allowed places either.
-        check_place(key, &resolved, place)?;
+        // A symlink must not lead out of the allowed places either: what the path really names,
+        // the resolved part and the parts still to create (a fresh node has no /var/lib/cni yet,
+        // and /var/lib alone is a root, not a place below one).
+        let target: PathBuf = missing
+            .iter()
+            .rev()
+            .fold(resolved.clone(), |p, n| p.join(n));
+        check_place(key, &target, place)?;
         let untrusted = |dir: &Path, reason: String| TrustError::Untrusted {
             key: key.to_string(),
             path: path.to_path_buf(),
@@ -491,6 +497,20 @@ mod tests {
         std::fs::create_dir_all(&d).unwrap();
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
         d
+    }
+
+    /// A fresh node: nothing of the path exists below the root it is in (no /var/lib/cni yet).
+    #[test]
+    fn creates_a_path_whose_first_directory_below_the_root_is_missing() {
+        let top = std::env::temp_dir().join(format!("tether-trusted-fresh-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&top);
+        let dir = top.join("cni/tether");
+        let d = TrustedDir::open("ipam.dataDir", &dir, Place::State, true)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(d.path(), dir);
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        std::fs::remove_dir_all(&top).unwrap();
     }
 
     #[test]
