@@ -13,5 +13,5 @@ fn main() {
         );
         std::process::exit(2);
     }
-    tether_cni::run_main(&tether_ipam::plugin::Cni::default())
+    tether_cni::run_main(&tether_ipam::plugin::Ipam)
 }

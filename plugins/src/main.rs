@@ -1,7 +1,7 @@
 //! tether-ipvlan: the CNI entry point. Parsing and validation live in tether-cni, the work in
 //! tether-attach; attacher errors become CNI codes in `tether_attach::error`.
 
-use tether_cni::{CniError, CniResult, Plugin, Request};
+use tether_cni::{Added, CniError, Plugin, Request};
 
 struct Ipvlan;
 
@@ -9,8 +9,10 @@ impl Plugin for Ipvlan {
     fn name(&self) -> &'static str {
         "tether-ipvlan"
     }
-    fn add(&self, req: &Request) -> Result<CniResult, CniError> {
-        tether_attach::add(req).map_err(CniError::from)
+    fn add(&self, req: &Request) -> Result<Added, CniError> {
+        tether_attach::add(req)
+            .map(Added::from)
+            .map_err(CniError::from)
     }
     fn del(&self, req: &Request) -> Result<(), CniError> {
         tether_attach::del(req).map_err(CniError::from)

@@ -22,6 +22,6 @@ pub mod version;
 pub use config::NetConf;
 pub use env::{Command, Env};
 pub use error::{CniError, code};
-pub use plugin::{Plugin, Request, dispatch, run_main};
+pub use plugin::{Added, Plugin, Request, dispatch, run_main};
 pub use result::CniResult;
 pub use version::Version;

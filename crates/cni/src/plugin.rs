@@ -1,8 +1,10 @@
 //! The dispatcher every tether binary runs: read the environment and stdin, validate, call the plugin
 //! for the verb, print exactly one Result or one error on stdout.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::io::{Read, Write};
+use std::net::IpAddr;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use crate::config::{NetConf, sniff_version};
@@ -31,24 +33,38 @@ impl Request {
     }
 }
 
+/// What a successful ADD hands the dispatcher, by value.
+pub struct Added {
+    pub result: CniResult,
+    /// Addresses of `result` probed on the wire and found unused: printed under
+    /// [`crate::result::PROBED_KEY`], the one note from tether-ipam to tether-ipvlan (runtimes ignore
+    /// unknown keys).
+    pub probed: Vec<IpAddr>,
+    /// Dropped by [`run_main`] only once the reply is written and stdout and stderr are closed:
+    /// what would delay the caller to release (tether-ipam's probe sockets, each close waiting out
+    /// an RCU grace period; tether-ipvlan acts on the Result as soon as it reads EOF).
+    pub linger: Option<Box<dyn Any>>,
+}
+
+impl From<CniResult> for Added {
+    fn from(result: CniResult) -> Added {
+        Added {
+            result,
+            probed: Vec::new(),
+            linger: None,
+        }
+    }
+}
+
 /// A CNI plugin: one method per verb. VERSION and all input validation are handled by [`dispatch`].
 pub trait Plugin {
     /// Binary name, for logs and the "about" line.
     fn name(&self) -> &'static str;
-    fn add(&self, req: &Request) -> Result<CniResult, CniError>;
+    fn add(&self, req: &Request) -> Result<Added, CniError>;
     fn del(&self, req: &Request) -> Result<(), CniError>;
     fn check(&self, req: &Request) -> Result<(), CniError>;
     fn status(&self, req: &Request) -> Result<(), CniError>;
     fn gc(&self, req: &Request) -> Result<(), CniError>;
-    /// Top-level keys to add to the Result of a successful ADD, beyond the spec's: a private note from
-    /// one tether plugin to the other (see [`crate::result::PROBED_KEY`]); runtimes ignore unknown keys.
-    fn result_extras(&self) -> serde_json::Map<String, serde_json::Value> {
-        serde_json::Map::new()
-    }
-    /// Called by [`run_main`] once the reply is written and stdout and stderr are closed, just before
-    /// the process exits: work that need not delay the caller (tether-ipam closes its probe sockets
-    /// here; tether-ipvlan acts on the Result as soon as it reads EOF). Nothing it logs is seen.
-    fn after_reply(&self) {}
 }
 
 /// Run as a CNI plugin with the process's environment and standard streams, then exit.
@@ -57,7 +73,7 @@ pub fn run_main<P: Plugin>(plugin: &P) -> ! {
     // A panic becomes a CNI error below; the hook only logs it, without a backtrace on the runtime's stderr.
     std::panic::set_hook(Box::new(|info| log::error!("internal error: {info}")));
     let vars: HashMap<String, String> = std::env::vars().collect();
-    let status = dispatch(
+    let (status, linger) = serve(
         plugin,
         &vars,
         &mut std::io::stdin().lock(),
@@ -65,7 +81,7 @@ pub fn run_main<P: Plugin>(plugin: &P) -> ! {
         &mut std::io::stderr(),
     );
     close_output();
-    plugin.after_reply();
+    drop(linger);
     std::process::exit(status)
 }
 
@@ -96,6 +112,17 @@ pub fn dispatch<P: Plugin>(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> i32 {
+    serve(plugin, vars, stdin, stdout, stderr).0
+}
+
+/// [`dispatch`], also returning what a successful ADD asked to keep until the reply is out.
+fn serve<P: Plugin>(
+    plugin: &P,
+    vars: &HashMap<String, String>,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> (i32, Option<Box<dyn Any>>) {
     let command = match vars.get("CNI_COMMAND").map(String::as_str) {
         None | Some("") => {
             let _ = writeln!(
@@ -105,16 +132,19 @@ pub fn dispatch<P: Plugin>(
                 env!("CARGO_PKG_VERSION"),
                 SUPPORTED.join(", ")
             );
-            return 0;
+            return (0, None);
         }
         Some(c) => c,
     };
     let mut raw = Vec::new();
     if let Err(e) = stdin.take(MAX_STDIN as u64 + 1).read_to_end(&mut raw) {
-        return fail(
-            stdout,
-            LATEST,
-            &CniError::new(code::IO, format!("reading stdin: {e}")),
+        return (
+            fail(
+                stdout,
+                LATEST,
+                &CniError::new(code::IO, format!("reading stdin: {e}")),
+            ),
+            None,
         );
     }
     if raw.len() > MAX_STDIN {
@@ -122,14 +152,14 @@ pub fn dispatch<P: Plugin>(
             "the network configuration on stdin is larger than {} MiB; nothing was done",
             MAX_STDIN >> 20
         ));
-        return fail(stdout, LATEST, &e);
+        return (fail(stdout, LATEST, &e), None);
     }
     let sniffed = sniff_version(&raw).filter(|v| !v.is_empty());
     let Some(command) = Command::parse(command) else {
         let e = CniError::invalid_env(format!(
             "CNI_COMMAND {command:?} is unknown; expected ADD, DEL, CHECK, STATUS, GC or VERSION"
         ));
-        return fail(stdout, sniffed.as_deref().unwrap_or(LATEST), &e);
+        return (fail(stdout, sniffed.as_deref().unwrap_or(LATEST), &e), None);
     };
     if command == Command::Version {
         let _ = writeln!(
@@ -137,7 +167,7 @@ pub fn dispatch<P: Plugin>(
             "{}",
             version::version_info(sniffed.as_deref().unwrap_or(LATEST))
         );
-        return 0;
+        return (0, None);
     }
     // Errors are stamped with the config's version when it is one we speak, else the newest.
     let stamp = sniffed
@@ -148,20 +178,16 @@ pub fn dispatch<P: Plugin>(
 
     let outcome = run_verb(plugin, command, vars, &raw);
     match outcome {
-        Ok(Some((result, v))) => {
-            let mut out = result.to_value(v);
-            if let Some(o) = out.as_object_mut() {
-                for (k, x) in plugin.result_extras() {
-                    o.entry(k).or_insert(x);
-                }
-            }
+        Ok(Some((added, v))) => {
+            let mut out = added.result.to_value(v);
+            crate::result::note_probed(&mut out, &added.probed);
             let _ = writeln!(stdout, "{out}");
-            0
+            (0, added.linger)
         }
-        Ok(None) => 0,
+        Ok(None) => (0, None),
         Err(e) => {
             log::warn!("{} {} failed: {e}", plugin.name(), command.as_str());
-            fail(stdout, &stamp, &e)
+            (fail(stdout, &stamp, &e), None)
         }
     }
 }
@@ -173,7 +199,7 @@ fn run_verb<P: Plugin>(
     command: Command,
     vars: &HashMap<String, String>,
     raw: &[u8],
-) -> Result<Option<(CniResult, Version)>, CniError> {
+) -> Result<Option<(Added, Version)>, CniError> {
     let env = Env::from_vars(command, vars)?;
     let conf = NetConf::parse(raw)?;
     gate_version(command, conf.version)?;
@@ -247,17 +273,22 @@ mod tests {
         fn name(&self) -> &'static str {
             "fake"
         }
-        fn add(&self, req: &Request) -> Result<CniResult, CniError> {
+        fn add(&self, req: &Request) -> Result<Added, CniError> {
             if req.conf.value.contains_key("panic") {
                 panic!("boom at {}", req.env.ifname());
             }
-            Ok(CniResult {
+            let result = CniResult {
                 ips: vec![IpConfig {
                     address: "10.1.2.9/24".parse().unwrap(),
                     gateway: None,
                     interface: None,
                 }],
                 ..Default::default()
+            };
+            Ok(Added {
+                result,
+                probed: vec!["10.1.2.9".parse().unwrap()],
+                linger: Some(Box::new("probe sockets")),
             })
         }
         fn del(&self, _: &Request) -> Result<(), CniError> {
@@ -271,15 +302,6 @@ mod tests {
         }
         fn gc(&self, _: &Request) -> Result<(), CniError> {
             Ok(())
-        }
-        fn result_extras(&self) -> serde_json::Map<String, Value> {
-            // A key of the spec is never overwritten by an extra.
-            [
-                ("tetherNote".to_string(), Value::from(1)),
-                ("ips".to_string(), Value::Null),
-            ]
-            .into_iter()
-            .collect()
         }
     }
 
@@ -406,8 +428,35 @@ mod tests {
                 v.starts_with('0'),
                 "{v}"
             );
-            assert_eq!(r["tetherNote"], 1, "the plugin's extra key");
+            assert_eq!(
+                r[crate::result::PROBED_KEY],
+                serde_json::json!(["10.1.2.9"]),
+                "the probed note"
+            );
         }
+    }
+
+    #[test]
+    fn what_an_add_keeps_comes_back_for_after_the_reply() {
+        let vars: HashMap<String, String> = [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "c1"),
+            ("CNI_NETNS", "/run/netns/p"),
+            ("CNI_IFNAME", "net1"),
+            ("CNI_PATH", "/opt/cni/bin"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let (mut o, mut e) = (Vec::new(), Vec::new());
+        let (status, linger) = serve(&Fake, &vars, &mut conf("1.1.0").as_bytes(), &mut o, &mut e);
+        assert_eq!(status, 0);
+        assert!(
+            !o.is_empty(),
+            "the reply is written before the linger is handed back"
+        );
+        let kept = linger.expect("the ADD's linger");
+        assert_eq!(kept.downcast_ref::<&str>(), Some(&"probe sockets"));
     }
 
     #[test]

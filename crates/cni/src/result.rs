@@ -13,6 +13,15 @@ use crate::version::Version;
 /// instead of sitting out the kernel's DAD too, and leaves the key out of its own Result.
 pub const PROBED_KEY: &str = "tetherProbed";
 
+/// Note `probed` in a printed Result under [`PROBED_KEY`] (nothing when empty): the writer of the key
+/// whose reader is [`probed_addresses`].
+pub fn note_probed(out: &mut Value, probed: &[IpAddr]) {
+    if let (Some(o), false) = (out.as_object_mut(), probed.is_empty()) {
+        let list = probed.iter().map(|a| Value::from(a.to_string())).collect();
+        o.insert(PROBED_KEY.to_string(), Value::Array(list));
+    }
+}
+
 /// The addresses a delegate's raw Result lists under [`PROBED_KEY`] (none when absent or malformed).
 pub fn probed_addresses(raw: &Value) -> Vec<IpAddr> {
     raw.get(PROBED_KEY)
@@ -307,6 +316,18 @@ mod tests {
         // The Result model drops the key, so a plugin never passes it on.
         let r = CniResult::from_value(&raw).unwrap();
         assert!(r.to_value(Version::V1_1_0).get(PROBED_KEY).is_none());
+    }
+
+    #[test]
+    fn a_noted_probe_reads_back_and_none_writes_no_key() {
+        let probed: Vec<IpAddr> = vec!["10.1.2.9".parse().unwrap(), "fd00::9".parse().unwrap()];
+        let mut out = sample().to_value(Version::V1_1_0);
+        note_probed(&mut out, &probed);
+        assert_eq!(probed_addresses(&out), probed);
+        assert_eq!(CniResult::from_value(&out).unwrap(), sample());
+        let mut none = sample().to_value(Version::V1_1_0);
+        note_probed(&mut none, &[]);
+        assert!(none.get(PROBED_KEY).is_none(), "{none}");
     }
 
     #[test]

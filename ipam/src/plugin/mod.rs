@@ -3,16 +3,14 @@
 //!
 //! The engine and the store live in tether-leases, ranges and config in tether-pool, probing in
 //! tether-wire (through [`prober`]). This crate wires them to the CNI verbs and maps their errors to
-//! CNI codes in one place ([`to_cni`]).
+//! CNI codes in one place ([`to_cni`]). Each verb builds one [`Context`] (one store connection, one
+//! time budget) and passes it by reference; an ADD that is redone after a late probe answer reuses it.
 
-mod cni;
 pub mod prober;
 pub mod requests;
 
-pub use cni::Cni;
-
 use tether_cni::result::{Dns as CniDns, IpConfig, Route as CniRoute};
-use tether_cni::{CniError, CniResult, Plugin, Request, code};
+use tether_cni::{Added, CniError, CniResult, Plugin, Request, code};
 use tether_kube_store::{KubeSettings, KubeStore, KubeStoreError};
 
 /// The node journal of the Kubernetes store, under `dataDir`.
@@ -23,6 +21,7 @@ use tether_leases::{
 };
 use tether_pool::{ConfigError, PoolConfig, ProbeConfig, StoreKind};
 
+/// The plugin: one method per CNI verb.
 pub struct Ipam;
 
 /// Every engine error becomes a CNI error here, and only here.
@@ -169,6 +168,20 @@ impl Context {
         Allocator::from_config(&self.cfg, self.store.get(), prober, &SystemClock)
     }
 
+    /// One allocation attempt with `prober`, as the Result.
+    fn allocate(&self, add: &AddRequest, prober: &dyn Prober) -> Result<CniResult, CniError> {
+        let leases = self.allocator(prober).add(add).map_err(to_cni)?;
+        Ok(self.result(&leases))
+    }
+
+    /// Release what `req`'s attachment holds.
+    fn release(&self, req: &Request) -> Result<(), CniError> {
+        self.allocator(&NoProbe)
+            .del(req.env.container_id(), req.env.ifname())
+            .map(|_| ())
+            .map_err(to_cni)
+    }
+
     /// The Result for the leases, in range order.
     fn result(&self, leases: &[Lease]) -> CniResult {
         let ips = leases
@@ -215,7 +228,7 @@ impl Plugin for Ipam {
         "tether-ipam"
     }
 
-    fn add(&self, req: &Request) -> Result<CniResult, CniError> {
+    fn add(&self, req: &Request) -> Result<Added, CniError> {
         let ctx = Context::new(req)?;
         let add = AddRequest {
             container_id: req.env.container_id().to_string(),
@@ -224,19 +237,30 @@ impl Plugin for Ipam {
             node: ctx.store.node(),
             requested: requests::requested_ips(req)?,
         };
-        let leases = match ctx.cfg.probe {
-            ProbeConfig::Disabled => ctx.allocator(&NoProbe).add(&add),
-            ProbeConfig::Enabled { timeout_ms, attempts } => {
-                let Some(wire) = prober::WireProber::for_request(req, &ctx.cfg.ranges, prober::budget(timeout_ms, attempts)) else {
-                    return Err(CniError::invalid_config(
-                        "conflict probing needs \"master\" in the config or a CNI_NETNS; set \"probe\": false to allocate without probing",
-                    ));
-                };
-                ctx.allocator(&wire).add(&add)
-            }
-        }
-        .map_err(to_cni)?;
-        Ok(ctx.result(&leases))
+        let (timeout_ms, attempts) = match ctx.cfg.probe {
+            ProbeConfig::Disabled => return Ok(ctx.allocate(&add, &NoProbe)?.into()),
+            ProbeConfig::Enabled {
+                timeout_ms,
+                attempts,
+            } => (timeout_ms, attempts),
+        };
+        let target = prober::target_for(req).ok_or_else(|| {
+            CniError::invalid_config(
+                "conflict probing needs \"master\" in the config or a CNI_NETNS; set \"probe\": false to allocate without probing",
+            )
+        })?;
+        let budget = prober::budget(timeout_ms, attempts);
+        prober::add_probing(
+            |session| {
+                let wire =
+                    prober::WireProber::new(target.clone(), &ctx.cfg.ranges, budget, session);
+                let r = ctx.allocate(&add, &wire);
+                // Dropped here, before the session is read: it settles probes still running.
+                drop(wire);
+                r
+            },
+            || ctx.release(req),
+        )
     }
 
     fn del(&self, req: &Request) -> Result<(), CniError> {
@@ -258,10 +282,7 @@ impl Plugin for Ipam {
             }
             Err(e) => return Err(e),
         };
-        ctx.allocator(&NoProbe)
-            .del(req.env.container_id(), req.env.ifname())
-            .map(|_| ())
-            .map_err(to_cni)
+        ctx.release(req)
     }
 
     fn check(&self, req: &Request) -> Result<(), CniError> {

@@ -24,11 +24,10 @@
 use std::cell::{OnceCell, RefCell};
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::Value;
-use tether_cni::{CniError, CniResult, Request};
+use tether_cni::{Added, CniError, CniResult, Request};
 use tether_leases::{ProbeError, ProbeOutcome, Prober};
 use tether_link::{Link, NetNs, Netlink, NsThread};
 use tether_pool::IpRange;
@@ -37,7 +36,7 @@ use tether_wire::{Probe, ProbeBudget};
 
 /// Where to look for the interface.
 #[derive(Debug, Clone)]
-enum Target {
+pub enum Target {
     /// A named link in the host netns (None) or the pod netns (Some).
     Named {
         name: String,
@@ -79,57 +78,44 @@ impl Iface {
     }
 }
 
-/// What the probes of this process found, for [`add_probing`] (one CNI call per process).
-struct Session {
-    /// Probe earlier ranges without waiting (set only by [`add_probing`]).
+/// What the probes of one ADD attempt found: made by [`add_probing`] for each attempt and lent to
+/// its [`WireProber`] (the engine holds the prober as `&dyn Prober`, hence the cells).
+pub struct ProbeSession {
+    /// Probe earlier ranges without waiting (the first attempt only).
     concurrent: bool,
     /// Addresses probed and found unused.
-    proved: Vec<IpAddr>,
+    proved: RefCell<Vec<IpAddr>>,
     /// Set when a provisionally accepted address was answered after all: the ADD must be redone.
-    redo: Option<String>,
+    redo: RefCell<Option<String>>,
     /// Probes waited for, their sockets still open: closing one waits out an RCU grace period (6-8 ms
-    /// natively, more in a VM), so they are closed by [`close_spent`] once the reply is out, while the
-    /// caller is already configuring the pod. A new session closes any left by an earlier one.
-    spent: Vec<Probe>,
+    /// natively, more in a VM), so they are handed to the dispatcher to drop once the reply is out,
+    /// while the caller is already configuring the pod.
+    spent: RefCell<Vec<Probe>>,
 }
 
-static SESSION: Mutex<Session> = Mutex::new(Session {
-    concurrent: false,
-    proved: Vec::new(),
-    redo: None,
-    spent: Vec::new(),
-});
-
-fn session<T>(f: impl FnOnce(&mut Session) -> T) -> T {
-    f(&mut SESSION.lock().unwrap_or_else(|p| p.into_inner()))
+impl ProbeSession {
+    fn new(concurrent: bool) -> ProbeSession {
+        ProbeSession {
+            concurrent,
+            proved: RefCell::default(),
+            redo: RefCell::default(),
+            spent: RefCell::default(),
+        }
+    }
 }
 
-pub struct WireProber {
-    target: Target,
-    budget: ProbeBudget,
-    /// The config's ranges: the engine probes them in this order, and the last one waits for all.
-    ranges: Vec<IpRange>,
-    concurrent: bool,
-    iface: OnceCell<Result<Iface, String>>,
-    /// The probes of earlier ranges of this ADD, started and not yet waited for.
-    pending: RefCell<Option<Probe>>,
-}
-
-impl WireProber {
-    /// The prober for this request; None when there is nothing to probe through (no master and no
-    /// netns: e.g. cnitool against a runtime that gives no netns), which the caller treats as an error.
-    pub fn for_request(
-        req: &Request,
-        ranges: &[IpRange],
-        budget: ProbeBudget,
-    ) -> Option<WireProber> {
-        let v = &req.conf.value;
-        let in_container = v
-            .get("linkInContainer")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
-        let netns = req.env.netns.clone();
-        let target = match v
+/// Where an ADD's probes go, from the request (see the module doc); None when there is nothing to
+/// probe through (no master and no netns: e.g. cnitool against a runtime that gives no netns),
+/// which the caller treats as an error.
+pub fn target_for(req: &Request) -> Option<Target> {
+    let v = &req.conf.value;
+    let in_container = v
+        .get("linkInContainer")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let netns = req.env.netns.clone();
+    Some(
+        match v
             .get("master")
             .and_then(Value::as_str)
             .filter(|m| !m.is_empty())
@@ -146,17 +132,39 @@ impl WireProber {
                 ifname: req.env.ifname().to_string(),
                 netns: netns?,
             },
-        };
-        let ranges = ranges.to_vec();
-        let concurrent = session(|s| s.concurrent) && ranges.len() > 1;
-        Some(WireProber {
+        },
+    )
+}
+
+pub struct WireProber<'s> {
+    target: Target,
+    budget: ProbeBudget,
+    /// The config's ranges: the engine probes them in this order, and the last one waits for all.
+    ranges: Vec<IpRange>,
+    concurrent: bool,
+    session: &'s ProbeSession,
+    iface: OnceCell<Result<Iface, String>>,
+    /// The probes of earlier ranges of this ADD, started and not yet waited for.
+    pending: RefCell<Option<Probe>>,
+}
+
+impl<'s> WireProber<'s> {
+    /// The prober of one attempt: what it proves goes to `session`.
+    pub fn new(
+        target: Target,
+        ranges: &[IpRange],
+        budget: ProbeBudget,
+        session: &'s ProbeSession,
+    ) -> WireProber<'s> {
+        WireProber {
             target,
             budget,
-            ranges,
-            concurrent,
+            ranges: ranges.to_vec(),
+            concurrent: session.concurrent && ranges.len() > 1,
+            session,
             iface: OnceCell::new(),
             pending: RefCell::new(None),
-        })
+        }
     }
 
     fn resolve(&self) -> Result<Iface, String> {
@@ -278,22 +286,23 @@ fn master(name: &str, link: &Interface, pod: Option<NsThread>) -> Result<Iface, 
 fn wait_and_record(
     mut probe: Probe,
     last_is_ours: bool,
+    session: &ProbeSession,
 ) -> Vec<Result<tether_wire::ProbeOutcome, tether_wire::WireError>> {
     let addrs = probe.candidates();
     let outcomes = probe.wait();
     let provisional = outcomes.len() - usize::from(last_is_ours);
-    session(|s| {
-        for (i, (a, o)) in addrs.iter().zip(&outcomes).enumerate() {
-            match o {
-                Ok(tether_wire::ProbeOutcome::Free) => s.proved.push(*a),
-                Ok(tether_wire::ProbeOutcome::InUse { mac }) if i < provisional => {
-                    s.redo.get_or_insert_with(|| format!("{a} answered the conflict probe from MAC {mac} after it was provisionally accepted"));
-                }
-                _ => {}
+    for (i, (a, o)) in addrs.iter().zip(&outcomes).enumerate() {
+        match o {
+            Ok(tether_wire::ProbeOutcome::Free) => session.proved.borrow_mut().push(*a),
+            Ok(tether_wire::ProbeOutcome::InUse { mac }) if i < provisional => {
+                session.redo.borrow_mut().get_or_insert_with(|| {
+                    format!("{a} answered the conflict probe from MAC {mac} after it was provisionally accepted")
+                });
             }
+            _ => {}
         }
-        s.spent.push(probe);
-    });
+    }
+    session.spent.borrow_mut().push(probe);
     outcomes
 }
 
@@ -301,7 +310,7 @@ fn wire_error(e: tether_wire::WireError) -> ProbeError {
     ProbeError::Other(Box::new(e))
 }
 
-impl Prober for WireProber {
+impl Prober for WireProber<'_> {
     fn probe(&self, address: IpAddr, range: &IpRange) -> Result<ProbeOutcome, ProbeError> {
         let iface = self
             .iface
@@ -318,12 +327,12 @@ impl Prober for WireProber {
             *self.pending.borrow_mut() = Some(started);
             return Ok(ProbeOutcome::Free);
         }
-        let mut outcomes = wait_and_record(started, true);
+        let mut outcomes = wait_and_record(started, true, self.session);
         let mine = outcomes.pop().expect("our own probe");
         for o in outcomes {
             o.map_err(wire_error)?;
         }
-        if let Some(why) = session(|s| s.redo.clone()) {
+        if let Some(why) = self.session.redo.borrow().clone() {
             // The engine rolls this ADD back; add_probing redoes it one probe at a time.
             return Err(ProbeError::Failed(format!(
                 "{why}; allocating again, probing one address at a time"
@@ -338,18 +347,17 @@ impl Prober for WireProber {
     }
 }
 
-impl Drop for WireProber {
+impl Drop for WireProber<'_> {
     fn drop(&mut self) {
         // Probes the engine never waited for (it probed no later range): settle them now, while the
         // interface is still as it was during the probe.
         if let Some(pending) = self.pending.get_mut().take() {
-            for o in wait_and_record(pending, false) {
+            for o in wait_and_record(pending, false, self.session) {
                 if let Err(e) = o {
-                    session(|s| {
-                        s.redo
-                            .get_or_insert_with(|| format!("a conflict probe failed: {e}"))
-                            .clone()
-                    });
+                    self.session
+                        .redo
+                        .borrow_mut()
+                        .get_or_insert_with(|| format!("a conflict probe failed: {e}"));
                 }
             }
         }
@@ -363,37 +371,31 @@ impl Drop for WireProber {
 }
 
 /// ADD with the probes of all ranges running at the same time (see the module doc): `add` runs the
-/// engine, `del` releases what a wrongly accepted ADD got. Returns the Result and the addresses of it
-/// that were probed and found unused.
+/// engine with a prober lending the session it is given, `del` releases what a wrongly accepted ADD
+/// got. Returns the Result, the addresses of it that were probed and found unused, and the spent
+/// probes for the dispatcher to close once the reply is out.
 pub fn add_probing(
-    add: impl Fn() -> Result<CniResult, CniError>,
+    add: impl Fn(&ProbeSession) -> Result<CniResult, CniError>,
     del: impl Fn() -> Result<(), CniError>,
-) -> Result<(CniResult, Vec<IpAddr>), CniError> {
-    let begin = |concurrent: bool| {
-        session(|s| {
-            *s = Session {
-                concurrent,
-                proved: Vec::new(),
-                redo: None,
-                spent: Vec::new(),
-            }
-        })
-    };
-    let end = |r: &CniResult| {
-        let proved = session(|s| std::mem::take(&mut s.proved));
-        r.ips
+) -> Result<Added, CniError> {
+    let done = |r: CniResult, session: ProbeSession| {
+        let proved = session.proved.into_inner();
+        let probed = r
+            .ips
             .iter()
             .map(|ip| ip.address.addr())
             .filter(|a| proved.contains(a))
-            .collect::<Vec<_>>()
-    };
-    begin(true);
-    let first = add();
-    match (first, session(|s| s.redo.take())) {
-        (Ok(r), None) => {
-            let p = end(&r);
-            return Ok((r, p));
+            .collect();
+        Added {
+            result: r,
+            probed,
+            linger: Some(Box::new(session.spent.into_inner())),
         }
+    };
+    let first = ProbeSession::new(true);
+    let outcome = add(&first);
+    match (outcome, first.redo.take()) {
+        (Ok(r), None) => return Ok(done(r, first)),
         (Err(e), None) => return Err(e),
         (Ok(_), Some(why)) => {
             log::warn!("{why}; releasing and allocating again, probing one address at a time");
@@ -401,16 +403,10 @@ pub fn add_probing(
         }
         (Err(_), Some(why)) => log::info!("{why}; allocating again, probing one address at a time"),
     }
-    begin(false);
-    let r = add()?;
-    let p = end(&r);
-    Ok((r, p))
-}
-
-/// Close the sockets of this process's probes: call once the reply is written and the output closed.
-pub fn close_spent() {
-    let spent = session(|s| std::mem::take(&mut s.spent));
-    drop(spent);
+    drop(first);
+    let second = ProbeSession::new(false);
+    let r = add(&second)?;
+    Ok(done(r, second))
 }
 
 /// The probe budget from the config's `probe` section.
