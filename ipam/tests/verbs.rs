@@ -170,6 +170,35 @@ fn state_files_are_private() {
     }
 }
 
+/// A lease whose stored prefix cannot fit its address (a hand-edited state file; on the cluster
+/// store an IPLease with `prefixLength: 99`) fails the ADD that returns it with code 105 naming the
+/// lease, not with a panic (code 999).
+#[test]
+fn a_stored_prefix_that_does_not_fit_is_a_store_error() {
+    let net = Net::new(json!({"range": "10.1.2.0/24"}));
+    let att = Att::new("c1");
+    let ip = net.add(&att).expect_ok();
+    let addr = ip["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let state = std::fs::read_to_string(net.state_path()).unwrap();
+    assert!(state.contains("\"prefix_len\": 24"), "{state}");
+    std::fs::write(
+        net.state_path(),
+        state.replace("\"prefix_len\": 24", "\"prefix_len\": 99"),
+    )
+    .unwrap();
+    let msg = net.add(&att).expect_err(105);
+    assert!(
+        msg.contains(&addr) && msg.contains("prefix length 99"),
+        "{msg}"
+    );
+}
+
 /// A corrupt state file is a clear error naming the file, for every verb, and is never reset.
 #[test]
 fn corrupt_state_file_is_never_reset() {

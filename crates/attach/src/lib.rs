@@ -22,6 +22,7 @@ use tether_cni::result::{Interface, Route as CniRoute};
 use tether_cni::{CniError, CniResult, Command, Request, code};
 use tether_link::netlink::EEXIST;
 use tether_link::{IpvlanMode, Link, NetNs, Netlink, NetnsError, NsThread, Route, sysctl};
+use tether_wire::frame::format_mac;
 
 pub use config::IpvlanConfig;
 pub use error::AttachError;
@@ -322,7 +323,7 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
 
     result.interfaces = vec![Interface {
         name: ifname.to_string(),
-        mac: link.mac_string(),
+        mac: link.mac.as_deref().map(format_mac),
         mtu: link.mtu,
         sandbox: Some(netns_path.display().to_string()),
         ..Default::default()
@@ -666,11 +667,11 @@ pub fn check(req: &Request) -> Result<(), AttachError> {
         }
     }
     if let Some(mac) = &expected.mac
-        && link.mac_string().as_deref() != Some(mac.to_ascii_lowercase().as_str())
+        && link.mac.as_deref().map(format_mac).as_deref() != Some(mac.to_ascii_lowercase().as_str())
     {
         return Err(AttachError::Check(format!(
             "{ifname} has MAC {}, prevResult says {mac}",
-            link.mac_string().unwrap_or_default()
+            link.mac.as_deref().map(format_mac).unwrap_or_default()
         )));
     }
     let have = pod.addresses(link.index)?;

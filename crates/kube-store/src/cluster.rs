@@ -195,7 +195,7 @@ impl KubeStore {
         e: kube::Error,
     ) -> KubeStoreError {
         match e {
-            kube::Error::Api(s) if s.code == 403 => KubeStoreError::ForbiddenResource {
+            kube::Error::Api(s) if s.code == 403 => KubeStoreError::Forbidden {
                 server: self.server.clone(),
                 verb: verb.to_string(),
                 resource: resource.to_string(),

@@ -107,12 +107,19 @@ pub fn to_object(lease: &Lease, meta: Option<(&str, &str)>) -> Result<IPLease, K
 pub fn from_object(obj: &IPLease) -> Result<Lease, String> {
     let s = &obj.spec;
     let name = obj.metadata.name.as_deref().unwrap_or("");
-    let address = s.address.parse().map_err(|_| {
+    let address: std::net::IpAddr = s.address.parse().map_err(|_| {
         format!(
             "IPLease {name}: spec.address {:?} is not an IP address",
             s.address
         )
     })?;
+    let max = if address.is_ipv4() { 32 } else { 128 };
+    if s.prefix_length > max {
+        return Err(format!(
+            "IPLease {name}: spec.prefixLength {} does not fit {} (at most {max})",
+            s.prefix_length, s.address
+        ));
+    }
     let expected = object_name(&s.network, address);
     if name != expected {
         return Err(format!(
@@ -226,6 +233,26 @@ mod tests {
         assert!(o.spec.pod.is_none());
         o.metadata.name = Some("other".into());
         assert!(from_object(&o).unwrap_err().contains("ignoring"));
+    }
+
+    /// A hand-edited object whose prefix cannot fit its family (seen: `prefixLength: 99` on IPv4
+    /// made every ADD of that attachment fail with code 999) is refused as malformed.
+    #[test]
+    fn a_prefix_length_beyond_the_family_is_malformed() {
+        let mut v4 = lease(LeaseState::Leased);
+        v4.address = "10.1.2.9".parse().unwrap();
+        v4.prefix_len = 24;
+        for (l, bad) in [(v4, 33u8), (lease(LeaseState::Leased), 129)] {
+            let mut o = to_object(&l, Some(("u", "1"))).unwrap();
+            o.spec.prefix_length = bad;
+            let e = from_object(&o).unwrap_err();
+            assert!(
+                e.contains("prefixLength") && e.contains("does not fit"),
+                "{e}"
+            );
+            o.spec.prefix_length = l.prefix_len;
+            assert_eq!(from_object(&o).unwrap().prefix_len, l.prefix_len);
+        }
     }
 
     #[test]

@@ -89,18 +89,18 @@ pub enum KubeStoreError {
         /// Condition message.
         detail: String,
     },
-    /// RBAC forbids a request.
+    /// RBAC forbids a request: on the leases, or on what the operator reads (pods, nodes, NADs,
+    /// access reviews).
     #[error(
         "the Kubernetes API at {server} forbids `{verb}` on {resource} for {source_}: {message}; \
-         grant the verbs get, list, watch, create, update and delete on {CRD_NAME} to this identity \
-         (deploy/base/rbac.yaml has the ClusterRole)"
+         grant `{verb}` on {resource} to this identity (deploy/base/rbac.yaml has the ClusterRoles)"
     )]
     Forbidden {
         /// API server URL.
         server: String,
         /// RBAC verb (`list`, `create`, ...).
         verb: String,
-        /// Resource, `ipleases.ipam.tether.dev`.
+        /// Resource (`ipleases.ipam.tether.dev`, `pods`, ...).
         resource: String,
         /// Credentials used.
         source_: CredentialSource,
@@ -124,23 +124,6 @@ pub enum KubeStoreError {
         /// Credentials used.
         source_: CredentialSource,
         /// The server's message: names the policy and why.
-        message: String,
-    },
-    /// RBAC forbids a request on a resource other than the leases (pods, nodes, access reviews).
-    #[error(
-        "the Kubernetes API at {server} forbids `{verb}` on {resource} for {source_}: {message}; \
-         grant `{verb}` on {resource} to this identity (deploy/base/rbac.yaml has the ClusterRole)"
-    )]
-    ForbiddenResource {
-        /// API server URL.
-        server: String,
-        /// RBAC verb.
-        verb: String,
-        /// Resource (`pods`, `nodes`, ...).
-        resource: String,
-        /// Credentials used.
-        source_: CredentialSource,
-        /// The server's message (names the user).
         message: String,
     },
     /// The credentials were rejected.

@@ -183,11 +183,6 @@ impl Drop for KubeStore {
 }
 
 impl KubeStore {
-    /// A store for the `kubernetes` settings of `cfg`.
-    pub fn from_pool_config(cfg: &tether_pool::PoolConfig) -> Result<KubeStore, KubeStoreError> {
-        KubeStore::connect(KubeSettings::from_pool_config(cfg)?)
-    }
-
     /// A store with `settings`. Reads the credentials (kubeconfig, in-cluster, `KUBECONFIG`, in
     /// that order) and builds the client; sends no request (see [`KubeStore::ready`]). The time
     /// budget starts now.

@@ -98,20 +98,6 @@ pub struct Link {
     pub parent_index: Option<u32>,
 }
 
-impl Link {
-    /// MAC as `aa:bb:cc:dd:ee:ff`.
-    pub fn mac_string(&self) -> Option<String> {
-        self.mac.as_ref().map(|m| format_mac(m))
-    }
-}
-
-pub fn format_mac(m: &[u8]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
 /// An address on a link.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Address {

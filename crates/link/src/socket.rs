@@ -66,6 +66,7 @@ impl Socket {
     fn recv(&self, buf: &mut Vec<u8>) -> Result<(), Failure> {
         buf.clear();
         loop {
+            // SAFETY: recv(2) writes at most `capacity` bytes into the vector's own allocation.
             let n = unsafe {
                 libc::recv(
                     self.sock.as_raw_fd(),
@@ -88,6 +89,7 @@ impl Socket {
                     buf.capacity()
                 )));
             }
+            // SAFETY: the kernel wrote `n` bytes, and `n <= capacity` was checked above.
             unsafe { buf.set_len(n) };
             return Ok(());
         }

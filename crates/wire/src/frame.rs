@@ -214,7 +214,8 @@ pub fn parse_ndp(frame: &[u8]) -> Option<Ndp> {
     })
 }
 
-pub fn format_mac(m: &Mac) -> String {
+/// A MAC (or any link-layer address) as `aa:bb:cc:dd:ee:ff`: the one spelling tether prints.
+pub fn format_mac(m: &[u8]) -> String {
     m.iter()
         .map(|b| format!("{b:02x}"))
         .collect::<Vec<_>>()

@@ -83,6 +83,7 @@ fn attach(fd: &OwnedFd, filter: Filter) -> io::Result<()> {
         len: prog.len() as u16,
         filter: prog.as_ptr() as *mut _,
     };
+    // SAFETY: `fprog` and the program it points to outlive the call; the kernel copies the filter.
     cvt(unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
@@ -101,13 +102,17 @@ impl PacketSocket {
             i32::try_from(ifindex).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         // Protocol 0 receives nothing until bound, so no unfiltered frame is queued before the filter.
         let fd =
+            // SAFETY: plain socket(2); the fd is owned on the next line.
             cvt(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) })?;
+        // SAFETY: `fd` was just returned by socket(2) and has no other owner.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         attach(&fd, filter)?;
+        // SAFETY: sockaddr_ll is plain old data, valid all zero.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as u16;
         sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
         sll.sll_ifindex = ifindex;
+        // SAFETY: `sll` is a live sockaddr_ll and its size is passed with it.
         cvt(unsafe {
             libc::bind(
                 fd.as_raw_fd(),
@@ -125,11 +130,13 @@ impl PacketSocket {
 
     /// Send one complete Ethernet frame.
     pub fn send(&self, frame: &[u8]) -> io::Result<()> {
+        // SAFETY: sockaddr_ll is plain old data, valid all zero.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as u16;
         sll.sll_ifindex = self.ifindex;
         sll.sll_halen = 6;
         sll.sll_addr[..6].copy_from_slice(&frame[..6]);
+        // SAFETY: `frame` and `sll` are live for the call, passed with their lengths.
         let n = unsafe {
             libc::sendto(
                 self.fd.as_raw_fd(),
@@ -150,8 +157,10 @@ impl PacketSocket {
     /// A frame already queued (our own outgoing frames are skipped), without waiting.
     pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
         loop {
+            // SAFETY: sockaddr_ll is plain old data, valid all zero.
             let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
             let mut len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+            // SAFETY: `buf` and `from` are live and writable for the lengths passed.
             let n = unsafe {
                 libc::recvfrom(
                     self.fd.as_raw_fd(),
@@ -186,6 +195,7 @@ impl PacketSocket {
 /// normal early return.
 pub(crate) fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> io::Result<()> {
     let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+    // SAFETY: `fds` is a live slice of pollfd and its length is passed.
     if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) } < 0 {
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::Interrupted {
@@ -215,6 +225,7 @@ pub struct Interface {
 /// throwaway AF_UNIX socket, where an rtnetlink request would open a netlink socket and build and
 /// parse a full link message: this is on the path of every probing ADD.
 pub fn interface(name: &str) -> io::Result<Option<Interface>> {
+    // SAFETY: ifreq is plain old data, valid all zero.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     if name.is_empty() || name.len() >= req.ifr_name.len() || name.contains('\0') {
         return Ok(None);
@@ -238,10 +249,13 @@ pub fn interface(name: &str) -> io::Result<Option<Interface>> {
         Err(e) if e.raw_os_error() == Some(libc::ENODEV) => return Ok(None),
         r => r?,
     };
+    // SAFETY: SIOCGIFINDEX succeeded and filled ifru_ifindex.
     let index = unsafe { req.ifr_ifru.ifru_ifindex } as u32;
     ioctl(&mut req, libc::SIOCGIFFLAGS)?;
+    // SAFETY: SIOCGIFFLAGS succeeded and filled ifru_flags.
     let up = unsafe { req.ifr_ifru.ifru_flags } as libc::c_int & libc::IFF_UP != 0;
     ioctl(&mut req, libc::SIOCGIFHWADDR)?;
+    // SAFETY: SIOCGIFHWADDR succeeded and filled ifru_hwaddr.
     let hw = unsafe { req.ifr_ifru.ifru_hwaddr };
     let mac =
         (hw.sa_family == libc::ARPHRD_ETHER).then(|| std::array::from_fn(|i| hw.sa_data[i] as u8));

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tether_link::{NetNs, Netlink};
-use tether_wire::{Probe, ProbeBudget, ProbeOutcome, announce, parse_mac, probe};
+use tether_wire::{Probe, ProbeBudget, ProbeOutcome, announce, probe};
 
 struct Segment {
     us: String,
@@ -66,7 +66,7 @@ impl Segment {
             .link_by_name("eth0")
             .unwrap()
             .unwrap();
-        let mac = parse_mac(&link.mac_string().unwrap()).unwrap();
+        let mac: [u8; 6] = link.mac.as_deref().unwrap().try_into().unwrap();
         ns.run(move || f(link.index, mac)).unwrap()
     }
 

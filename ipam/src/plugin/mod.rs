@@ -171,7 +171,7 @@ impl Context {
     /// One allocation attempt with `prober`, as the Result.
     fn allocate(&self, add: &AddRequest, prober: &dyn Prober) -> Result<CniResult, CniError> {
         let leases = self.allocator(prober).add(add).map_err(to_cni)?;
-        Ok(self.result(&leases))
+        self.result(&leases)
     }
 
     /// Release what `req`'s attachment holds.
@@ -182,17 +182,29 @@ impl Context {
             .map_err(to_cni)
     }
 
-    /// The Result for the leases, in range order.
-    fn result(&self, leases: &[Lease]) -> CniResult {
+    /// The Result for the leases, in range order. A stored prefix that cannot fit its address (a
+    /// hand-edited state file or object) is a store error, not a panic.
+    fn result(&self, leases: &[Lease]) -> Result<CniResult, CniError> {
         let ips = leases
             .iter()
-            .map(|l| IpConfig {
-                address: ipnet::IpNet::new(l.address, l.prefix_len)
-                    .expect("lease prefix fits its family"),
-                gateway: l.range_index.and_then(|i| self.cfg.gateway_for(i)),
-                interface: None,
+            .map(|l| {
+                let address = ipnet::IpNet::new(l.address, l.prefix_len).map_err(|_| {
+                    CniError::new(
+                        code::STORE,
+                        format!(
+                            "the lease of {} in network {} has prefix length {}, which does not fit the address; \
+                             correct or delete that lease",
+                            l.address, self.cfg.network_name, l.prefix_len
+                        ),
+                    )
+                })?;
+                Ok(IpConfig {
+                    address,
+                    gateway: l.range_index.and_then(|i| self.cfg.gateway_for(i)),
+                    interface: None,
+                })
             })
-            .collect();
+            .collect::<Result<_, CniError>>()?;
         let routes = self
             .cfg
             .routes
@@ -214,12 +226,12 @@ impl Context {
             search: d.search.clone(),
             options: d.options.clone(),
         };
-        CniResult {
+        Ok(CniResult {
             interfaces: Vec::new(),
             ips,
             routes,
             dns,
-        }
+        })
     }
 }
 
