@@ -251,3 +251,23 @@ fn corrupt_state_file_is_never_reset() {
     net.check(&Att::new("c1")).expect_ok();
     net.add(&Att::new("c2")).expect_ok();
 }
+
+/// The config's routes and dns reach the Result whole, CNI 1.1 route fields included (as the
+/// reference host-local passes them), so tether-ipvlan can put a route in its table.
+#[test]
+fn routes_and_dns_reach_the_result_whole() {
+    let net = Net::new(json!({"range": "10.1.2.0/24",
+        "routes": [{"dst": "10.9.0.0/16", "gw": "10.1.2.1", "priority": 10, "table": 100, "mtu": 9000}],
+        "dns": {"nameservers": ["10.1.2.53"], "search": ["svc"]}}));
+    let r = net.add(&Att::new("c1")).expect_ok();
+    assert_eq!(
+        r["routes"],
+        json!([{"dst": "10.9.0.0/16", "gw": "10.1.2.1", "mtu": 9000, "priority": 10, "table": 100}]),
+        "{r}"
+    );
+    assert_eq!(
+        r["dns"],
+        json!({"nameservers": ["10.1.2.53"], "search": ["svc"]}),
+        "{r}"
+    );
+}

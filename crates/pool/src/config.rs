@@ -145,39 +145,9 @@ pub struct KubernetesConfig {
     pub extra: Map<String, Value>,
 }
 
-/// A static route (`routes` entry, CNI/static-plugin syntax).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Route {
-    /// Destination, as written (host bits kept).
-    pub dst: IpNet,
-    /// Gateway, if given.
-    pub gw: Option<IpAddr>,
-    /// Any other keys of the entry (CNI 1.1 `mtu`, `advmss`, `priority`, `table`, `scope`), kept.
-    pub extra: Map<String, Value>,
-}
-
-/// `dns` object (CNI DNS syntax). Values are carried as strings.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Dns {
-    /// `nameservers`.
-    pub nameservers: Vec<String>,
-    /// `domain`.
-    pub domain: Option<String>,
-    /// `search`.
-    pub search: Vec<String>,
-    /// `options`.
-    pub options: Vec<String>,
-}
-
-impl Dns {
-    /// True when nothing is set.
-    pub fn is_empty(&self) -> bool {
-        self.nameservers.is_empty()
-            && self.domain.is_none()
-            && self.search.is_empty()
-            && self.options.is_empty()
-    }
-}
+/// A static route (`routes` entry) and the `dns` object: the Result's own types (tether-cni), so
+/// what the config says is what the Result carries, CNI 1.1 route fields included.
+pub use tether_cni::result::{Dns, Route};
 
 /// The typed `ipam` configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -518,10 +488,27 @@ fn parse_routes(ipam: &Map<String, Value>) -> Result<Vec<Route>, ConfigError> {
                         format!("mixes IPv4 and IPv6 with dst {dst}"),
                     ));
                 }
-                let mut extra = obj.clone();
-                extra.remove("dst");
-                extra.remove("gw");
-                routes.push(Route { dst, gw, extra });
+                let num = |key: &str, max: u64| -> Result<Option<u64>, ConfigError> {
+                    let p = format!("{path}.{key}");
+                    match opt_u64(obj, key, &p)? {
+                        Some(n) if n > max => Err(ConfigError::invalid(
+                            &p,
+                            &obj[key],
+                            format!("must be at most {max}"),
+                        )),
+                        n => Ok(n),
+                    }
+                };
+                let u32_of = |key: &str| num(key, u32::MAX.into()).map(|n| n.map(|n| n as u32));
+                routes.push(Route {
+                    dst,
+                    gw,
+                    mtu: u32_of("mtu")?,
+                    adv_mss: u32_of("advmss")?,
+                    priority: u32_of("priority")?,
+                    table: u32_of("table")?,
+                    scope: num("scope", u8::MAX.into())?.map(|n| n as u8),
+                });
             }
         }
         Some(other) => {

@@ -269,3 +269,27 @@ fn invalid_values_name_key_and_value() {
     let e = err(json!({"range": 5}));
     assert_eq!(e, "ipam.range 5: expected a string");
 }
+
+/// CNI 1.1 route fields are the Result's: parsed into its Route type, and bad values refused by path.
+#[test]
+fn routes_keep_their_cni_1_1_fields() {
+    let c = parse(json!({"range": "10.0.0.0/24", "routes": [
+        {"dst": "10.9.0.0/16", "gw": "10.0.0.1", "mtu": 9000, "advmss": 8960, "priority": 10, "table": 100, "scope": 0},
+        {"dst": "0.0.0.0/0"}
+    ]}))
+    .unwrap();
+    let r = &c.routes[0];
+    assert_eq!(
+        (r.mtu, r.adv_mss, r.priority, r.table, r.scope),
+        (Some(9000), Some(8960), Some(10), Some(100), Some(0))
+    );
+    let bare = &c.routes[1];
+    assert_eq!((bare.mtu, bare.table, bare.scope), (None, None, None));
+    let e = err(json!({"range": "10.0.0.0/24", "routes": [{"dst": "10.9.0.0/16", "table": -1}]}));
+    assert!(e.contains("ipam.routes[0].table"), "{e}");
+    let e = err(json!({"range": "10.0.0.0/24", "routes": [{"dst": "10.9.0.0/16", "scope": 300}]}));
+    assert!(
+        e.contains("ipam.routes[0].scope") && e.contains("at most 255"),
+        "{e}"
+    );
+}

@@ -9,7 +9,7 @@
 pub mod prober;
 pub mod requests;
 
-use tether_cni::result::{Dns as CniDns, IpConfig, Route as CniRoute};
+use tether_cni::result::IpConfig;
 use tether_cni::{Added, CniError, CniResult, Plugin, Request, code};
 use tether_kube_store::{KubeSettings, KubeStore, KubeStoreError};
 
@@ -205,32 +205,11 @@ impl Context {
                 })
             })
             .collect::<Result<_, CniError>>()?;
-        let routes = self
-            .cfg
-            .routes
-            .iter()
-            .map(|r| CniRoute {
-                dst: r.dst,
-                gw: r.gw,
-                mtu: None,
-                adv_mss: None,
-                priority: None,
-                table: None,
-                scope: None,
-            })
-            .collect();
-        let d = &self.cfg.dns;
-        let dns = CniDns {
-            nameservers: d.nameservers.clone(),
-            domain: d.domain.clone(),
-            search: d.search.clone(),
-            options: d.options.clone(),
-        };
         Ok(CniResult {
             interfaces: Vec::new(),
             ips,
-            routes,
-            dns,
+            routes: self.cfg.routes.clone(),
+            dns: self.cfg.dns.clone(),
         })
     }
 }
