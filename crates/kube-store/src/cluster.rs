@@ -28,14 +28,12 @@
 //! [`KubeSettings::page_size`]: crate::KubeSettings::page_size
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
 /// The coordination.k8s.io/v1 Lease that elects the active `tether controller`.
 pub use k8s_openapi::api::coordination::v1::Lease as ElectionLease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
-use kube::config::Kubeconfig;
 use kube::core::params::{GetParams, ListParams, PostParams, WatchParams};
 use kube::core::{Request, WatchEvent};
 use serde::Deserialize;
@@ -43,9 +41,8 @@ use serde_json::{Value, json};
 use tether_leases::Lease;
 
 use crate::crd::{IPLease, NODE_LABEL, PLURAL, label_value};
-use crate::error::{CredentialSource, KubeStoreError};
-use crate::settings::KubeSettings;
-use crate::store::{KubeStore, LeaseList, Verb, collect_leases, error_chain, null_as_empty};
+use crate::error::KubeStoreError;
+use crate::store::{KubeStore, LeaseList, Verb, collect_leases, null_as_empty};
 
 /// The few metadata fields tether reads from pods and leases.
 #[derive(Deserialize, Clone, Debug, Default)]
@@ -747,108 +744,6 @@ impl KubeStore {
 impl LiteObject {
     fn metadata_rv(&self) -> Option<String> {
         self.metadata.resource_version.clone()
-    }
-}
-
-/// What the credentials of `settings` are, checked offline: the kubeconfig parses, has a current
-/// context and user, and the user's token (inline or `tokenFile`) or client certificate is
-/// readable. Returns a one-line description for `doctor`.
-pub fn check_credentials(settings: &KubeSettings) -> Result<String, KubeStoreError> {
-    let from_file = |p: &Path, source: CredentialSource| -> Result<String, KubeStoreError> {
-        let bad = |detail: String| KubeStoreError::Kubeconfig {
-            source_: source.clone(),
-            detail,
-        };
-        let kc = Kubeconfig::read_from(p).map_err(|e| bad(error_chain(&e)))?;
-        let ctx_name = kc
-            .current_context
-            .clone()
-            .filter(|c| !c.is_empty())
-            .ok_or_else(|| bad("no current-context".into()))?;
-        let ctx = kc
-            .contexts
-            .iter()
-            .find(|c| c.name == ctx_name)
-            .and_then(|c| c.context.clone())
-            .ok_or_else(|| bad(format!("current-context {ctx_name:?} is not defined")))?;
-        let server = kc
-            .clusters
-            .iter()
-            .find(|c| c.name == ctx.cluster)
-            .and_then(|c| c.cluster.as_ref())
-            .and_then(|c| c.server.clone())
-            .ok_or_else(|| bad(format!("cluster {:?} has no server", ctx.cluster)))?;
-        let user = ctx.user.clone().unwrap_or_default();
-        let auth = kc
-            .auth_infos
-            .iter()
-            .find(|a| a.name == user)
-            .and_then(|a| a.auth_info.clone());
-        let cred = match auth {
-            None => "no user credentials (anonymous)".to_string(),
-            Some(a) => {
-                if let Some(f) = &a.token_file {
-                    let t = std::fs::read_to_string(f)
-                        .map_err(|e| bad(format!("cannot read tokenFile {f}: {e}")))?;
-                    if t.trim().is_empty() {
-                        return Err(bad(format!("tokenFile {f} is empty")));
-                    }
-                    format!("token from {f}")
-                } else if a.token.is_some() {
-                    "inline token".to_string()
-                } else if a.client_certificate_data.is_some() || a.client_certificate.is_some() {
-                    if let Some(f) = &a.client_certificate {
-                        std::fs::metadata(f)
-                            .map_err(|e| bad(format!("cannot read client-certificate {f}: {e}")))?;
-                    }
-                    "client certificate".to_string()
-                } else if a.exec.is_some() {
-                    "exec credential plugin (not run by doctor)".to_string()
-                } else if a.auth_provider.is_some() {
-                    "auth-provider (not checked)".to_string()
-                } else {
-                    "no user credentials (anonymous)".to_string()
-                }
-            }
-        };
-        Ok(format!("{source}: server {server}, {cred}"))
-    };
-    if let Some(p) = &settings.kubeconfig {
-        let source = CredentialSource::Config(p.clone());
-        if !p.is_file() {
-            return Err(KubeStoreError::Kubeconfig {
-                source_: source,
-                detail: if p.exists() {
-                    "not a regular file".into()
-                } else {
-                    "the file does not exist".into()
-                },
-            });
-        }
-        return from_file(p, source);
-    }
-    if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
-        let tok = Path::new("/var/run/secrets/kubernetes.io/serviceaccount/token");
-        return match std::fs::read_to_string(tok) {
-            Ok(t) if !t.trim().is_empty() => Ok(format!(
-                "{}: token {}",
-                CredentialSource::InCluster,
-                tok.display()
-            )),
-            Ok(_) => Err(KubeStoreError::InCluster {
-                detail: format!("{} is empty", tok.display()),
-            }),
-            Err(e) => Err(KubeStoreError::InCluster {
-                detail: format!("cannot read {}: {e}", tok.display()),
-            }),
-        };
-    }
-    match std::env::var("KUBECONFIG") {
-        Ok(v) if !v.trim().is_empty() => {
-            let first = v.split(':').next().unwrap_or(&v).to_string();
-            from_file(Path::new(&first), CredentialSource::Env(v.clone()))
-        }
-        _ => Err(KubeStoreError::NoCredentials),
     }
 }
 

@@ -41,6 +41,7 @@
 pub mod cluster;
 pub mod convert;
 pub mod crd;
+pub mod credentials;
 pub mod error;
 pub mod monitoring;
 pub mod node_token;
@@ -49,10 +50,9 @@ pub mod settings;
 pub mod store;
 pub mod token_claims;
 
-pub use cluster::{
-    Access, CrdState, Identity, NodeScope, PodEvent, PodKey, WatchEnd, check_credentials, jittered,
-};
+pub use cluster::{Access, CrdState, Identity, NodeScope, PodEvent, PodKey, WatchEnd, jittered};
 pub use crd::{IPLease, IPLeaseSpec, LeasePhase, PodInfo, Quarantine, crd_yaml, object_name};
+pub use credentials::check_credentials;
 pub use error::{CredentialSource, KubeStoreError};
 pub use monitoring::{NadConfig, PodWarning, Posted};
 pub use node_token::IssuedToken;

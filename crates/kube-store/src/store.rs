@@ -7,10 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
 use kube::core::Request;
 use kube::core::params::{DeleteParams, ListParams, PostParams, Preconditions, VersionMatch};
-use kube::{Client, Config};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -194,7 +193,8 @@ impl KubeStore {
             .map_err(KubeStoreError::Runtime)?;
         let (mut config, source) = rt
             .block_on(async {
-                tokio::time::timeout(settings.timeout, load_config(&settings)).await
+                tokio::time::timeout(settings.timeout, crate::credentials::load_config(&settings))
+                    .await
             })
             .map_err(|_| KubeStoreError::Timeout {
                 server: "(not yet known)".into(),
@@ -773,76 +773,6 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     out
-}
-
-/// The largest kubeconfig file read.
-const MAX_KUBECONFIG: u64 = 1 << 20;
-
-async fn load_config(
-    settings: &KubeSettings,
-) -> Result<(Config, CredentialSource), KubeStoreError> {
-    let from_kubeconfig = |kc: Kubeconfig, source: CredentialSource| async move {
-        Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-            .await
-            .map(|c| (c, source.clone()))
-            .map_err(|e| KubeStoreError::Kubeconfig {
-                source_: source,
-                detail: error_chain(&e),
-            })
-    };
-    if let Some(p) = &settings.kubeconfig {
-        let source = CredentialSource::Config(p.clone());
-        let kubeconfig_error = |detail: String| KubeStoreError::Kubeconfig {
-            source_: source.clone(),
-            detail,
-        };
-        // One open, then a bounded read of that file: a kubeconfig is a few KiB, and a huge file
-        // (or one swapped in after a size check) is refused without being read whole.
-        let file = std::fs::File::open(p).map_err(|e| {
-            kubeconfig_error(if e.kind() == std::io::ErrorKind::NotFound {
-                "the file does not exist".to_string()
-            } else {
-                e.to_string()
-            })
-        })?;
-        if !file.metadata().is_ok_and(|m| m.is_file()) {
-            return Err(kubeconfig_error("not a regular file".to_string()));
-        }
-        let mut text = String::new();
-        std::io::Read::read_to_string(
-            &mut std::io::Read::take(file, MAX_KUBECONFIG + 1),
-            &mut text,
-        )
-        .map_err(|e| kubeconfig_error(e.to_string()))?;
-        if text.len() as u64 > MAX_KUBECONFIG {
-            return Err(kubeconfig_error(format!(
-                "the file is too large for a kubeconfig (at most {} KiB)",
-                MAX_KUBECONFIG >> 10
-            )));
-        }
-        let kc = Kubeconfig::from_yaml(&text).map_err(|e| kubeconfig_error(error_chain(&e)))?;
-        return from_kubeconfig(kc, source).await;
-    }
-    if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
-        return Config::incluster()
-            .map(|c| (c, CredentialSource::InCluster))
-            .map_err(|e| KubeStoreError::InCluster {
-                detail: error_chain(&e),
-            });
-    }
-    match std::env::var("KUBECONFIG") {
-        Ok(v) if !v.trim().is_empty() => {
-            let source = CredentialSource::Env(v.clone());
-            let kc = Kubeconfig::from_env()
-                .map_err(|e| KubeStoreError::Kubeconfig {
-                    source_: source.clone(),
-                    detail: error_chain(&e),
-                })?
-                .ok_or(KubeStoreError::NoCredentials)?;
-            from_kubeconfig(kc, source).await
-        }
-        _ => Err(KubeStoreError::NoCredentials),
-    }
 }
 
 impl LeaseStore for KubeStore {
