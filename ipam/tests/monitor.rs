@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use reconcile_support::*;
 use serde_json::{Value, json};
+use tether_ipam::operator::observers::Observers;
 use tether_ipam::operator::reconcile::{Options, Reconciler};
 use tether_kube_store::KubeStore;
 use tether_leases::{
@@ -141,30 +142,30 @@ fn options(env: &Env, node: &str) -> Options {
     o
 }
 
-/// Run `r` until the returned guard is dropped; its metrics address.
+/// A reconciler and its observers (as the node-agent runs them) until the guard is dropped; the
+/// metrics address.
 struct Running {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    observers: Option<Observers>,
     addr: SocketAddr,
 }
 
 impl Running {
     fn start(opts: Options) -> Running {
-        let r = Arc::new(Reconciler::new(opts).unwrap());
+        let r = Reconciler::new(opts).unwrap();
+        let observers = Observers::start(r.options(), r.metrics());
+        let addr = observers.metrics_addr().expect("metrics served");
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (r, stop) = (r.clone(), stop.clone());
+            let stop = stop.clone();
             std::thread::spawn(move || r.run(&stop, |_| {}).unwrap())
         };
-        let mut addr = None;
-        wait_until(Duration::from_secs(10), || {
-            addr = r.metrics_addr();
-            addr.is_some()
-        });
         Running {
             stop,
             thread: Some(thread),
-            addr: addr.expect("metrics served within 10 s"),
+            observers: Some(observers),
+            addr,
         }
     }
 }
@@ -174,6 +175,9 @@ impl Drop for Running {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        if let Some(o) = self.observers.take() {
+            o.stop();
         }
     }
 }

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::operator::observers::Observers;
 use crate::operator::plugin_token::PluginToken;
 use crate::operator::reconcile::{self, Reconciler};
 
@@ -231,9 +232,11 @@ pub fn run(
                     .name("reconcile".into())
                     .spawn(move || match Reconciler::new(ro) {
                         Ok(r) => {
+                            let observers = Observers::start(r.options(), r.metrics());
                             if let Err(e) = r.run(&stop, |_| {}) {
                                 log::error!("reconcile: {e}");
                             }
+                            observers.stop();
                         }
                         Err(e) => log::error!("reconcile: {e}"),
                     })

@@ -15,6 +15,7 @@ use tether_leases::{Lease, LeaseState};
 use tether_pool::{PoolConfig, StoreKind};
 
 use super::doctor;
+use super::options;
 use super::output::{EXIT_FAILED, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, Output, print_table};
 use super::reconcile;
 use super::store_access::{OpenStore, StoreArgs, read_network_config};
@@ -142,7 +143,7 @@ enum Cmd {
         #[arg(long)]
         kubeconfig: Option<PathBuf>,
         /// Leases younger than this are never released.
-        #[arg(long, default_value_t = reconcile::DEFAULT_GRACE_S)]
+        #[arg(long, default_value_t = options::DEFAULT_GRACE_S)]
         grace_s: u64,
         /// Seconds between passes.
         #[arg(long, default_value_t = 60)]
@@ -150,7 +151,7 @@ enum Cmd {
         /// Release the leases of pods bound to a node whose kubelet has not renewed its
         /// heartbeat Lease for this many seconds and that is not Ready (crashed, powered off,
         /// cut off). At least 60 (above the node lifecycle controller's own grace); 0: never.
-        #[arg(long, default_value_t = reconcile::DEFAULT_NODE_LOST_GRACE_S)]
+        #[arg(long, default_value_t = options::DEFAULT_NODE_LOST_GRACE_S)]
         node_lost_grace_s: u64,
         /// Serve Prometheus metrics here (`IP:PORT`, `:PORT`); off when unset. The leading
         /// replica reports the cluster-wide pools (`tether_pool_*`); see docs/monitoring.md.
@@ -161,7 +162,7 @@ enum Cmd {
         #[arg(long)]
         agent_namespace: Option<String>,
         /// Label selector of the node-agent's pods (the DaemonSet's pod label).
-        #[arg(long, default_value = reconcile::DEFAULT_AGENT_SELECTOR)]
+        #[arg(long, default_value = options::DEFAULT_AGENT_SELECTOR)]
         agent_selector: String,
         /// One pass, print what was released, exit (1 if anything failed).
         #[arg(long)]
@@ -181,10 +182,10 @@ pub struct ReconcileArgs {
     pub node: Option<String>,
     /// Leases younger than this are never released (an ADD in flight holds its lease before its
     /// pod shows any network status).
-    #[arg(long, default_value_t = reconcile::DEFAULT_GRACE_S)]
+    #[arg(long, default_value_t = options::DEFAULT_GRACE_S)]
     pub grace_s: u64,
     /// Seconds between periodic full passes (pod deletions trigger a pass at once).
-    #[arg(long, default_value_t = reconcile::DEFAULT_INTERVAL_S)]
+    #[arg(long, default_value_t = options::DEFAULT_INTERVAL_S)]
     pub interval_s: u64,
     /// Namespace of the node-agent's pods: the nodes running one are the live nodes, and the one
     /// agent that sweeps leases of deleted nodes is chosen among them. Default: $POD_NAMESPACE,
@@ -192,7 +193,7 @@ pub struct ReconcileArgs {
     #[arg(long)]
     pub agent_namespace: Option<String>,
     /// Label selector of the node-agent's pods (the DaemonSet's pod label).
-    #[arg(long, default_value = reconcile::DEFAULT_AGENT_SELECTOR)]
+    #[arg(long, default_value = options::DEFAULT_AGENT_SELECTOR)]
     pub agent_selector: String,
     /// Do not reclaim leases of deleted nodes (only this node's).
     #[arg(long)]
@@ -202,7 +203,7 @@ pub struct ReconcileArgs {
     #[arg(long)]
     pub metrics_addr: Option<String>,
     /// Seconds between the monitor's rounds: conflict Events and the pool gauges.
-    #[arg(long, default_value_t = crate::operator::monitor::DEFAULT_INTERVAL_S)]
+    #[arg(long, default_value_t = options::DEFAULT_MONITOR_INTERVAL_S)]
     pub monitor_interval_s: u64,
     /// Do not post an AddressConflict Event on a pod whose ADD met an address in use.
     #[arg(long)]
@@ -260,7 +261,7 @@ impl ReconcileArgs {
         o.agent_namespace = match self.agent_namespace.as_deref().map(str::trim) {
             Some("") => return Err("--agent-namespace must not be empty".into()),
             Some(ns) => ns.to_string(),
-            None => reconcile::default_agent_namespace(),
+            None => options::default_agent_namespace(),
         };
         if self.agent_selector.trim().is_empty() {
             return Err("--agent-selector must not be empty (it would take every pod of the namespace for an agent)".into());
@@ -338,7 +339,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
                     std::env::var_os("KUBERNETES_SERVICE_HOST").map(|_| KubeSettings::default())
                 }
             }
-            .map(|s| reconcile::long_lived(&s));
+            .map(|s| options::long_lived(&s));
             let reconcile = if no_reconcile {
                 None
             } else {
@@ -387,11 +388,11 @@ pub fn run(args: Vec<OsString>) -> i32 {
             once,
             output,
         } => {
-            if node_lost_grace_s != 0 && node_lost_grace_s < reconcile::MIN_NODE_LOST_GRACE_S {
+            if node_lost_grace_s != 0 && node_lost_grace_s < options::MIN_NODE_LOST_GRACE_S {
                 eprintln!(
                     "tether: --node-lost-grace-s {node_lost_grace_s} is shorter than a node needs to be marked not Ready \
                      ({} s at least; 0 turns the node-lost release off)",
-                    reconcile::MIN_NODE_LOST_GRACE_S
+                    options::MIN_NODE_LOST_GRACE_S
                 );
                 return EXIT_USAGE;
             }
@@ -413,7 +414,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
                 agent_selector,
                 no_sweep: false,
                 metrics_addr,
-                monitor_interval_s: crate::operator::monitor::DEFAULT_INTERVAL_S,
+                monitor_interval_s: options::DEFAULT_MONITOR_INTERVAL_S,
                 no_conflict_events: true,
             };
             match args.api_options(kubeconfig, None, "the controller") {
@@ -736,7 +737,10 @@ fn run_reconcile(opts: reconcile::Options, once: bool, output: Output) -> Result
         });
     }
     tether_cni::logging::install("tether");
-    r.run(&stop.unwrap_or_default(), |_| {})?;
+    let observers = super::observers::Observers::start(r.options(), r.metrics());
+    let ran = r.run(&stop.unwrap_or_default(), |_| {});
+    observers.stop();
+    ran?;
     Ok(EXIT_OK)
 }
 

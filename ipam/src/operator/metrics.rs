@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tether_leases::RangeStatus;
 
-use crate::operator::reconcile::{PassReport, StoreName};
+use crate::operator::report::{PassReport, StoreName, now_s};
 
 /// Counts of one range of one network.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -455,7 +455,7 @@ fn answer(conn: TcpStream, registry: &Registry) -> std::io::Result<()> {
     let path = path.split('?').next().unwrap_or("");
     let (status, body) = match (method, path) {
         ("GET", "/metrics") => ("200 OK", registry.render()),
-        ("GET", "/healthz") => match registry.health(crate::operator::reconcile::now_s()) {
+        ("GET", "/healthz") => match registry.health(now_s()) {
             Ok(()) => ("200 OK", "ok\n".to_string()),
             Err(e) => ("503 Service Unavailable", format!("{e}\n")),
         },
@@ -587,7 +587,7 @@ mod tests {
         assert!(get("/").starts_with("HTTP/1.1 404"));
         // Health: fine while starting and while the loop beats; 503 once it stops.
         assert!(get("/healthz").starts_with("HTTP/1.1 200 OK"));
-        let now = crate::operator::reconcile::now_s();
+        let now = now_s();
         r.beat(now);
         assert!(get("/healthz").starts_with("HTTP/1.1 200 OK"));
         r.beat(now - STALL_S - 5);

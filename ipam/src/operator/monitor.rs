@@ -34,10 +34,9 @@ use tether_leases::{Allocator, FileStore, Lease, LeaseState, LeaseStore, NoProbe
 use tether_pool::{PoolConfig, StoreKind};
 
 use crate::operator::metrics::{PoolGauge, Registry, store_label};
-use crate::operator::reconcile::{self, StoreName};
+use crate::operator::options::{self, Options};
+use crate::operator::report::{StoreName, now_s};
 
-/// Default time between two rounds.
-pub const DEFAULT_INTERVAL_S: u64 = 30;
 /// The Event reason of an address conflict.
 pub const CONFLICT_REASON: &str = "AddressConflict";
 /// Conflicts older than this when first seen get no Event (and are not counted).
@@ -70,11 +69,9 @@ struct NetworkConfig {
 impl Monitor {
     /// From the reconciler's options (node, API access, data dir; `conflict_events`; pools when
     /// metrics are served).
-    pub fn new(opts: &reconcile::Options, registry: Arc<Registry>) -> Result<Monitor, String> {
+    pub fn new(opts: &Options, registry: Arc<Registry>) -> Result<Monitor, String> {
         let store = match &opts.kube {
-            Some(s) => {
-                Some(KubeStore::connect(reconcile::long_lived(s)).map_err(|e| e.to_string())?)
-            }
+            Some(s) => Some(KubeStore::connect(options::long_lived(s)).map_err(|e| e.to_string())?),
             None => None,
         };
         Ok(Monitor {
@@ -85,7 +82,7 @@ impl Monitor {
             pools: opts.metrics_addr.is_some(),
             controller: opts.controller,
             registry,
-            started: reconcile::now_s(),
+            started: now_s(),
             seen: HashSet::new(),
             warned: HashSet::new(),
         })
@@ -104,7 +101,7 @@ impl Monitor {
 
     /// One round; returns its failures (also logged and counted).
     pub fn round(&mut self) -> Vec<String> {
-        let now = reconcile::now_s();
+        let now = now_s();
         let mut errors = Vec::new();
         let mut counts: BTreeMap<(String, &'static str, &'static str), u64> = BTreeMap::new();
         let mut quarantined: Vec<Lease> = Vec::new();
@@ -193,7 +190,10 @@ impl Monitor {
                     uid: l.pod.uid.clone(),
                     key: format!(
                         "{:016x}",
-                        reconcile::fnv(&format!("{}/{}/{mac}/{at}", l.network, l.address))
+                        tether_stable_hash::fnv1a64(
+                            format!("{}/{}/{mac}/{at}", l.network, l.address).as_bytes(),
+                            0
+                        )
                     ),
                     reason: CONFLICT_REASON.into(),
                     message: conflict_message(l, mac, &node),

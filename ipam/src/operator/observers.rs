@@ -1,0 +1,79 @@
+//! What runs beside a reconciler: the Prometheus endpoint over its metrics registry and the
+//! monitor (conflict Events, pool and record gauges), each on a thread of its own. The node-agent
+//! and `tether reconcile`/`tether controller` start them next to [`Reconciler::run`], so the
+//! reconciler knows neither.
+//!
+//! [`Reconciler::run`]: crate::operator::reconcile::Reconciler::run
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+
+use crate::operator::metrics::{self, Registry};
+use crate::operator::monitor::Monitor;
+use crate::operator::options::Options;
+
+/// The running observers; [`Observers::stop`] ends them.
+pub struct Observers {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    metrics_addr: Option<SocketAddr>,
+}
+
+impl Observers {
+    /// Start the metrics endpoint (with `opts.metrics_addr`) and the monitor (an agent's with
+    /// conflict Events or metrics; the controller's only with metrics, as it reports nothing but
+    /// the cluster-wide pools). Neither failing to start stops the caller: it is logged.
+    pub fn start(opts: &Options, registry: &Arc<Registry>) -> Observers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        let mut metrics_addr = None;
+        if let Some(addr) = opts.metrics_addr {
+            match metrics::start(addr, registry.clone(), stop.clone()) {
+                Ok((bound, h)) => {
+                    metrics_addr = Some(bound);
+                    log::warn!("serving metrics on http://{bound}/metrics");
+                    threads.push(h);
+                }
+                Err(e) => log::error!("cannot serve metrics on {addr}: {e}; going on without"),
+            }
+        }
+        let monitor = if opts.controller {
+            opts.metrics_addr.is_some()
+        } else {
+            opts.conflict_events || opts.metrics_addr.is_some()
+        };
+        if monitor {
+            let (opts, registry, stop) = (opts.clone(), registry.clone(), stop.clone());
+            let spawned = std::thread::Builder::new()
+                .name("monitor".into())
+                .spawn(move || match Monitor::new(&opts, registry) {
+                    Ok(mut m) => m.run(opts.monitor_interval, &stop),
+                    Err(e) => log::error!("monitor: {e}; no conflict Events or pool metrics"),
+                });
+            match spawned {
+                Ok(h) => threads.push(h),
+                Err(e) => log::error!("cannot start the monitor: {e}"),
+            }
+        }
+        Observers {
+            stop,
+            threads,
+            metrics_addr,
+        }
+    }
+
+    /// Where the metrics are served (the bound address: a `:0` port resolved).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// Stop both and wait for them.
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for h in self.threads {
+            let _ = h.join();
+        }
+    }
+}
