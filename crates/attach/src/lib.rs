@@ -3,37 +3,44 @@
 //! Differences from the reference ipvlan plugin, each on purpose:
 //! - every ADD failure after the link exists removes the link and releases the IPAM lease ([`Undo`]);
 //! - DEL never resolves the master, deletes the link and releases the lease even when one of them is
-//!   already gone or fails; it also removes the link of an ADD killed before its rename (found by
-//!   its [`temporary_name`], derived from the attachment);
-//! - CHECK resolves the master like ADD, so it works with `master` omitted;
+//!   already gone or fails (the IPAM's error is returned first, the link's second); it also removes
+//!   the link of an ADD killed before its rename (found by its [`temporary_name`], derived from the
+//!   attachment);
+//! - CHECK works with `master` omitted: with `master` set it compares the link's parent with it;
+//!   without, it checks that the parent still exists (a chained ADD's master cannot be recovered);
 //! - STATUS checks the master; GC is forwarded to IPAM; a requested MAC is refused (code 2);
 //! - `mtu` above the master's is refused before anything is created.
+//!
+//! ADD, DEL and STATUS are here, the link's configuration in `configure.rs`, CHECK in `check.rs`.
+//! Every link operation goes through [`kernel::LinkOps`], so the unit tests run this logic against
+//! a recording fake (`fake_kernel.rs`) instead of the kernel.
 
+mod check;
 pub mod config;
+mod configure;
 pub mod error;
+#[cfg(test)]
+mod fake_kernel;
+mod kernel;
+#[cfg(test)]
+mod seam_tests;
 
 use std::net::IpAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
-use ipnet::IpNet;
 use tether_cni::delegate::{Exit, Running};
-use tether_cni::result::{Interface, Route as CniRoute};
+use tether_cni::result::Interface;
 use tether_cni::{CniError, CniResult, Command, Request, code};
 use tether_link::netlink::EEXIST;
-use tether_link::{IpvlanMode, Link, NetNs, Netlink, NetnsError, NsThread, Route, sysctl};
+use tether_link::{Link, NetNs, Netlink, NetnsError};
 use tether_wire::frame::format_mac;
 
+pub use check::check;
 pub use config::IpvlanConfig;
 pub use error::AttachError;
 
-/// How long ADD waits for IPv6 duplicate address detection before giving up.
-const DAD_WAIT: Duration = Duration::from_secs(5);
-
-/// How long the kernel's DAD listens for a defender on the pod's new interface, instead of its
-/// default random delay of up to 1 s plus 1 s (RetransTimer): the same window as tether-ipam's
-/// default probe. An address is never returned tentative; it just leaves that state sooner.
-const DAD_WINDOW_MS: u32 = 100;
+use configure::{configure, set_sysctls};
+use kernel::LinkOps;
 
 /// Open CNI_NETNS, telling "gone" apart from "not a netns".
 fn open_pod_netns(path: &Path) -> Result<NetNs, AttachError> {
@@ -49,8 +56,8 @@ fn open_pod_netns(path: &Path) -> Result<NetNs, AttachError> {
 fn resolve_master(
     cfg: &IpvlanConfig,
     prev: Option<&CniResult>,
-    host: &Netlink,
-    pod: &Netlink,
+    host: &dyn LinkOps,
+    pod: &dyn LinkOps,
 ) -> Result<Link, AttachError> {
     let (nl, place) = if cfg.link_in_container {
         (pod, "in the pod network namespace")
@@ -157,7 +164,7 @@ fn kill_point(step: &str) {
 /// logged, not returned: the ADD's own error is what the runtime must see.
 struct Undo<'a> {
     req: &'a Request,
-    pod: &'a Netlink,
+    pod: &'a dyn LinkOps,
     link: Option<u32>,
     ipam: Option<String>,
     /// The IPAM ADD, when it runs while the link is made: waited for before its DEL.
@@ -165,6 +172,21 @@ struct Undo<'a> {
     /// The IPAM ADD whose Result is in, until it has exited: its DEL must not overlap it.
     exit: Option<Exit>,
     armed: bool,
+}
+
+impl<'a> Undo<'a> {
+    /// Armed, with nothing made yet.
+    fn new(req: &'a Request, pod: &'a dyn LinkOps) -> Self {
+        Undo {
+            req,
+            pod,
+            link: None,
+            ipam: None,
+            running: None,
+            exit: None,
+            armed: true,
+        }
+    }
 }
 
 impl Drop for Undo<'_> {
@@ -233,15 +255,7 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
         });
     }
 
-    let mut undo = Undo {
-        req,
-        pod: &pod,
-        link: None,
-        ipam: None,
-        running: None,
-        exit: None,
-        armed: true,
-    };
+    let mut undo = Undo::new(req, &pod);
     if let Some(plugin) = &cfg.ipam_type
         && ipam_needs_no_link(&cfg, plugin)
     {
@@ -255,17 +269,50 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
     }
 
     // Under linkInContainer the master is in the pod netns already: create there, no move.
-    let (creator, target) = if cfg.link_in_container {
+    let (creator, target): (&dyn LinkOps, _) = if cfg.link_in_container {
         (&pod, None)
     } else {
         (&host, Some(&ns))
     };
-    let tmp = temporary_name(req.env.container_id(), ifname);
+    let link = make_link(&mut undo, creator, target, &cfg, &master, netns_path)?;
+    set_sysctls(&in_pod, ifname)?;
+
+    let (mut result, probed) = ipam_result(&mut undo, &cfg, prev)?;
+    kill_point("ipam");
+    if result.ips.is_empty() {
+        return Err(AttachError::NoAddresses {
+            plugin: cfg.ipam_type.clone().unwrap_or_else(|| "prevResult".into()),
+        });
+    }
+
+    configure(&in_pod, &pod, &link, ifname, &result, &probed)?;
+    kill_point("configure");
+    if let Some(exit) = undo.exit.take() {
+        exit.check().map_err(AttachError::Cni)?;
+    }
+    describe_interface(&mut result, &cfg, &link, ifname, netns_path);
+    undo.armed = false;
+    Ok(result)
+}
+
+/// Create the ipvlan under its [`temporary_name`] on `master` through `creator` (into `target`
+/// when given), record it in `undo`, and rename it to CNI_IFNAME in the pod netns (`undo.pod`).
+fn make_link(
+    undo: &mut Undo,
+    creator: &dyn LinkOps,
+    target: Option<&NetNs>,
+    cfg: &IpvlanConfig,
+    master: &Link,
+    netns_path: &Path,
+) -> Result<Link, AttachError> {
+    let pod = undo.pod;
+    let ifname = undo.req.env.ifname();
+    let tmp = temporary_name(undo.req.env.container_id(), ifname);
     let create = || creator.create_ipvlan(&tmp, master.index, cfg.mode, cfg.flag, cfg.mtu, target);
     match create() {
         // The link of an earlier ADD of this attachment that was killed before its rename (the
         // runtime retries ADD without a DEL in between): ours by its name, removed, made again.
-        Err(e) if e.errno() == Some(EEXIST) && remove_temporary_link(&pod, &tmp)? => create()?,
+        Err(e) if e.errno() == Some(EEXIST) && remove_temporary_link(pod, &tmp)? => create()?,
         r => r?,
     }
     kill_point("create");
@@ -284,8 +331,16 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
             _ => e.into(),
         })?;
     kill_point("rename");
-    set_sysctls(&in_pod, ifname)?;
+    Ok(link)
+}
 
+/// The addresses to configure: the IPAM's Result (spawned now unless it already runs), else the
+/// chained prevResult; with the addresses the IPAM probed on the wire.
+fn ipam_result(
+    undo: &mut Undo,
+    cfg: &IpvlanConfig,
+    prev: Option<&CniResult>,
+) -> Result<(CniResult, Vec<IpAddr>), AttachError> {
     // The IPAM's Result is used as soon as it is printed; its exit is checked once the link is
     // configured (tether-ipam closes its probe sockets in between, see `Running::early_result`).
     let running = match (&cfg.ipam_type, undo.running.take()) {
@@ -293,34 +348,33 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
         (Some(plugin), None) => {
             undo.ipam = Some(plugin.clone());
             Some(
-                req.delegation()
+                undo.req
+                    .delegation()
                     .spawn(plugin, Command::Add)
                     .map_err(AttachError::Cni)?,
             )
         }
         (None, None) => None,
     };
-    let (mut result, probed) = match running {
+    Ok(match running {
         Some(running) => {
             let (r, raw, exit) = running.early_result().map_err(AttachError::Cni)?;
             undo.exit = Some(exit);
             (r, tether_cni::result::probed_addresses(&raw))
         }
         None => (prev.cloned().unwrap_or_default(), Vec::new()),
-    };
-    kill_point("ipam");
-    if result.ips.is_empty() {
-        return Err(AttachError::NoAddresses {
-            plugin: cfg.ipam_type.clone().unwrap_or_else(|| "prevResult".into()),
-        });
-    }
+    })
+}
 
-    configure(&in_pod, &pod, &link, ifname, &result, &probed)?;
-    kill_point("configure");
-    if let Some(exit) = undo.exit.take() {
-        exit.check().map_err(AttachError::Cni)?;
-    }
-
+/// ADD's Result names the pod's interface, points every address at it, and falls back to the
+/// config's DNS.
+fn describe_interface(
+    result: &mut CniResult,
+    cfg: &IpvlanConfig,
+    link: &Link,
+    ifname: &str,
+    netns_path: &Path,
+) {
     result.interfaces = vec![Interface {
         name: ifname.to_string(),
         mac: link.mac.as_deref().map(format_mac),
@@ -335,200 +389,6 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
         && let Some(dns) = &cfg.dns
     {
         result.dns = dns.clone();
-    }
-    undo.armed = false;
-    Ok(result)
-}
-
-/// The pod interface's DAD timing as it was before [`short_dad_window`].
-struct DadTiming {
-    solicitation_delay: String,
-    retrans_time_ms: String,
-}
-
-impl DadTiming {
-    /// Put the kernel's values back once DAD is over: RetransTimer also paces neighbour
-    /// solicitations for the pod's whole life, which stay as the kernel (or a router) has them.
-    fn restore(self, in_pod: &NsThread, ifname: &str) -> Result<(), AttachError> {
-        let name = ifname.to_string();
-        in_pod.run(move || {
-            for e in [
-                sysctl::set_interface(
-                    "ipv6",
-                    &name,
-                    "router_solicitation_delay",
-                    &self.solicitation_delay,
-                )
-                .err(),
-                sysctl::set_neigh("ipv6", &name, "retrans_time_ms", &self.retrans_time_ms).err(),
-            ]
-            .into_iter()
-            .flatten()
-            {
-                log::warn!("restoring the IPv6 neighbour timing of {name}: {e}");
-            }
-        })?;
-        Ok(())
-    }
-}
-
-/// Shorten DAD on the pod's new interface to [`DAD_WINDOW_MS`]: no random start delay (it spreads
-/// hosts booting together after a power cut; a pod's ADD has no such crowd), one solicitation, and
-/// the window to hear a defender. Set before the addresses, so their DAD runs with it. None when
-/// IPv6 is off in the pod (DAD then does not run) or the values cannot be read.
-fn short_dad_window(in_pod: &NsThread, ifname: &str) -> Result<Option<DadTiming>, AttachError> {
-    let name = ifname.to_string();
-    let timing = in_pod.run(move || -> Option<DadTiming> {
-        let before = DadTiming {
-            solicitation_delay: sysctl::get_interface("ipv6", &name, "router_solicitation_delay")
-                .ok()?,
-            retrans_time_ms: sysctl::get_neigh("ipv6", &name, "retrans_time_ms").ok()?,
-        };
-        let set =
-            sysctl::set_interface("ipv6", &name, "router_solicitation_delay", "0").and_then(|()| {
-                sysctl::set_neigh("ipv6", &name, "retrans_time_ms", &DAD_WINDOW_MS.to_string())
-            });
-        if let Err(e) = set {
-            // DAD still runs, with the kernel's timing: slower, never less safe.
-            log::warn!("shortening DAD on {name}: {e}");
-        }
-        Some(before)
-    })?;
-    Ok(timing)
-}
-
-/// Announce on link-up and on address changes, so peers drop stale entries when an address moves.
-/// Set before the link is up.
-fn set_sysctls(in_pod: &NsThread, ifname: &str) -> Result<(), AttachError> {
-    let name = ifname.to_string();
-    in_pod.run(move || {
-        if let Err(e) = sysctl::set_interface("ipv4", &name, "arp_notify", "1") {
-            log::warn!("{e}");
-        }
-        // Absent when IPv6 is disabled in the pod; nothing to announce then.
-        if let Err(e) = sysctl::set_interface("ipv6", &name, "ndisc_notify", "1")
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            log::warn!("{e}");
-        }
-    })?;
-    Ok(())
-}
-
-/// Addresses, link up, IPv6 DAD, routes — in the pod netns. `probed`: addresses the IPAM proved
-/// unused on the wire. IPv6 ones among them skip the kernel's DAD (`nodad`): it would only repeat that
-/// probe, for a second or two. Every other IPv6 address is waited for until it is no longer tentative.
-fn configure(
-    in_pod: &NsThread,
-    pod: &Netlink,
-    link: &Link,
-    ifname: &str,
-    result: &CniResult,
-    probed: &[IpAddr],
-) -> Result<(), AttachError> {
-    let nodad = |a: IpAddr| a.is_ipv6() && probed.contains(&a);
-    let dad: Vec<IpNet> = result
-        .ips
-        .iter()
-        .map(|i| i.address)
-        .filter(|a| a.addr().is_ipv6() && !nodad(a.addr()))
-        .collect();
-    let window = if dad.is_empty() {
-        None
-    } else {
-        short_dad_window(in_pod, ifname)?
-    };
-    for ip in &result.ips {
-        pod.add_address(link.index, ip.address, nodad(ip.address.addr()))?;
-    }
-    pod.set_up(link.index)?;
-    wait_for_dad(pod, link.index, ifname, &dad)?;
-    if let Some(w) = window {
-        w.restore(in_pod, ifname)?;
-    }
-    for r in &result.routes {
-        let gateway = r.gw.or_else(|| same_family_gateway(result, r));
-        let route = Route {
-            dst: r.dst,
-            gateway,
-            oif: Some(link.index),
-            priority: r.priority,
-            table: r.table,
-        };
-        match pod.add_route(&route) {
-            Err(e) if e.errno() == Some(EEXIST) => log::info!("route to {} already present", r.dst),
-            other => other?,
-        }
-    }
-    announce_addresses(in_pod, link, result);
-    Ok(())
-}
-
-/// Gratuitous ARP / unsolicited NA for every address, now that it is configured and out of DAD, so
-/// neighbours and switches drop entries left by the address's previous holder. The kernel sends one
-/// more on link-up (arp_notify). A failure here is logged: the attachment itself works.
-fn announce_addresses(in_pod: &NsThread, link: &Link, result: &CniResult) {
-    let Some(mac) = link
-        .mac
-        .as_deref()
-        .and_then(|m| <[u8; 6]>::try_from(m).ok())
-    else {
-        return;
-    };
-    let addrs: Vec<IpAddr> = result.ips.iter().map(|i| i.address.addr()).collect();
-    let index = link.index;
-    match in_pod.run(move || tether_wire::announce(index, mac, &addrs, 1, Duration::ZERO)) {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => log::warn!("announcing addresses: {e}"),
-        Err(e) => log::warn!("announcing addresses: {e}"),
-    }
-}
-
-/// A route without `gw` goes through the gateway of the same family, as the reference plugins do.
-fn same_family_gateway(result: &CniResult, r: &CniRoute) -> Option<IpAddr> {
-    result
-        .ips
-        .iter()
-        .filter_map(|ip| ip.gateway)
-        .find(|g| g.is_ipv4() == r.dst.addr().is_ipv4())
-}
-
-/// Return only once every address of `wanted` (IPv6, added without `nodad`) has left the tentative
-/// state, so the pod can use it at once.
-fn wait_for_dad(
-    pod: &Netlink,
-    index: u32,
-    ifname: &str,
-    wanted: &[IpNet],
-) -> Result<(), AttachError> {
-    if wanted.is_empty() {
-        return Ok(());
-    }
-    let start = Instant::now();
-    loop {
-        let addrs = pod.addresses(index)?;
-        let mut pending = None;
-        for w in wanted {
-            match addrs.iter().find(|a| a.address.addr() == w.addr()) {
-                Some(a) if a.dad_failed => {
-                    return Err(AttachError::DadFailed {
-                        address: w.to_string(),
-                        ifname: ifname.to_string(),
-                    });
-                }
-                Some(a) if a.tentative => pending = Some(*w),
-                _ => {}
-            }
-        }
-        let Some(p) = pending else { return Ok(()) };
-        if start.elapsed() >= DAD_WAIT {
-            return Err(AttachError::DadTimeout {
-                address: p.to_string(),
-                ifname: ifname.to_string(),
-                waited_ms: DAD_WAIT.as_millis() as u64,
-            });
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -565,7 +425,7 @@ pub fn del(req: &Request) -> Result<(), AttachError> {
 }
 
 /// Remove the ipvlan link called `name` (a temporary name) from the pod netns; whether there was one.
-fn remove_temporary_link(pod: &Netlink, name: &str) -> Result<bool, AttachError> {
+fn remove_temporary_link(pod: &dyn LinkOps, name: &str) -> Result<bool, AttachError> {
     match pod.link_by_name(name)? {
         Some(l) if l.kind.as_deref() == Some("ipvlan") => {
             pod.delete_link(l.index)?;
@@ -577,8 +437,16 @@ fn remove_temporary_link(pod: &Netlink, name: &str) -> Result<bool, AttachError>
 
 /// CNI_IFNAME if it is an ipvlan link, and the link of an ADD killed before its rename.
 fn delete_pod_link(ns: &NetNs, container_id: &str, ifname: &str) -> Result<(), AttachError> {
-    let pod = Netlink::in_netns(ns)?;
-    remove_temporary_link(&pod, &temporary_name(container_id, ifname))?;
+    remove_pod_links(&Netlink::in_netns(ns)?, container_id, ifname)
+}
+
+/// [`delete_pod_link`] on the pod netns's socket.
+fn remove_pod_links(
+    pod: &dyn LinkOps,
+    container_id: &str,
+    ifname: &str,
+) -> Result<(), AttachError> {
+    remove_temporary_link(pod, &temporary_name(container_id, ifname))?;
     match pod.link_by_name(ifname)? {
         Some(l) if l.kind.as_deref() == Some("ipvlan") => {
             pod.delete_link(l.index)?;
@@ -590,127 +458,6 @@ fn delete_pod_link(ns: &NetNs, container_id: &str, ifname: &str) -> Result<(), A
         None => {}
     }
     Ok(())
-}
-
-/// CHECK: the attachment still looks exactly as ADD left it, and IPAM still holds the lease.
-pub fn check(req: &Request) -> Result<(), AttachError> {
-    let cfg = IpvlanConfig::from_conf(&req.conf)?;
-    let prev = req.conf.prev_result.as_ref().ok_or_else(|| {
-        AttachError::Cni(CniError::invalid_config(
-            "CHECK needs prevResult (the Result of ADD), and the config has none",
-        ))
-    })?;
-    if let Some(plugin) = &cfg.ipam_type {
-        req.delegation()
-            .exec(plugin, Command::Check)
-            .map_err(AttachError::Cni)?;
-    }
-    let netns_path = req.env.netns.as_deref().expect("CHECK validated CNI_NETNS");
-    let ifname = req.env.ifname();
-    let sandbox = netns_path.display().to_string();
-    let idx = prev
-        .interfaces
-        .iter()
-        .position(|i| i.name == ifname && i.sandbox.as_deref() == Some(sandbox.as_str()))
-        .ok_or_else(|| {
-            AttachError::Check(format!(
-                "prevResult lists no interface {ifname:?} with sandbox {sandbox}"
-            ))
-        })?;
-    let expected = &prev.interfaces[idx];
-    let ns = open_pod_netns(netns_path)?;
-    let host = Netlink::current()?;
-    let pod = Netlink::in_netns(&ns)?;
-
-    let link = pod
-        .link_by_name(ifname)?
-        .ok_or_else(|| AttachError::Check(format!("{ifname} does not exist in {sandbox}")))?;
-    if link.kind.as_deref() != Some("ipvlan") {
-        return Err(AttachError::Check(format!(
-            "{ifname} is a {} link, not ipvlan",
-            link.kind.as_deref().unwrap_or("unknown")
-        )));
-    }
-    if link.ipvlan_mode != Some(cfg.mode) {
-        return Err(AttachError::Check(format!(
-            "{ifname} is in ipvlan mode {}, the config says {}",
-            mode_name(link.ipvlan_mode),
-            mode_name(Some(cfg.mode))
-        )));
-    }
-    // With `master` set, the parent must be that link. Without it, ADD took the default route's
-    // interface or a chained plugin's — which CHECK cannot see again — so the parent must still exist.
-    let (masters, place) = if cfg.link_in_container {
-        (&pod, "pod netns")
-    } else {
-        (&host, "host")
-    };
-    match &cfg.master {
-        Some(_) => {
-            let master = resolve_master(&cfg, None, &host, &pod)?;
-            if link.parent_index != Some(master.index) {
-                return Err(AttachError::Check(format!(
-                    "{ifname}'s master is link #{}, not {} (#{})",
-                    link.parent_index.unwrap_or(0),
-                    master.name,
-                    master.index
-                )));
-            }
-        }
-        None => {
-            let parent = link.parent_index.unwrap_or(0);
-            if masters.link_by_index(parent)?.is_none() {
-                return Err(AttachError::Check(format!(
-                    "{ifname}'s master (link #{parent}) no longer exists on the {place}"
-                )));
-            }
-        }
-    }
-    if let Some(mac) = &expected.mac
-        && link.mac.as_deref().map(format_mac).as_deref() != Some(mac.to_ascii_lowercase().as_str())
-    {
-        return Err(AttachError::Check(format!(
-            "{ifname} has MAC {}, prevResult says {mac}",
-            link.mac.as_deref().map(format_mac).unwrap_or_default()
-        )));
-    }
-    let have = pod.addresses(link.index)?;
-    for ip in prev
-        .ips
-        .iter()
-        .filter(|ip| ip.interface.is_none_or(|i| i == idx))
-    {
-        if !have.iter().any(|a| a.address == ip.address) {
-            return Err(AttachError::Check(format!(
-                "{ifname} lacks address {}",
-                ip.address
-            )));
-        }
-    }
-    let routes = pod.all_routes()?;
-    for r in &prev.routes {
-        let gw = r.gw.or_else(|| same_family_gateway(prev, r));
-        if !routes
-            .iter()
-            .any(|x| x.dst == r.dst && (gw.is_none() || x.gateway == gw))
-        {
-            return Err(AttachError::Check(format!(
-                "route to {}{} is missing",
-                r.dst,
-                gw.map(|g| format!(" via {g}")).unwrap_or_default()
-            )));
-        }
-    }
-    Ok(())
-}
-
-fn mode_name(m: Option<IpvlanMode>) -> &'static str {
-    match m {
-        Some(IpvlanMode::L2) => "l2",
-        Some(IpvlanMode::L3) => "l3",
-        Some(IpvlanMode::L3s) => "l3s",
-        None => "unknown",
-    }
 }
 
 /// STATUS: ready when the master exists and IPAM is ready. Any failure is code 50 (or IPAM's 50/51).
