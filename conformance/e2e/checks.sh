@@ -130,6 +130,13 @@ spec:
     command: ["/bin/sh", "-c", "exec sleep 3600"]
 EOF
 }
+# seed_nads: the NADs of deploy/examples, unchanged (idempotent, so a check can run without test.sh)
+seed_nads() {
+  local f
+  for f in nad-management-pool nad-management-fixed nad-compute; do
+    K apply -f "$E2E_ROOT/deploy/examples/$f.yaml" >&2 || fail "kubectl apply -f deploy/examples/$f.yaml"
+  done
+}
 # nad NAME MASTER RANGE: a NAD as users write one (no "name": Multus names the network after the NAD)
 nad() {
   K apply -f - >&2 <<EOF || fail "creating NAD $1"

@@ -27,6 +27,8 @@
 #     the throwaway VM that is harmless, so unlike ../shared/peers/kubelet-lab no shadow sysctls.
 #   - The VM's root has every capability, so containerd's restrict_oom_score_adj stays off.
 #   - cgroup v2 (the VM mounts cgroup2 only), cgroupfs driver: the kubelet-lab needed v1 on the host.
+#   - / is made rshared before containerd starts: systemd does that on every real node, the VM's
+#     init does not, and a HostToContainer mount (the thick Multus daemon's) needs it.
 #   - The binaries run from RAM copies (/run/e2e/bin): the VM's root is 9p without a page cache,
 #     where every exec of a big Go binary pages it in again over 9p.
 # The node's NIC for ipvlan is enp5s0: one end of a veth pair whose other end is in netns
@@ -154,6 +156,8 @@ ip -n e2e-wire addr add 10.30.0.1/24 dev wire7
 mark node-network
 
 # ---- 2. the node's directories, fresh ---------------------------------------------------------
+# Mount propagation as systemd leaves it on a real node (runc refuses HostToContainer otherwise).
+mount --make-rshared / || e2e_die "mount --make-rshared /"
 for d in /opt/cni/bin /etc/cni/net.d /var/lib/cni /var/lib/kubelet /var/lib/containerd /var/log/pods /var/log/containers; do
   mkdir -p "$d" && mount -t tmpfs -o mode=0755 e2e "$d" || e2e_die "tmpfs on $d"
 done
@@ -252,7 +256,7 @@ ctr version >/dev/null 2>&1 || e2e_die "containerd not ready"
 mark containerd-ready
 # Before the kubelet: the agent's image (IfNotPresent, nothing can be pulled) must be there when
 # the DaemonSet's pod is first synced.
-imgs=("$E2E_DIR/images/pause.tar" "$E2E_DIR/images/busybox.tar")
+imgs=("$E2E_DIR/images/pause.tar" "$E2E_DIR/images/busybox.tar" "$E2E_DIR/images/multus-thick.tar")
 [ "${TETHER_E2E_NODE_ONLY:-0}" = 1 ] || imgs+=("$E2E_ROOT/target/tether-image.tar" "$E2E_DIR/images/tether-next.tar")
 for i in "${imgs[@]}"; do
   CTR images import "$i" >/dev/null || e2e_die "ctr images import $i failed"
@@ -315,7 +319,7 @@ e2e_log "node $E2E_NODE Ready $(since "$TK") s after the kubelet started"
 left=$(( ${TETHER_LAB_TIMEOUT:-600} - TEARDOWN_S - ${SECONDS} - BOOT_S ))
 [ "$left" -gt 30 ] || e2e_die "no time left for the checks (${left} s; raise TETHER_E2E_TIMEOUT)"
 # The scripts, in order (TETHER_E2E_CHECKS; `make bench-node`: install.sh bench-node.sh).
-checks=${TETHER_E2E_CHECKS:-install.sh test.sh test-events.sh test-node-gone.sh}
+checks=${TETHER_E2E_CHECKS:-install.sh test.sh test-events.sh test-thick.sh test-node-gone.sh}
 [ "${TETHER_E2E_NODE_ONLY:-0}" = 1 ] ||
   timeout -k 5 "$left" bash -c 'd=$1; shift; for c in "$@"; do bash "$d/$c" || exit; done' checks "$E2E_HERE" $checks ||
   { rc=$?; [ $rc != 124 ] || e2e_log "the checks did not finish in $left s"; exit $rc; }

@@ -11,7 +11,7 @@
 #   The VM reaches the API server, and nothing else, through one forwarded port
 #   (TETHER_LAB_FORWARD): 10.0.2.100:$E2E_API_PORT in the VM is 127.0.0.1:$E2E_API_PORT here.
 #
-# Bounded: the VM is killed after TETHER_E2E_TIMEOUT s (default 1500); everything started is stopped
+# Bounded: the VM is killed after TETHER_E2E_TIMEOUT s (default 2100); everything started is stopped
 # by pid (the VM's own services by node.sh, the control plane here, also on failure or Ctrl-C).
 # Exit status 0 only if every check passed. State and logs: target/lab/e2e/ (cleared at the start
 # of each run): timings.txt, results.txt, cp/logs/ (control plane), logs/ (containerd, kubelet,
@@ -41,7 +41,7 @@ if ((${#need[@]})); then
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; } ||
     e2e_die "cannot install ${need[*]}"
 fi
-for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl multus whereabouts; do
+for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl multus multus-daemon multus-shim whereabouts; do
   [ -x "$PEERS_BIN_DIR/$b" ] || e2e_die "no $PEERS_BIN_DIR/$b (PEERS_BIN_DIR; .ci/deps.sh builds the peers)"
 done
 [ -s target/tether-image.tar ] && [ -x target/image/tether-ipam ] || [ "${TETHER_E2E_NODE_ONLY:-0}" = 1 ] ||
@@ -99,6 +99,6 @@ echo "control-plane-ready $(since "$T0")" >>"$E2E_DIR/timings.txt"
 # ---- the node, in the lab VM ----
 export TETHER_LAB_FORWARD=$E2E_API_PORT
 export TETHER_LAB_MEMORY=${TETHER_LAB_MEMORY:-4G}
-export TETHER_LAB_TIMEOUT=${TETHER_E2E_TIMEOUT:-1500}
+export TETHER_LAB_TIMEOUT=${TETHER_E2E_TIMEOUT:-2100}
 status=0
 conformance/lab/run.sh "bash $(printf '%q' "$E2E_HERE/node.sh")" || status=$?

@@ -16,6 +16,7 @@
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/checks.sh"
 W=/run/e2e
+seed_nads # applied by test.sh already; again so that this check also runs alone
 
 busybox_pod gone-a '[{"name": "mgmt-pool", "interface": "net1"}, {"name": "compute", "interface": "net2"}]'
 busybox_pod gone-b '[{"name": "mgmt-pool", "interface": "net1"}, {"name": "compute", "interface": "net2"}]'

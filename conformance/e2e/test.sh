@@ -25,9 +25,7 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/checks.sh"
 
 # ---- 2. the NADs of deploy/examples, unchanged -------------------------------------------------
-for f in nad-management-pool nad-management-fixed nad-compute; do
-  K apply -f "$E2E_ROOT/deploy/examples/$f.yaml" >&2 || fail "kubectl apply -f deploy/examples/$f.yaml"
-done
+seed_nads
 wait_for 60 K -n default get serviceaccount default || fail "no default ServiceAccount"
 pass "NADs mgmt-pool, mgmt-fixed, compute applied from deploy/examples"
 
