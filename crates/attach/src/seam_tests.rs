@@ -8,7 +8,7 @@ use ipnet::IpNet;
 use serde_json::json;
 use tether_cni::{CniResult, Command, Env, NetConf, Request};
 use tether_link::netlink::EEXIST;
-use tether_link::{IpvlanFlag, IpvlanMode, NetNs, Route};
+use tether_link::{IpvlanFlag, IpvlanMode, Link, NetNs, Route};
 
 use crate::check::{check_contents, check_link};
 use crate::configure::{add_routes, raise};
@@ -271,16 +271,19 @@ fn attached() -> (FakeKernel, u32, u32) {
     (k, nic, link)
 }
 
-fn check_err(k: &FakeKernel, cfg: &IpvlanConfig) -> String {
+/// CHECK's link comparison of `net1` against the fake's host and pod.
+fn check_net1(k: &FakeKernel, cfg: &IpvlanConfig) -> Result<Link, AttachError> {
     check_link(cfg, "net1", NETNS, &k.socket(HOST), &k.socket(POD))
-        .unwrap_err()
-        .to_string()
+}
+
+fn check_err(k: &FakeKernel, cfg: &IpvlanConfig) -> String {
+    check_net1(k, cfg).unwrap_err().to_string()
 }
 
 #[test]
 fn check_without_master_needs_only_the_parent_to_exist() {
     let (k, nic, _) = attached();
-    let link = check_link(&cfg(None), "net1", NETNS, &k.socket(HOST), &k.socket(POD)).unwrap();
+    let link = check_net1(&k, &cfg(None)).unwrap();
     assert_eq!(link.parent_index, Some(nic));
     assert!(k.calls().contains(&format!("host link_by_index #{nic}")));
 
@@ -301,27 +304,13 @@ fn check_without_master_needs_only_the_parent_to_exist() {
 #[test]
 fn check_with_master_compares_the_parent() {
     let (k, nic, _) = attached();
-    check_link(
-        &cfg(Some("enp5s0")),
-        "net1",
-        NETNS,
-        &k.socket(HOST),
-        &k.socket(POD),
-    )
-    .unwrap();
+    check_net1(&k, &cfg(Some("enp5s0"))).unwrap();
     let other = k.add_link(HOST, "enp6s0", None);
     assert_eq!(
         check_err(&k, &cfg(Some("enp6s0"))),
         format!("CHECK: net1's master is link #{nic}, not enp6s0 (#{other})")
     );
-    let e = check_link(
-        &cfg(Some("gone0")),
-        "net1",
-        NETNS,
-        &k.socket(HOST),
-        &k.socket(POD),
-    )
-    .unwrap_err();
+    let e = check_net1(&k, &cfg(Some("gone0"))).unwrap_err();
     assert!(matches!(e, AttachError::MasterMissing { .. }), "{e:?}");
 }
 

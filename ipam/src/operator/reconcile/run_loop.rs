@@ -193,6 +193,15 @@ fn watch_loop(
             std::thread::sleep(Duration::from_millis(100));
         }
     };
+    // After a failed list or watch: the cache is stale until the next list; wait, jittered and
+    // capped (an agent is back within 30 s of the server), and back off further.
+    let failed = |backoff: &mut Duration, what: String, then: &str| {
+        let wait = tether_kube_store::jittered(*backoff).min(Duration::from_secs(30));
+        log::error!("reconcile: {what}; {then} in {:.1}s", wait.as_secs_f32());
+        cache.lock().unwrap_or_else(|p| p.into_inner()).synced = false;
+        sleep(wait);
+        *backoff = (*backoff * 2).min(Duration::from_secs(30));
+    };
     'relist: while keep_going() {
         let mut fresh: PodIndex = HashMap::new();
         store.restart_budget();
@@ -201,15 +210,11 @@ fn watch_loop(
         }) {
             Ok(rv) => rv,
             Err(e) => {
-                // Jittered, then capped: an agent is back within 30 s of the server.
-                let wait = tether_kube_store::jittered(backoff).min(Duration::from_secs(30));
-                log::error!(
-                    "reconcile: listing pods ({sel}): {e}; retrying in {:.1}s",
-                    wait.as_secs_f32()
+                failed(
+                    &mut backoff,
+                    format!("listing pods ({sel}): {e}"),
+                    "retrying",
                 );
-                cache.lock().unwrap_or_else(|p| p.into_inner()).synced = false;
-                sleep(wait);
-                backoff = (backoff * 2).min(Duration::from_secs(30));
                 continue;
             }
         };
@@ -257,15 +262,11 @@ fn watch_loop(
                     continue 'relist;
                 }
                 Err(e) => {
-                    // Jittered, then capped: an agent is back within 30 s of the server.
-                    let wait = tether_kube_store::jittered(backoff).min(Duration::from_secs(30));
-                    log::error!(
-                        "reconcile: watching pods ({sel}): {e}; listing again in {:.1}s",
-                        wait.as_secs_f32()
+                    failed(
+                        &mut backoff,
+                        format!("watching pods ({sel}): {e}"),
+                        "listing again",
                     );
-                    cache.lock().unwrap_or_else(|p| p.into_inner()).synced = false;
-                    sleep(wait);
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
                     continue 'relist;
                 }
             }
