@@ -11,6 +11,9 @@ use serde_json::{Map, Value};
 
 use crate::range::{self, Bound, IpRange, RangeError};
 
+mod sections;
+use sections::{parse_dns, parse_probe, parse_routes};
+
 /// Default state directory of the node-local file store.
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/tether";
 /// Default cooldown before a released address goes to another pod, in seconds.
@@ -455,147 +458,6 @@ fn parse_entry(
             .unwrap_or(range_val);
         ConfigError::invalid(&key, value, e)
     })
-}
-
-fn parse_routes(ipam: &Map<String, Value>) -> Result<Vec<Route>, ConfigError> {
-    let mut routes = Vec::new();
-    match ipam.get("routes") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(items)) => {
-            for (i, item) in items.iter().enumerate() {
-                let path = format!("ipam.routes[{i}]");
-                let obj = item.as_object().ok_or_else(|| {
-                    ConfigError::invalid(&path, item, "expected an object {\"dst\", \"gw\"}")
-                })?;
-                let dst_key = format!("{path}.dst");
-                let dst_s = opt_str(obj, "dst", &dst_key)?
-                    .ok_or_else(|| ConfigError::invalid(&path, item, "has no \"dst\""))?;
-                let dst: IpNet = dst_s
-                    .trim()
-                    .parse()
-                    .map_err(|_| ConfigError::invalid(&dst_key, &obj["dst"], "not a CIDR"))?;
-                let gw_key = format!("{path}.gw");
-                let gw = match opt_str(obj, "gw", &gw_key)? {
-                    Some(g) => Some(ip_value(&gw_key, &obj["gw"], g)?),
-                    None => None,
-                };
-                if let Some(g) = gw
-                    && range::Family::of(g) != range::Family::of(dst.addr())
-                {
-                    return Err(ConfigError::invalid(
-                        &gw_key,
-                        &obj["gw"],
-                        format!("mixes IPv4 and IPv6 with dst {dst}"),
-                    ));
-                }
-                let num = |key: &str, max: u64| -> Result<Option<u64>, ConfigError> {
-                    let p = format!("{path}.{key}");
-                    match opt_u64(obj, key, &p)? {
-                        Some(n) if n > max => Err(ConfigError::invalid(
-                            &p,
-                            &obj[key],
-                            format!("must be at most {max}"),
-                        )),
-                        n => Ok(n),
-                    }
-                };
-                let u32_of = |key: &str| num(key, u32::MAX.into()).map(|n| n.map(|n| n as u32));
-                routes.push(Route {
-                    dst,
-                    gw,
-                    mtu: u32_of("mtu")?,
-                    adv_mss: u32_of("advmss")?,
-                    priority: u32_of("priority")?,
-                    table: u32_of("table")?,
-                    scope: num("scope", u8::MAX.into())?.map(|n| n as u8),
-                });
-            }
-        }
-        Some(other) => {
-            return Err(ConfigError::invalid(
-                "ipam.routes",
-                other,
-                "expected a list",
-            ));
-        }
-    }
-    Ok(routes)
-}
-
-fn parse_dns(ipam: &Map<String, Value>) -> Result<Dns, ConfigError> {
-    let obj = match ipam.get("dns") {
-        None | Some(Value::Null) => return Ok(Dns::default()),
-        Some(Value::Object(o)) => o,
-        Some(other) => {
-            return Err(ConfigError::invalid(
-                "ipam.dns",
-                other,
-                "expected an object",
-            ));
-        }
-    };
-    let list = |key: &str| -> Result<Vec<String>, ConfigError> {
-        let path = format!("ipam.dns.{key}");
-        match obj.get(key) {
-            None | Some(Value::Null) => Ok(Vec::new()),
-            Some(Value::Array(items)) => items
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    v.as_str().map(str::to_string).ok_or_else(|| {
-                        ConfigError::invalid(&format!("{path}[{i}]"), v, "expected a string")
-                    })
-                })
-                .collect(),
-            Some(other) => Err(ConfigError::invalid(
-                &path,
-                other,
-                "expected a list of strings",
-            )),
-        }
-    };
-    Ok(Dns {
-        nameservers: list("nameservers")?,
-        domain: opt_str(obj, "domain", "ipam.dns.domain")?.map(str::to_string),
-        search: list("search")?,
-        options: list("options")?,
-    })
-}
-
-fn parse_probe(ipam: &Map<String, Value>) -> Result<ProbeConfig, ConfigError> {
-    match ipam.get("probe") {
-        None | Some(Value::Null) | Some(Value::Bool(true)) => Ok(ProbeConfig::default()),
-        Some(Value::Bool(false)) => Ok(ProbeConfig::Disabled),
-        Some(Value::Object(o)) => {
-            let timeout_ms = opt_u64(o, "timeout_ms", "ipam.probe.timeout_ms")?
-                .unwrap_or(DEFAULT_PROBE_TIMEOUT_MS);
-            if timeout_ms == 0 {
-                return Err(ConfigError::invalid(
-                    "ipam.probe.timeout_ms",
-                    &o["timeout_ms"],
-                    "must be at least 1",
-                ));
-            }
-            let attempts = opt_u64(o, "attempts", "ipam.probe.attempts")?
-                .unwrap_or(DEFAULT_PROBE_ATTEMPTS as u64);
-            if attempts == 0 || attempts > u32::MAX as u64 {
-                return Err(ConfigError::invalid(
-                    "ipam.probe.attempts",
-                    &o["attempts"],
-                    "must be between 1 and 4294967295",
-                ));
-            }
-            Ok(ProbeConfig::Enabled {
-                timeout_ms,
-                attempts: attempts as u32,
-            })
-        }
-        Some(other) => Err(ConfigError::invalid(
-            "ipam.probe",
-            other,
-            "expected false, true or {\"timeout_ms\": N, \"attempts\": N}",
-        )),
-    }
 }
 
 fn is_blank(v: &Value) -> bool {
