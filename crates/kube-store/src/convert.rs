@@ -1,6 +1,10 @@
-//! `Lease` ↔ `IPLease`.
+//! `Lease` ↔ `IPLease`, and lease LISTs decoded object by object.
 
 use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
+use serde::Deserialize;
+use serde_json::Value;
 
 use tether_leases::{Lease, LeaseState, PodRef};
 
@@ -175,6 +179,54 @@ pub fn from_object(obj: &IPLease) -> Result<Lease, String> {
         since: t(&s.since)?,
         version: Some(version_of(uid, rv)),
     })
+}
+
+/// A list whose items are parsed one by one, so one malformed object cannot break the store.
+#[derive(Deserialize)]
+pub(crate) struct LeaseList {
+    #[serde(default)]
+    pub(crate) metadata: ListMeta,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub(crate) items: Vec<Lenient>,
+}
+
+/// A real API server answers an empty metadata-only list with `"items": null`.
+pub(crate) fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Vec<T>, D::Error> {
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Lenient {
+    Ok(IPLease),
+    Bad(Value),
+}
+
+/// Decode one page of a lease LIST into `out`: objects `keep` accepts become leases; malformed
+/// objects (someone else's writes) are logged and skipped rather than failing the whole call.
+pub(crate) fn collect_leases(
+    items: Vec<Lenient>,
+    keep: impl Fn(&IPLease) -> bool,
+    out: &mut Vec<Lease>,
+) {
+    for item in items {
+        match item {
+            Lenient::Ok(o) if keep(&o) => match from_object(&o) {
+                Ok(l) => out.push(l),
+                Err(e) => log::warn!("{e}"),
+            },
+            Lenient::Ok(_) => {}
+            Lenient::Bad(v) => log::warn!(
+                "ignoring malformed IPLease {}",
+                v.pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("?")
+            ),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -38,6 +38,7 @@
 // of a short-lived process, so their size does not matter.
 #![allow(clippy::result_large_err)]
 
+mod api;
 pub mod cluster;
 pub mod convert;
 pub mod crd;

@@ -1,23 +1,23 @@
 //! [`KubeStore`]: the [`LeaseStore`] over one `IPLease` object per (network, address).
 
-use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use kube::Client;
 use kube::core::Request;
 use kube::core::params::{DeleteParams, ListParams, PostParams, Preconditions, VersionMatch};
-use serde::Deserialize;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tether_leases::{
     AttachmentIndex, CasResult, FileJournal, JournalEntry, Lease, LeaseStore, Lookup, PodRef,
     StoreError, Taken, validate_claim,
 };
 
+use crate::api::Counters;
+pub use crate::api::RequestCounts;
+pub(crate) use crate::api::{Budget, Verb, error_chain};
+pub(crate) use crate::convert::{LeaseList, collect_leases, null_as_empty};
 use crate::convert::{from_object, split_version, to_object};
 use crate::crd::{
     IPLease, NODE_LABEL, PLURAL, POD_LABEL, VERSION, label_value, network_selector, object_name,
@@ -25,119 +25,6 @@ use crate::crd::{
 };
 use crate::error::{CredentialSource, KubeStoreError};
 use crate::settings::KubeSettings;
-
-/// API requests a store has sent, by verb (every attempt, answered or not).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RequestCounts {
-    /// LIST (one per page).
-    pub list: u64,
-    /// GET.
-    pub get: u64,
-    /// CREATE (POST).
-    pub create: u64,
-    /// UPDATE (PUT).
-    pub update: u64,
-    /// DELETE.
-    pub delete: u64,
-}
-
-impl RequestCounts {
-    /// All requests.
-    pub fn total(&self) -> u64 {
-        self.list + self.get + self.create + self.update + self.delete
-    }
-}
-
-impl std::ops::Sub for RequestCounts {
-    type Output = RequestCounts;
-    fn sub(self, o: RequestCounts) -> RequestCounts {
-        RequestCounts {
-            list: self.list - o.list,
-            get: self.get - o.get,
-            create: self.create - o.create,
-            update: self.update - o.update,
-            delete: self.delete - o.delete,
-        }
-    }
-}
-
-#[derive(Default)]
-struct Counters {
-    list: AtomicU64,
-    get: AtomicU64,
-    create: AtomicU64,
-    update: AtomicU64,
-    delete: AtomicU64,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verb {
-    List,
-    Get,
-    Create,
-    Update,
-    Delete,
-}
-
-impl Verb {
-    pub(crate) fn rbac(self) -> &'static str {
-        match self {
-            Verb::List => "list",
-            Verb::Get => "get",
-            Verb::Create => "create",
-            Verb::Update => "update",
-            Verb::Delete => "delete",
-        }
-    }
-}
-
-/// A list whose items are parsed one by one, so one malformed object cannot break the store.
-#[derive(Deserialize)]
-pub(crate) struct LeaseList {
-    #[serde(default)]
-    pub(crate) metadata: ListMeta,
-    #[serde(default, deserialize_with = "null_as_empty")]
-    pub(crate) items: Vec<Lenient>,
-}
-
-/// A real API server answers an empty metadata-only list with `"items": null`.
-pub(crate) fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
-    d: D,
-) -> Result<Vec<T>, D::Error> {
-    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Lenient {
-    Ok(IPLease),
-    Bad(Value),
-}
-
-/// Decode one page of a lease LIST into `out`: objects `keep` accepts become leases; malformed
-/// objects (someone else's writes) are logged and skipped rather than failing the whole call.
-pub(crate) fn collect_leases(
-    items: Vec<Lenient>,
-    keep: impl Fn(&IPLease) -> bool,
-    out: &mut Vec<Lease>,
-) {
-    for item in items {
-        match item {
-            Lenient::Ok(o) if keep(&o) => match from_object(&o) {
-                Ok(l) => out.push(l),
-                Err(e) => log::warn!("{e}"),
-            },
-            Lenient::Ok(_) => {}
-            Lenient::Bad(v) => log::warn!(
-                "ignoring malformed IPLease {}",
-                v.pointer("/metadata/name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("?")
-            ),
-        }
-    }
-}
 
 /// The lease store over the Kubernetes API. See the crate docs.
 ///
@@ -152,8 +39,8 @@ pub struct KubeStore {
     pub(crate) server: String,
     pub(crate) source: CredentialSource,
     pub(crate) path: String,
-    deadline: Mutex<Instant>,
-    counters: Counters,
+    pub(crate) deadline: Mutex<Instant>,
+    pub(crate) counters: Counters,
     /// This node's journal ([`KubeSettings::journal_dir`]), when set with a node name.
     journal: Option<FileJournal>,
     /// The newest resourceVersion this store wrote or read: lists from the watch cache ask for
@@ -395,154 +282,6 @@ impl KubeStore {
         Ok(())
     }
 
-    // ----- plumbing -------------------------------------------------------------------------
-
-    pub(crate) fn counter(&self, v: Verb) -> &AtomicU64 {
-        match v {
-            Verb::List => &self.counters.list,
-            Verb::Get => &self.counters.get,
-            Verb::Create => &self.counters.create,
-            Verb::Update => &self.counters.update,
-            Verb::Delete => &self.counters.delete,
-        }
-    }
-
-    /// Run `fut` within the remaining budget.
-    pub(crate) fn within<T>(
-        &self,
-        what: &str,
-        fut: impl Future<Output = T>,
-    ) -> Result<T, KubeStoreError> {
-        let timeout = |_| KubeStoreError::Timeout {
-            server: self.server.clone(),
-            what: what.to_string(),
-            budget: self.settings.timeout,
-        };
-        let left = self.remaining();
-        if left.is_zero() {
-            return Err(timeout(()));
-        }
-        let rt = self
-            .rt
-            .as_ref()
-            .expect("runtime lives as long as the store");
-        rt.block_on(async { tokio::time::timeout(left, fut).await })
-            .map_err(|_| timeout(()))
-    }
-
-    /// Send one request and parse the answer; the outer error is the budget running out.
-    pub(crate) fn send<T: DeserializeOwned>(
-        &self,
-        verb: Verb,
-        what: &str,
-        req: http::Request<Vec<u8>>,
-    ) -> Result<T, kube::Error> {
-        self.counter(verb).fetch_add(1, Ordering::Relaxed);
-        let client = self
-            .client
-            .as_ref()
-            .expect("client lives as long as the store");
-        // A LIST's items are counted (objects read); its path names the resource.
-        let list_path = (verb == Verb::List).then(|| req.uri().path().to_string());
-        let answer = async {
-            let text = client.request_text(req).await?;
-            if let Some(path) = &list_path {
-                crate::monitoring::record_objects(path, crate::monitoring::list_items(&text));
-            }
-            serde_json::from_str::<T>(&text).map_err(kube::Error::SerdeError)
-        };
-        let r = match self.within(what, answer) {
-            Ok(r) => r,
-            Err(t) => Err(kube::Error::Service(Box::new(Budget(t)))),
-        };
-        crate::monitoring::record(verb.rbac(), r.as_ref().err());
-        r
-    }
-
-    pub(crate) fn protocol(&self, what: &str, detail: String) -> KubeStoreError {
-        KubeStoreError::Protocol {
-            server: self.server.clone(),
-            what: what.to_string(),
-            detail,
-        }
-    }
-
-    /// Map a failed request to an actionable error. 404 here means the resource is not served
-    /// (callers handle "object not found" before).
-    pub(crate) fn map_error(&self, verb: Verb, what: &str, e: kube::Error) -> KubeStoreError {
-        let server = self.server.clone();
-        match e {
-            kube::Error::Service(b) if b.is::<Budget>() => b
-                .downcast::<Budget>()
-                .map(|b| b.0)
-                .unwrap_or_else(|b| self.protocol(what, b.to_string())),
-            kube::Error::Api(s) => match s.code {
-                401 => KubeStoreError::Unauthorized {
-                    server,
-                    source_: self.source.clone(),
-                    message: s.message.clone(),
-                },
-                403 if s.message.contains("ValidatingAdmissionPolicy") => {
-                    KubeStoreError::ForbiddenByPolicy {
-                        server,
-                        verb: verb.rbac().to_string(),
-                        what: what.to_string(),
-                        source_: self.source.clone(),
-                        message: s.message.clone(),
-                    }
-                }
-                403 => KubeStoreError::Forbidden {
-                    server,
-                    verb: verb.rbac().to_string(),
-                    resource: format!("{PLURAL}.{}", self.settings.group),
-                    source_: self.source.clone(),
-                    message: s.message.clone(),
-                },
-                404 => KubeStoreError::CrdMissing { server },
-                code => KubeStoreError::Api {
-                    server,
-                    what: what.to_string(),
-                    code,
-                    reason: s.reason.clone(),
-                    message: s.message.clone(),
-                },
-            },
-            kube::Error::SerdeError(e) => self.protocol(what, e.to_string()),
-            kube::Error::Auth(e) => KubeStoreError::Kubeconfig {
-                source_: self.source.clone(),
-                detail: format!("cannot authenticate: {}", error_chain(&e)),
-            },
-            other => {
-                let detail = error_chain(&other);
-                let lower = detail.to_ascii_lowercase();
-                if is_tls(&other)
-                    || ["certificate", "x509", "handshake"]
-                        .iter()
-                        .any(|k| lower.contains(k))
-                {
-                    KubeStoreError::Tls {
-                        server,
-                        what: what.to_string(),
-                        source_: self.source.clone(),
-                        detail,
-                    }
-                } else {
-                    KubeStoreError::Unreachable {
-                        server,
-                        what: what.to_string(),
-                        source_: self.source.clone(),
-                        detail,
-                    }
-                }
-            }
-        }
-    }
-
-    /// Is this 404 about the object (it has a name in its details) rather than the resource?
-    pub(crate) fn object_missing(s: &kube::core::Status) -> bool {
-        s.code == 404 && s.details.as_ref().is_some_and(|d| !d.name.is_empty())
-    }
-
     /// GET the lease object `name`: `None` when absent or not a valid lease.
     fn get_object(&self, name: &str) -> Result<Option<Lease>, KubeStoreError> {
         let what = format!("GET of IPLease {name}");
@@ -713,66 +452,6 @@ impl KubeStore {
             Err(e) => Err(self.map_error(Verb::Delete, &what, e)),
         }
     }
-}
-
-/// The budget ran out (carried through `kube::Error::Service`).
-#[derive(Debug)]
-pub(crate) struct Budget(pub(crate) KubeStoreError);
-
-impl std::fmt::Display for Budget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl std::error::Error for Budget {}
-
-/// Is a rustls error somewhere in the chain (also inside an `io::Error`, whose `source()` skips
-/// the error it wraps)?
-fn is_tls(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(e);
-    while let Some(c) = cur {
-        if c.is::<rustls::Error>() {
-            return true;
-        }
-        // io::Error::source() skips the wrapped error: look inside explicitly (nested too).
-        let mut inner = c
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref());
-        while let Some(i) = inner {
-            if i.is::<rustls::Error>() {
-                return true;
-            }
-            inner = i
-                .downcast_ref::<std::io::Error>()
-                .and_then(|io| io.get_ref());
-        }
-        cur = c.source();
-    }
-    false
-}
-
-/// `e: cause: cause ...` (first lines only), without repeating a cause already in the text.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let first = e.to_string();
-    let mut out = first
-        .strip_prefix("ServiceError: ")
-        .unwrap_or(&first)
-        .lines()
-        .next()
-        .unwrap_or("")
-        .to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let full = c.to_string();
-        let s = full.lines().next().unwrap_or("");
-        if !out.contains(s) {
-            out.push_str(": ");
-            out.push_str(s);
-        }
-        cur = c.source();
-    }
-    out
 }
 
 impl LeaseStore for KubeStore {
