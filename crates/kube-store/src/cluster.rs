@@ -1,6 +1,6 @@
 //! Beyond the lease resource: what the reconciler, the CLI and `doctor` ask the API server about
-//! pods, this identity and the server itself, on the same client, runtime, credentials and
-//! error vocabulary as the store.
+//! leases across nodes and about pods, on the same client, runtime, credentials and error
+//! vocabulary as the store (what this identity may do and the server itself: `access.rs`).
 //!
 //! Pods are read **metadata-only** (`Accept:
 //! application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1`), parsed into a few strings
@@ -19,11 +19,6 @@
 //! | [`KubeStore::visit_pods`] | metadata-only LIST pods (optional field selector), paginated |
 //! | [`KubeStore::watch_pods`] | metadata-only WATCH pods from a resourceVersion |
 //! | [`KubeStore::agent_nodes`] | LIST pods of one namespace by label selector, paginated: their nodes |
-//! | [`KubeStore::can_i`] | CREATE selfsubjectaccessreviews |
-//! | [`KubeStore::who_am_i`] | CREATE selfsubjectreviews |
-//! | [`KubeStore::node_scope`] | CREATE ipleases `dryRun=All` of another node's lease (nothing is stored) |
-//! | [`KubeStore::server_version`] | GET /version |
-//! | [`KubeStore::crd_state`] | GET of the IPLease CRD |
 //!
 //! [`KubeSettings::page_size`]: crate::KubeSettings::page_size
 
@@ -34,13 +29,13 @@ use futures_util::TryStreamExt;
 /// The coordination.k8s.io/v1 Lease that elects the active `tether controller`.
 pub use k8s_openapi::api::coordination::v1::Lease as ElectionLease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
-use kube::core::params::{GetParams, ListParams, PostParams, WatchParams};
+use kube::core::params::{GetParams, ListParams, WatchParams};
 use kube::core::{Request, WatchEvent};
 use serde::Deserialize;
-use serde_json::{Value, json};
+
 use tether_leases::Lease;
 
-use crate::crd::{IPLease, NODE_LABEL, PLURAL, label_value};
+use crate::crd::{IPLease, NODE_LABEL, label_value};
 use crate::error::KubeStoreError;
 use crate::store::{KubeStore, LeaseList, Verb, collect_leases, null_as_empty};
 
@@ -137,49 +132,6 @@ pub enum WatchEnd {
     },
     /// `410 Gone`/`Expired`: the resourceVersion is too old; list again.
     Expired,
-}
-
-/// Answer of a SelfSubjectAccessReview.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Access {
-    /// Allowed?
-    pub allowed: bool,
-    /// The authorizer's reason, when it gave one.
-    pub reason: String,
-}
-
-/// This identity as the API server authenticates it (a SelfSubjectReview).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity {
-    /// User name.
-    pub username: String,
-    /// The node its token is bound to (`authentication.kubernetes.io/node-name`), if any.
-    pub node: Option<String>,
-}
-
-/// Whether the API server keeps this identity to its own node's leases.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NodeScope {
-    /// A write of another node's lease was refused by an admission policy: its message.
-    Enforced(String),
-    /// The same write would have been stored.
-    NotEnforced,
-}
-
-/// The node no lease of a real node names, for the dry-run of [`KubeStore::node_scope`].
-const NO_SUCH_NODE: &str = "tether-doctor.invalid";
-
-/// The IPLease CRD as `doctor` reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CrdState {
-    /// Installed and Established.
-    Established,
-    /// Installed but not (yet) Established; the condition's message.
-    NotEstablished(String),
-    /// Not installed.
-    Missing,
-    /// This identity may not read CRDs (403): the server's message.
-    Unreadable(String),
 }
 
 impl KubeStore {
@@ -581,162 +533,6 @@ impl KubeStore {
                     .map_err(|e| self.map_other("list", "pods", &what, e))?,
                 Err(e) => return Err(self.map_other("list", "pods", &what, e)),
             }
-        }
-    }
-
-    /// May this identity `verb` the `resource` of API `group` (`""` for the core group),
-    /// cluster-wide? One SelfSubjectAccessReview.
-    pub fn can_i(&self, verb: &str, group: &str, resource: &str) -> Result<Access, KubeStoreError> {
-        let what = format!("SelfSubjectAccessReview of {verb} {resource}");
-        let body = json!({
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SelfSubjectAccessReview",
-            "spec": {"resourceAttributes": {"verb": verb, "group": group, "resource": resource}}
-        });
-        let req = Request::new("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews")
-            .create(
-                &PostParams::default(),
-                serde_json::to_vec(&body).expect("json"),
-            )
-            .map_err(|e| self.protocol(&what, e.to_string()))?;
-        let v = self.send::<Value>(Verb::Create, &what, req).map_err(|e| {
-            self.map_other(
-                "create",
-                "selfsubjectaccessreviews.authorization.k8s.io",
-                &what,
-                e,
-            )
-        })?;
-        let st = v.get("status").cloned().unwrap_or(Value::Null);
-        Ok(Access {
-            allowed: st.get("allowed").and_then(Value::as_bool).unwrap_or(false),
-            reason: st
-                .get("reason")
-                .or_else(|| st.get("evaluationError"))
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
-        })
-    }
-
-    /// Who this identity is, and the node its token is bound to. One SelfSubjectReview.
-    pub fn who_am_i(&self) -> Result<Identity, KubeStoreError> {
-        let what = "SelfSubjectReview";
-        let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"});
-        let req = Request::new("/apis/authentication.k8s.io/v1/selfsubjectreviews")
-            .create(
-                &PostParams::default(),
-                serde_json::to_vec(&body).expect("json"),
-            )
-            .map_err(|e| self.protocol(what, e.to_string()))?;
-        let v = self.send::<Value>(Verb::Create, what, req).map_err(|e| {
-            self.map_other(
-                "create",
-                "selfsubjectreviews.authentication.k8s.io",
-                what,
-                e,
-            )
-        })?;
-        let user = v
-            .pointer("/status/userInfo")
-            .cloned()
-            .unwrap_or(Value::Null);
-        let node = user
-            .pointer("/extra/authentication.kubernetes.io~1node-name/0")
-            .and_then(Value::as_str)
-            .map(str::to_string);
-        Ok(Identity {
-            username: user
-                .get("username")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
-            node,
-        })
-    }
-
-    /// Would the API server let this identity lease an address to another node? A dry-run CREATE
-    /// (`dryRun=All`: admission runs, nothing is stored) of a Leased record naming a node that
-    /// does not exist, in a network no config uses. Needs `create` on ipleases.
-    pub fn node_scope(&self) -> Result<NodeScope, KubeStoreError> {
-        let what = "dry-run CREATE of another node's IPLease";
-        let address: std::net::IpAddr = "192.0.2.1".parse().expect("address");
-        let network = "tether-doctor-node-scope";
-        let body = json!({
-            "apiVersion": format!("{}/{}", self.settings.group, crate::crd::VERSION),
-            "kind": "IPLease",
-            "metadata": {"name": crate::crd::object_name(network, address)},
-            "spec": {"network": network, "address": address.to_string(), "prefixLength": 32,
-                     "containerID": "tether-doctor", "ifname": "net1", "node": NO_SUCH_NODE,
-                     "state": "Leased", "since": "2000-01-01T00:00:00Z"}
-        });
-        let params = PostParams {
-            dry_run: true,
-            ..PostParams::default()
-        };
-        let req = Request::new(format!(
-            "/apis/{}/{}/{PLURAL}",
-            self.settings.group,
-            crate::crd::VERSION
-        ))
-        .create(&params, serde_json::to_vec(&body).expect("json"))
-        .map_err(|e| self.protocol(what, e.to_string()))?;
-        match self.send::<Value>(Verb::Create, what, req) {
-            Ok(_) => Ok(NodeScope::NotEnforced),
-            // Someone really holds that record: the admission was not the question.
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(NodeScope::NotEnforced),
-            Err(kube::Error::Api(s))
-                if s.code == 403 && s.message.contains("ValidatingAdmissionPolicy") =>
-            {
-                Ok(NodeScope::Enforced(s.message.clone()))
-            }
-            Err(e) => Err(self.map_error(Verb::Create, what, e)),
-        }
-    }
-
-    /// `gitVersion` of GET /version.
-    pub fn server_version(&self) -> Result<String, KubeStoreError> {
-        let what = "GET /version";
-        let req = http::Request::get("/version")
-            .body(Vec::new())
-            .map_err(|e| self.protocol(what, e.to_string()))?;
-        let v = self
-            .send::<Value>(Verb::Get, what, req)
-            .map_err(|e| self.map_other("get", "version", what, e))?;
-        Ok(v.get("gitVersion")
-            .and_then(Value::as_str)
-            .unwrap_or("(unknown version)")
-            .to_string())
-    }
-
-    /// Is the IPLease CRD installed and established?
-    pub fn crd_state(&self) -> Result<CrdState, KubeStoreError> {
-        let crd_name = format!("{PLURAL}.{}", self.settings.group);
-        let what = "GET of the IPLease CRD";
-        let req = Request::new("/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
-            .get(&crd_name, &GetParams::default())
-            .map_err(|e| self.protocol(what, e.to_string()))?;
-        match self.send::<Value>(Verb::Get, what, req) {
-            Ok(crd) => {
-                let c = crd
-                    .pointer("/status/conditions")
-                    .and_then(Value::as_array)
-                    .and_then(|cs| cs.iter().find(|c| c["type"] == "Established"));
-                Ok(match c {
-                    Some(c) if c["status"] == "True" => CrdState::Established,
-                    other => CrdState::NotEstablished(
-                        other
-                            .and_then(|c| c["message"].as_str())
-                            .unwrap_or("no Established condition")
-                            .to_string(),
-                    ),
-                })
-            }
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(CrdState::Missing),
-            Err(kube::Error::Api(s)) if s.code == 403 => {
-                Ok(CrdState::Unreadable(s.message.clone()))
-            }
-            Err(e) => Err(self.map_other("get", "customresourcedefinitions", what, e)),
         }
     }
 }

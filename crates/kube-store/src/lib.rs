@@ -31,14 +31,17 @@
 
 //! Beyond the leases, [`cluster`] reads what the reconciler, the CLI and `doctor` need: this
 //! node's leases, every lease, the leases' node labels, pods and nodes (metadata-only, paginated,
-//! watched), SelfSubjectAccessReviews, `/version` and the CRD's state; [`monitoring`] what the
+//! watched); [`access`] SelfSubjectAccessReviews, SelfSubjectReviews, the node-scope dry-run,
+//! `/version` and the CRD's state; `api.rs` is the plumbing every request goes through (time
+//! budget, request counters, error mapping); [`monitoring`] what the
 //! node-agent's monitor needs (NAD configurations, pod Events, API request and error counts).
 
 // Errors carry the server, verb, identity and message for the operator; they are the cold path
 // of a short-lived process, so their size does not matter.
 #![allow(clippy::result_large_err)]
 
-mod api;
+pub mod access;
+pub(crate) mod api;
 pub mod cluster;
 pub mod convert;
 pub mod crd;
@@ -51,7 +54,8 @@ pub mod settings;
 pub mod store;
 pub mod token_claims;
 
-pub use cluster::{Access, CrdState, Identity, NodeScope, PodEvent, PodKey, WatchEnd, jittered};
+pub use access::{Access, CrdState, Identity, NodeScope};
+pub use cluster::{PodEvent, PodKey, WatchEnd, jittered};
 pub use crd::{IPLease, IPLeaseSpec, LeasePhase, PodInfo, Quarantine, crd_yaml, object_name};
 pub use credentials::check_credentials;
 pub use error::{CredentialSource, KubeStoreError};
