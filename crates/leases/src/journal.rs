@@ -33,73 +33,9 @@ use std::path::{Path, PathBuf};
 
 use tether_trusted_fs::{Open, Place, TrustError, TrustedDir};
 
-use serde::{Deserialize, Serialize};
-
 use crate::file::file_stem;
 use crate::model::{Lease, PodRef};
-use crate::store::StoreError;
-
-/// Work an entry still owes the store, recorded while the store could not be reached.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Pending {
-    /// The store's records still name this container, the pod's previous sandbox: they are
-    /// rewritten to this attachment.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rekey_from: Option<String>,
-    /// The runtime ran DEL: the records are released.
-    #[serde(default)]
-    pub release: bool,
-}
-
-/// One attachment of this node and the leases it holds or was about to claim.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct JournalEntry {
-    /// `CNI_CONTAINERID`.
-    pub container_id: String,
-    /// `CNI_IFNAME`.
-    pub ifname: String,
-    /// The pod, when the runtime said.
-    #[serde(default)]
-    pub pod: PodRef,
-    /// Last known records (with the store's version once claimed; without while a claim is in
-    /// flight).
-    pub leases: Vec<Lease>,
-    /// Work left for the store (see the module docs).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pending: Option<Pending>,
-}
-
-/// What the journal knows of one attachment.
-#[derive(Debug, Default)]
-pub struct Lookup {
-    /// The attachment's own entry.
-    pub mine: Option<JournalEntry>,
-    /// Entries of other sandboxes of the same pod (namespace, name) on the same interface.
-    pub same_pod: Vec<JournalEntry>,
-}
-
-/// The attachment index the engine uses with a point-lookup store. See the module docs.
-pub trait AttachmentIndex {
-    /// The entry of (`container_id`, `ifname`) and those of other sandboxes of `pod` on `ifname`.
-    fn lookup(
-        &self,
-        network: &str,
-        container_id: &str,
-        ifname: &str,
-        pod: &PodRef,
-    ) -> Result<Lookup, StoreError>;
-
-    /// Write `entry` (replacing the attachment's previous one). An entry without leases is
-    /// removed.
-    fn record(&self, network: &str, entry: &JournalEntry) -> Result<(), StoreError>;
-
-    /// Every entry of `network` (GC).
-    fn entries(&self, network: &str) -> Result<Vec<JournalEntry>, StoreError>;
-
-    /// The entries of `network` with work pending, taking the network's `.pending` mark (one
-    /// `stat` when there is none). An entry recorded again with work left marks it again.
-    fn take_pending(&self, network: &str) -> Result<Vec<JournalEntry>, StoreError>;
-}
+use crate::store::{AttachmentIndex, JournalEntry, Lookup, StoreError};
 
 /// Errors of the journal files.
 #[derive(Debug, thiserror::Error)]

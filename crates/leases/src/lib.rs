@@ -68,7 +68,10 @@ pub use engine::{
     AddRequest, AllocError, Allocator, GcReport, Policy, RangeStatus, start_offset, walk_start,
 };
 pub use file::{FORMAT_VERSION, FileStore, FileStoreError, Transaction, file_stem};
-pub use journal::{AttachmentIndex, FileJournal, JournalEntry, JournalError, Lookup};
+pub use journal::{FileJournal, JournalError};
 pub use model::{Attachment, Lease, LeaseState, PodRef};
 pub use probe::{NoProbe, ProbeError, ProbeOutcome, Prober, ScriptedProber};
-pub use store::{BackendFailure, CasResult, LeaseStore, StoreError, Taken, validate_claim};
+pub use store::{
+    AttachmentIndex, BackendFailure, CasResult, JournalEntry, LeaseStore, Lookup, Pending,
+    StoreError, Taken, validate_claim,
+};

@@ -9,8 +9,8 @@ use tether_pool::RequestedIp;
 
 use super::claim::Claimed;
 use super::{AllocError, Allocator};
-use crate::journal::{AttachmentIndex, JournalEntry, Lookup};
 use crate::model::{Lease, LeaseState, PodRef};
+use crate::store::{AttachmentIndex, JournalEntry, Lookup};
 use crate::store::{StoreError, Taken};
 
 /// An ADD.

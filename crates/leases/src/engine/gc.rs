@@ -4,8 +4,8 @@
 use std::collections::HashSet;
 
 use super::{AllocError, Allocator};
-use crate::journal::JournalEntry;
 use crate::model::{Attachment, Lease};
+use crate::store::JournalEntry;
 
 /// Result of GC.
 #[derive(Debug, Default)]

@@ -23,10 +23,10 @@
 
 use super::add::{AddRequest, Journaling};
 use super::{AllocError, Allocator};
-use crate::journal::{AttachmentIndex, JournalEntry, Pending};
 use crate::model::{Lease, LeaseState};
 use crate::probe::ProbeOutcome;
 use crate::store::Taken;
+use crate::store::{AttachmentIndex, JournalEntry, Pending};
 use tether_pool::RequestedIp;
 
 /// Did `e` come from a store that could not be reached (a network error, a timeout, an
