@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::de::DeserializeOwned;
 
 use crate::crd::PLURAL;
-use crate::error::KubeStoreError;
+use crate::error::{KubeStoreError, error_chain};
 use crate::store::KubeStore;
 
 /// API requests a store has sent, by verb (every attempt, answered or not).
@@ -258,27 +258,4 @@ fn is_tls(e: &(dyn std::error::Error + 'static)) -> bool {
         cur = c.source();
     }
     false
-}
-
-/// `e: cause: cause ...` (first lines only), without repeating a cause already in the text.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let first = e.to_string();
-    let mut out = first
-        .strip_prefix("ServiceError: ")
-        .unwrap_or(&first)
-        .lines()
-        .next()
-        .unwrap_or("")
-        .to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let full = c.to_string();
-        let s = full.lines().next().unwrap_or("");
-        if !out.contains(s) {
-            out.push_str(": ");
-            out.push_str(s);
-        }
-        cur = c.source();
-    }
-    out
 }

@@ -7,9 +7,9 @@ use std::path::Path;
 use kube::Config;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+use crate::error::error_chain;
 use crate::error::{CredentialSource, KubeStoreError};
 use crate::settings::KubeSettings;
-use crate::store::error_chain;
 
 /// The largest kubeconfig file read.
 const MAX_KUBECONFIG: u64 = 1 << 20;

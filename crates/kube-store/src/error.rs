@@ -256,3 +256,26 @@ impl KubeStoreError {
         }
     }
 }
+
+/// `e: cause: cause ...` (first lines only), without repeating a cause already in the text.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let first = e.to_string();
+    let mut out = first
+        .strip_prefix("ServiceError: ")
+        .unwrap_or(&first)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let full = c.to_string();
+        let s = full.lines().next().unwrap_or("");
+        if !out.contains(s) {
+            out.push_str(": ");
+            out.push_str(s);
+        }
+        cur = c.source();
+    }
+    out
+}

@@ -16,14 +16,14 @@ use tether_leases::{
 
 use crate::api::Counters;
 pub use crate::api::RequestCounts;
-pub(crate) use crate::api::{Budget, Verb, error_chain};
+pub(crate) use crate::api::{Budget, Verb};
 pub(crate) use crate::convert::{LeaseList, collect_leases, null_as_empty};
 use crate::convert::{from_object, split_version, to_object};
 use crate::crd::{
     IPLease, NODE_LABEL, PLURAL, POD_LABEL, VERSION, label_value, network_selector, object_name,
     pod_label_value,
 };
-use crate::error::{CredentialSource, KubeStoreError};
+use crate::error::{CredentialSource, KubeStoreError, error_chain};
 use crate::settings::KubeSettings;
 
 /// The lease store over the Kubernetes API. See the crate docs.
