@@ -2,15 +2,16 @@
 //! lease, a requested address, a re-created sandbox's lease, the sticky address, the pool), the
 //! node journal of a point-mode store, and the rollback that makes an ADD all or nothing.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::IpAddr;
 
 use tether_pool::RequestedIp;
 
+use super::call::{Call, Journaling, Written};
 use super::claim::Claimed;
 use super::{AllocError, Allocator};
 use crate::model::{Lease, LeaseState, PodRef};
-use crate::store::{AttachmentIndex, JournalEntry, Lookup};
+use crate::store::JournalEntry;
 use crate::store::{StoreError, Taken};
 
 /// An ADD.
@@ -26,38 +27,6 @@ pub struct AddRequest {
     pub node: Option<String>,
     /// Requested addresses (at most one per range entry).
     pub requested: Vec<RequestedIp>,
-}
-
-/// A record this ADD wrote, with the record it replaced (for rollback).
-pub(super) struct Written {
-    pub(super) now: Lease,
-    pub(super) prev: Option<Lease>,
-}
-
-/// The node journal while an ADD runs (point mode).
-pub(super) struct Journaling<'j> {
-    pub(super) index: &'j dyn AttachmentIndex,
-    /// This attachment's entry: every address it holds or is about to claim.
-    pub(super) entry: JournalEntry,
-    /// What the journal knew before the ADD.
-    pub(super) lookup: Lookup,
-}
-
-/// What one ADD has read and written.
-#[derive(Default)]
-pub(super) struct Call<'j> {
-    /// Records known: every record of the network once `complete` (a snapshot), else those
-    /// read so far.
-    pub(super) view: HashMap<IpAddr, Lease>,
-    /// Point mode: the addresses read or written (present in `view` or known absent).
-    pub(super) seen: HashSet<IpAddr>,
-    pub(super) complete: bool,
-    /// Records written, for rollback.
-    pub(super) written: Vec<Written>,
-    pub(super) journal: Option<Journaling<'j>>,
-    /// Point mode: the records naming this pod from the store's index by pod identity, read
-    /// once per call (`None`: not read yet; empty when the store has no such index).
-    pub(super) by_pod: Option<Vec<Lease>>,
 }
 
 impl Allocator<'_> {
@@ -129,7 +98,7 @@ impl Allocator<'_> {
         // The store is unreachable and nothing was written: the journal may answer.
         if let (Some(e), Some(j)) = (&failed, &mut call.journal)
             && call.written.is_empty()
-            && super::offline::unreachable(e)
+            && e.is_unreachable()
             && let Some(leases) = self.add_from_journal(req, &wanted, j)?
         {
             return Ok(leases);

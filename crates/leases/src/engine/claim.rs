@@ -1,7 +1,7 @@
 //! Taking one address: write it to the node journal first (point mode), claim it with
 //! compare-and-swap, probe it with no lock held, and quarantine it when something answers.
 
-use super::add::{Call, Written};
+use super::call::{Call, Written};
 use super::{AllocError, Allocator};
 use crate::model::{Lease, LeaseState};
 use crate::probe::ProbeOutcome;

@@ -209,4 +209,10 @@ impl AllocError {
             _ => false,
         }
     }
+
+    /// Did this come from a store that could not be reached (a network error, a timeout, an
+    /// overloaded or restarting server)? The node journal may answer then.
+    pub(crate) fn is_unreachable(&self) -> bool {
+        matches!(self, AllocError::Store(s) if s.is_transient())
+    }
 }

@@ -25,6 +25,7 @@ use crate::probe::Prober;
 use crate::store::LeaseStore;
 
 mod add;
+mod call;
 mod check;
 mod claim;
 mod error;

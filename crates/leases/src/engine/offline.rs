@@ -21,19 +21,14 @@
 //! the record over from the old container only if it is still as journaled (or free again); a
 //! record another pod took meanwhile is left to that pod and logged as an error.
 
-use super::add::{AddRequest, Journaling};
+use super::add::AddRequest;
+use super::call::Journaling;
 use super::{AllocError, Allocator};
 use crate::model::{Lease, LeaseState};
 use crate::probe::ProbeOutcome;
 use crate::store::Taken;
 use crate::store::{AttachmentIndex, JournalEntry, Pending};
 use tether_pool::RequestedIp;
-
-/// Did `e` come from a store that could not be reached (a network error, a timeout, an
-/// overloaded or restarting server)?
-pub(super) fn unreachable(e: &AllocError) -> bool {
-    matches!(e, AllocError::Store(s) if s.is_transient())
-}
 
 impl Allocator<'_> {
     /// ADD answered from the journal (see the module docs); `None` when it cannot be.
@@ -173,7 +168,7 @@ impl Allocator<'_> {
             match self.settle(&e) {
                 Ok(()) => {}
                 Err(err) => {
-                    if unreachable(&err) {
+                    if AllocError::is_unreachable(&err) {
                         first_unreachable.get_or_insert(err);
                     } else {
                         log::error!(

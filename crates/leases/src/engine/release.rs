@@ -74,7 +74,7 @@ impl Allocator<'_> {
         }
         if let Some(e) = first_err {
             // Unreachable: what was not released is released later, and the DEL succeeds.
-            if let (true, Some((ix, mut entry))) = (super::offline::unreachable(&e), entry) {
+            if let (true, Some((ix, mut entry))) = (e.is_unreachable(), entry) {
                 entry
                     .leases
                     .retain(|l| !released.iter().any(|r| r.address == l.address));

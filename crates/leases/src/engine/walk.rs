@@ -7,7 +7,8 @@ use std::net::IpAddr;
 
 use tether_pool::IpRange;
 
-use super::add::{AddRequest, Call};
+use super::add::AddRequest;
+use super::call::Call;
 use super::claim::Claimed;
 use super::{AllocError, Allocator};
 use crate::model::{Lease, LeaseState, PodRef};
