@@ -392,19 +392,16 @@ fn v6(address: &str) -> CniResult {
     result(json!({"ips": [{"address": address}]}))
 }
 
+/// Raise `link` in the pod with the one IPv6 address fd00::10/64, not probed, waiting `wait` for DAD.
+fn raise_fd00_10(k: &FakeKernel, link: u32, wait: Duration) -> Result<(), AttachError> {
+    raise(&k.socket(POD), link, "net1", &v6("fd00::10/64"), &[], wait)
+}
+
 #[test]
 fn dad_that_clears_is_waited_for() {
     let (k, _, link) = attached();
     k.dad(net("fd00::10/64"), Dad::TentativeFor(3));
-    raise(
-        &k.socket(POD),
-        link,
-        "net1",
-        &v6("fd00::10/64"),
-        &[],
-        Duration::from_secs(5),
-    )
-    .unwrap();
+    raise_fd00_10(&k, link, Duration::from_secs(5)).unwrap();
     let polls = k.calls().iter().filter(|c| c.contains("addresses")).count();
     assert_eq!(polls, 4, "three tentative answers, then a clear one");
     assert!(k.link(POD, "net1").unwrap().up);
@@ -422,15 +419,7 @@ fn dad_that_never_clears_times_out_after_the_wait() {
     let (k, _, link) = attached();
     k.dad(net("fd00::10/64"), Dad::Stuck);
     let start = Instant::now();
-    let e = raise(
-        &k.socket(POD),
-        link,
-        "net1",
-        &v6("fd00::10/64"),
-        &[],
-        Duration::from_millis(60),
-    )
-    .unwrap_err();
+    let e = raise_fd00_10(&k, link, Duration::from_millis(60)).unwrap_err();
     // The wait passed in, not DAD_WAIT's 5 s.
     let waited = start.elapsed();
     assert!(waited >= Duration::from_millis(60) && waited < Duration::from_secs(2));
@@ -445,15 +434,7 @@ fn dad_that_never_clears_times_out_after_the_wait() {
 fn a_defended_address_is_dad_failed() {
     let (k, _, link) = attached();
     k.dad(net("fd00::10/64"), Dad::Failed);
-    let e = raise(
-        &k.socket(POD),
-        link,
-        "net1",
-        &v6("fd00::10/64"),
-        &[],
-        Duration::from_secs(5),
-    )
-    .unwrap_err();
+    let e = raise_fd00_10(&k, link, Duration::from_secs(5)).unwrap_err();
     assert!(matches!(e, AttachError::DadFailed { .. }), "{e:?}");
     assert_eq!(e.code(), tether_cni::code::ADDRESS_IN_USE);
 }
