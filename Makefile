@@ -235,8 +235,7 @@ bench:
 	  $(MAKE) --no-print-directory bench-kube | tee $(BENCH_OUT)/kube.txt && \
 	  $(MAKE) --no-print-directory bench-static | tee $(BENCH_OUT)/static.txt && \
 	  $(MAKE) --no-print-directory bench-probe | tee $(BENCH_OUT)/probe.txt && \
-	  $(MAKE) --no-print-directory bench-agents | tee $(BENCH_OUT)/agents.txt && \
-	  $(MAKE) --no-print-directory bench-node && cp target/lab/e2e/bench-node.md $(BENCH_OUT)/node.txt
+	  $(MAKE) --no-print-directory bench-agents | tee $(BENCH_OUT)/agents.txt
 	python3 conformance/bench/report.py
 
 fmt:

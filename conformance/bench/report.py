@@ -62,14 +62,6 @@ SECTIONS = [
      "the API server's own (`apiserver_storage_list_fetched_objects_total`: read from etcd; "
      "`apiserver_cache_list_fetched_objects_total`: read from its watch cache). The bounds are issue 22's; a MISS "
      "does not fail the run, a duplicate or a leak does.", "markdown"),
-    ("node", "Pods on a real node: tether vs reference ipvlan + whereabouts (kubelet + containerd in the lab VM)",
-     "`make bench-node` (`conformance/e2e/bench-node.sh`): the e2e node of `make e2e` (control plane on this "
-     "machine, kubelet v1.36 + containerd + Multus thin in the lab VM on Debian's 6.1 kernel under qemu without KVM, "
-     "real ipvlan), the tether DaemonSet installed as the README says. A Deployment of BENCH_NODE_PODS (50) pods, "
-     "each with two ipvlan attachments (net1, net2), from creation until every pod is Running, then deleted; once "
-     "with NADs of tether-ipvlan + tether-ipam as the examples ship them (cluster store, probe on) and once with the "
-     "reference ipvlan + whereabouts v0.9.3 (disjoint ranges), same node, same run, reference first. Emulation "
-     "inflates every absolute time; the ratio is the comparison.", "raw"),
 ]
 
 
@@ -139,12 +131,7 @@ def main():
         f = RUN / f"{name}.txt"
         lines += ["", f"## {title}", "", how, ""]
         if f.exists() and f.read_text().strip():
-            if form == ["markdown"]:
-                lines += markdown_output(f.read_text())
-            elif form == ["raw"]:  # already markdown, headings and all
-                lines += f.read_text().rstrip().splitlines()
-            else:
-                lines += ["```text", f.read_text().rstrip(), "```"]
+            lines += markdown_output(f.read_text()) if form == ["markdown"] else ["```text", f.read_text().rstrip(), "```"]
         else:
             lines += ["(not run in this report)"]
     if chart():
