@@ -25,6 +25,10 @@ for f in "$PEERS"/whereabouts-crds/*.yaml; do K apply -f "$f" >&2 || fail "kubec
 mkdir -p /etc/cni/net.d/whereabouts.d
 cp "$E2E_DIR/cp/guest-admin.kubeconfig" /etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig
 chmod 600 /etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig
+# whereabouts also wants its flat config file (its default place), or every ADD fails with
+# "config file not found" (seen: 0 of 50 pods Running); bench-kube writes one the same way.
+printf '{"datastore": "kubernetes", "kubernetes": {"kubeconfig": "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig"}}\n' \
+  >/etc/cni/net.d/whereabouts.d/whereabouts.conf
 
 ref_nad() { # name master range
   K apply -f - >&2 <<EOF || fail "creating NAD $1"
