@@ -199,6 +199,27 @@ fn a_stored_prefix_that_does_not_fit_is_a_store_error() {
     );
 }
 
+/// The IPAM reads `master` as the attacher does (tether_cni::MasterKeys): a name no link can
+/// have is code 7 naming it, before anything is leased, instead of a probe through a link never found.
+#[test]
+fn a_master_no_link_can_have_is_refused_before_leasing() {
+    let net = Net::new(json!({"range": "10.1.2.0/24", "probe": true}));
+    let att = Att::new("c1");
+    let msg = net
+        .add_with(&att, json!({"master": "eth0/../x"}))
+        .expect_err(7);
+    assert!(msg.contains("is not an interface name"), "{msg}");
+    let msg = net
+        .add_with(&att, json!({"master": "eth0", "linkInContainer": "yes"}))
+        .expect_err(7);
+    assert!(
+        msg.contains("linkInContainer must be true or false"),
+        "{msg}"
+    );
+    let state = std::fs::read_to_string(net.state_path()).unwrap_or_default();
+    assert!(!state.contains("\"c1\""), "{state}");
+}
+
 /// A corrupt state file is a clear error naming the file, for every verb, and is never reset.
 #[test]
 fn corrupt_state_file_is_never_reset() {

@@ -3,7 +3,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 use tether_cni::result::Dns;
-use tether_cni::{CniResult, NetConf};
+use tether_cni::{CniResult, MasterKeys, NetConf};
 use tether_link::{IpvlanFlag, IpvlanMode};
 
 use crate::error::AttachError;
@@ -11,19 +11,38 @@ use crate::error::AttachError;
 #[derive(Debug, Clone, Deserialize)]
 struct Raw {
     #[serde(default)]
-    master: Option<String>,
-    #[serde(default)]
     mode: Option<String>,
     #[serde(default)]
     flags: Option<String>,
     #[serde(default)]
     mtu: Option<u32>,
-    #[serde(default, rename = "linkInContainer")]
-    link_in_container: bool,
     #[serde(default)]
     ipam: Option<Value>,
     #[serde(default)]
     dns: Option<Dns>,
+}
+
+/// When the IPAM plugin's ADD starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpamStart {
+    /// Beside the link's creation: the plugin only allocates. Most of an ADD is the IPAM's exec
+    /// and probe, and the link then costs nothing.
+    WithLink,
+    /// Once the link exists in the pod, as under the reference plugin: dhcp talks through it, and a
+    /// plugin tether does not know may too.
+    AfterLink,
+}
+
+impl IpamStart {
+    /// The IPAM plugins known to only allocate. tether-ipam does only while `master` is set: without
+    /// it, it finds the link it probes through as CNI_IFNAME's parent, so that link must exist.
+    fn of(plugin: Option<&str>, keys: &MasterKeys) -> IpamStart {
+        match plugin {
+            Some("tether-ipam") if keys.master.is_some() => IpamStart::WithLink,
+            Some("host-local" | "static" | "whereabouts") => IpamStart::WithLink,
+            _ => IpamStart::AfterLink,
+        }
+    }
 }
 
 /// The validated config. Nothing here has touched the kernel.
@@ -39,18 +58,9 @@ pub struct IpvlanConfig {
     pub link_in_container: bool,
     /// `ipam.type`, when an IPAM plugin is configured.
     pub ipam_type: Option<String>,
+    /// When that plugin's ADD may start: decided here, from its type, so the ADD only follows it.
+    pub ipam_start: IpamStart,
     pub dns: Option<Dns>,
-}
-
-/// A name the kernel would take for a link (IFNAMSIZ less the NUL; no '/', ':', whitespace).
-fn is_ifname(n: &str) -> bool {
-    !n.is_empty()
-        && n.len() <= 15
-        && n != "."
-        && n != ".."
-        && !n
-            .bytes()
-            .any(|b| b == b'/' || b == b':' || b.is_ascii_whitespace() || b.is_ascii_control())
 }
 
 impl IpvlanConfig {
@@ -89,23 +99,14 @@ impl IpvlanConfig {
                 )));
             }
         };
-        let master = raw.master.filter(|m| !m.is_empty());
-        if let Some(m) = &master
-            && !is_ifname(m)
-        {
-            let shown: String = m.chars().take(32).collect();
-            return Err(AttachError::Config(format!(
-                "master {shown:?}{} is not an interface name: at most 15 bytes, no '/', ':' or \
-                 whitespace (see `ip -br link` on the node)",
-                if shown.len() < m.len() { "…" } else { "" }
-            )));
-        }
+        let keys = MasterKeys::from_top(&conf.value).map_err(AttachError::Cni)?;
         Ok(IpvlanConfig {
-            master,
+            ipam_start: IpamStart::of(ipam_type.as_deref(), &keys),
+            master: keys.master,
             mode,
             flag,
             mtu: raw.mtu.filter(|m| *m != 0),
-            link_in_container: raw.link_in_container,
+            link_in_container: keys.link_in_container,
             ipam_type,
             dns: raw.dns.filter(|d| !d.is_empty()),
         })
@@ -150,11 +151,35 @@ mod tests {
         assert_eq!(c.master.as_deref(), Some("enp5s0"));
         assert_eq!(c.mode, IpvlanMode::L3s);
         assert_eq!(c.ipam_type.as_deref(), Some("tether-ipam"));
+        assert_eq!(c.ipam_start, IpamStart::WithLink);
         let c = IpvlanConfig::from_conf(&conf("")).unwrap();
         assert_eq!(
             (c.mode, c.flag, c.master, c.mtu),
             (IpvlanMode::L2, IpvlanFlag::Bridge, None, None)
         );
+    }
+
+    #[test]
+    fn only_plugins_known_to_only_allocate_start_with_the_link() {
+        let start = |extra: &str| IpvlanConfig::from_conf(&conf(extra)).unwrap().ipam_start;
+        assert_eq!(
+            start(r#","ipam":{"type":"host-local"}"#),
+            IpamStart::WithLink
+        );
+        assert_eq!(
+            start(r#","ipam":{"type":"whereabouts"}"#),
+            IpamStart::WithLink
+        );
+        assert_eq!(start(r#","ipam":{"type":"dhcp"}"#), IpamStart::AfterLink);
+        assert_eq!(
+            start(r#","ipam":{"type":"tether-ipam"}"#),
+            IpamStart::AfterLink
+        );
+        assert_eq!(
+            start(r#","master":"eth0","ipam":{"type":"tether-ipam"}"#),
+            IpamStart::WithLink
+        );
+        assert_eq!(start(""), IpamStart::AfterLink);
     }
 
     #[test]

@@ -122,13 +122,19 @@ pub(crate) fn configure(
     Ok(())
 }
 
-/// The IPv6 addresses of `result` the kernel runs DAD for: those the IPAM did not probe.
+/// Whether the kernel runs DAD for `a`: an IPv6 address the IPAM did not probe. The probed ones
+/// are added `nodad`.
+fn kernel_runs_dad(a: IpAddr, probed: &[IpAddr]) -> bool {
+    a.is_ipv6() && !probed.contains(&a)
+}
+
+/// The addresses of `result` the kernel runs DAD for ([`kernel_runs_dad`]).
 fn dad_addresses(result: &CniResult, probed: &[IpAddr]) -> Vec<IpNet> {
     result
         .ips
         .iter()
         .map(|i| i.address)
-        .filter(|a| a.addr().is_ipv6() && !probed.contains(&a.addr()))
+        .filter(|a| kernel_runs_dad(a.addr(), probed))
         .collect()
 }
 
@@ -142,9 +148,14 @@ pub(crate) fn raise(
     probed: &[IpAddr],
     dad_wait: Duration,
 ) -> Result<(), AttachError> {
-    let nodad = |a: IpAddr| a.is_ipv6() && probed.contains(&a);
     for ip in &result.ips {
-        pod.add_address(index, ip.address, nodad(ip.address.addr()))?;
+        let a = ip.address.addr();
+        // `nodad` is an IPv6 flag; an IPv4 address never carries it.
+        pod.add_address(
+            index,
+            ip.address,
+            a.is_ipv6() && !kernel_runs_dad(a, probed),
+        )?;
     }
     pod.set_up(index)?;
     wait_for_dad(pod, index, ifname, &dad_addresses(result, probed), dad_wait)

@@ -36,7 +36,7 @@ use tether_link::{Link, NetNs, Netlink, NetnsError};
 use tether_wire::frame::format_mac;
 
 pub use check::check;
-pub use config::IpvlanConfig;
+pub use config::{IpamStart, IpvlanConfig};
 pub use error::AttachError;
 
 use configure::{configure, set_sysctls};
@@ -213,18 +213,6 @@ impl Drop for Undo<'_> {
     }
 }
 
-/// IPAM plugins that only allocate, so they can run while the link is made: most of an ADD is the
-/// IPAM's exec and probe, and the link's creation then costs nothing. Others (dhcp talks through the
-/// pod's interface) run once it exists, as under the reference plugin.
-fn ipam_needs_no_link(cfg: &IpvlanConfig, plugin: &str) -> bool {
-    match plugin {
-        // Without `master`, tether-ipam finds its probe link through CNI_IFNAME.
-        "tether-ipam" => cfg.master.is_some(),
-        "host-local" | "static" | "whereabouts" => true,
-        _ => false,
-    }
-}
-
 /// ADD: create, rename, address, raise, announce. Nothing is left behind on failure.
 ///
 /// One thread enters the pod netns for the whole ADD ([`NsThread`]): it opens the pod's netlink socket
@@ -257,7 +245,7 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
 
     let mut undo = Undo::new(req, &pod);
     if let Some(plugin) = &cfg.ipam_type
-        && ipam_needs_no_link(&cfg, plugin)
+        && cfg.ipam_start == IpamStart::WithLink
     {
         // Armed before the call: a failed delegate ADD is followed by its DEL, as the spec asks.
         undo.ipam = Some(plugin.clone());

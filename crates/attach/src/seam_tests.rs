@@ -15,7 +15,8 @@ use crate::configure::{add_routes, raise};
 use crate::fake_kernel::{Dad, FakeKernel, HOST, POD};
 use crate::kernel::LinkOps;
 use crate::{
-    AttachError, IpvlanConfig, Undo, make_link, remove_pod_links, resolve_master, temporary_name,
+    AttachError, IpamStart, IpvlanConfig, Undo, make_link, remove_pod_links, resolve_master,
+    temporary_name,
 };
 
 const CID: &str = "c";
@@ -47,6 +48,7 @@ fn cfg(master: Option<&str>) -> IpvlanConfig {
         mtu: None,
         link_in_container: false,
         ipam_type: None,
+        ipam_start: IpamStart::AfterLink,
         dns: None,
     }
 }

@@ -2,6 +2,7 @@
 //!
 //! - [`env`]: the `CNI_*` variables, validated per verb; `CNI_ARGS`.
 //! - [`config`]: the network configuration on stdin, raw bytes kept for delegation.
+//! - [`master`]: `master` / `linkInContainer`, read alike by the attacher, the IPAM's probe and doctor.
 //! - [`result`]: the Result model, printed in the layout of the config's `cniVersion`.
 //! - [`error`]: the error object and every code tether uses.
 //! - [`delegate`]: running the IPAM plugin as libcni does.
@@ -15,6 +16,7 @@ pub mod delegate;
 pub mod env;
 pub mod error;
 pub mod logging;
+pub mod master;
 pub mod plugin;
 pub mod result;
 pub mod version;
@@ -22,6 +24,7 @@ pub mod version;
 pub use config::NetConf;
 pub use env::{Command, Env};
 pub use error::{CniError, code};
+pub use master::MasterKeys;
 pub use plugin::{Added, Plugin, Request, dispatch, run_main};
 pub use result::CniResult;
 pub use version::Version;

@@ -16,6 +16,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use serde_json::{Value, json};
+use tether_cni::MasterKeys;
 use tether_kube_store::{
     CrdState, KubeSettings, KubeStore, KubeStoreError, NodeScope, check_credentials,
 };
@@ -410,7 +411,15 @@ fn check_node_scope(store: &KubeStore, r: &mut Report) {
 
 /// The master NIC exists and is up. Returns what probing needs.
 fn check_master(raw: &Value, r: &mut Report) -> Option<(u32, [u8; 6], String)> {
-    if raw.get("linkInContainer").and_then(Value::as_bool) == Some(true) {
+    let keys = match raw.as_object().map(MasterKeys::from_top) {
+        Some(Ok(k)) => k,
+        Some(Err(e)) => {
+            r.fail("master", e.msg);
+            return None;
+        }
+        None => MasterKeys::default(),
+    };
+    if keys.link_in_container {
         r.ok(
             "master",
             "linkInContainer: the master lives in the pod's netns; checked at ADD",
@@ -419,7 +428,7 @@ fn check_master(raw: &Value, r: &mut Report) -> Option<(u32, [u8; 6], String)> {
     }
     let link = (|| -> Result<tether_link::Link, String> {
         let nl = Netlink::current().map_err(|e| e.to_string())?;
-        match raw.get("master").and_then(Value::as_str).filter(|m| !m.is_empty()) {
+        match &keys.master {
             Some(m) => nl.link_by_name(m).map_err(|e| e.to_string())?.ok_or_else(|| {
                 format!("master {m:?} does not exist on this node: fix \"master\" (see `ip -br link`) or leave it out to use the default route's interface")
             }),

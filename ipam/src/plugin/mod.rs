@@ -10,7 +10,7 @@ pub mod prober;
 pub mod requests;
 
 use tether_cni::result::IpConfig;
-use tether_cni::{Added, CniError, CniResult, Plugin, Request, code};
+use tether_cni::{Added, CniError, CniResult, MasterKeys, Plugin, Request, code};
 use tether_kube_store::{KubeSettings, KubeStore, KubeStoreError};
 
 /// The node journal of the Kubernetes store, under `dataDir`.
@@ -235,7 +235,8 @@ impl Plugin for Ipam {
                 attempts,
             } => (timeout_ms, attempts),
         };
-        let target = prober::target_for(req).ok_or_else(|| {
+        let keys = MasterKeys::from_top(&req.conf.value)?;
+        let target = prober::target_for(&keys, &req.env).ok_or_else(|| {
             CniError::invalid_config(
                 "conflict probing needs \"master\" in the config or a CNI_NETNS; set \"probe\": false to allocate without probing",
             )

@@ -26,8 +26,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde_json::Value;
-use tether_cni::{Added, CniError, CniResult, Request};
+use tether_cni::{Added, CniError, CniResult, Env, MasterKeys};
 use tether_leases::{ProbeError, ProbeOutcome, Prober};
 use tether_link::{Link, NetNs, Netlink, NsThread};
 use tether_pool::IpRange;
@@ -104,36 +103,25 @@ impl ProbeSession {
     }
 }
 
-/// Where an ADD's probes go, from the request (see the module doc); None when there is nothing to
-/// probe through (no master and no netns: e.g. cnitool against a runtime that gives no netns),
-/// which the caller treats as an error.
-pub fn target_for(req: &Request) -> Option<Target> {
-    let v = &req.conf.value;
-    let in_container = v
-        .get("linkInContainer")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let netns = req.env.netns.clone();
-    Some(
-        match v
-            .get("master")
-            .and_then(Value::as_str)
-            .filter(|m| !m.is_empty())
-        {
-            Some(m) if in_container => Target::Named {
-                name: m.to_string(),
-                netns: Some(netns?),
-            },
-            Some(m) => Target::Named {
-                name: m.to_string(),
-                netns: None,
-            },
-            None => Target::PodInterface {
-                ifname: req.env.ifname().to_string(),
-                netns: netns?,
+/// Where an ADD's probes go, from the config's master keys and the pod (see the module doc); None
+/// when there is nothing to probe through (no master and no netns: e.g. cnitool against a runtime
+/// that gives no netns), which the caller treats as an error.
+pub fn target_for(keys: &MasterKeys, env: &Env) -> Option<Target> {
+    let netns = env.netns.clone();
+    Some(match &keys.master {
+        Some(m) => Target::Named {
+            name: m.clone(),
+            netns: if keys.link_in_container {
+                Some(netns?)
+            } else {
+                None
             },
         },
-    )
+        None => Target::PodInterface {
+            ifname: env.ifname().to_string(),
+            netns: netns?,
+        },
+    })
 }
 
 pub struct WireProber<'s> {
