@@ -54,6 +54,14 @@ tether_released() {
   [ "$(leases_json | jq '[.items[] | select(.spec.state == "Leased" and (.spec.pod.name | startswith("bench-t-")))] | length')" = 0 ]
 }
 
+# why_not APP: the three most frequent Warning event messages of the app's pods, counted, so a
+# round that fails says what its sandboxes met.
+why_not() {
+  K -n default get events --field-selector type=Warning -o json |
+    jq -r --arg app "$1-" '[.items[] | select(.involvedObject.name | startswith($app)) | .message[0:400]]
+      | group_by(.) | map("\(length)x \(.[0])") | sort_by(-(split("x ")[0] | tonumber)) | .[0:3] | join(" || ")'
+}
+
 # round KIND (t|r): seconds from the Deployment's creation to all N Running; prints "seconds failed"
 round() {
   local kind=$1 app="bench-$1" t s failed p
@@ -79,7 +87,7 @@ spec:
         command: ["/bin/sh", "-c", "exec sleep 3600"]
 EOF
   wait_for "${TETHER_BENCH_NODE_TIMEOUT:-900}" all_running "$app" ||
-    fail "$app: $(running_count "$app") of $N Running after ${TETHER_BENCH_NODE_TIMEOUT:-900} s"
+    fail "$app: $(running_count "$app") of $N Running after ${TETHER_BENCH_NODE_TIMEOUT:-900} s; most frequent warnings: $(why_not "$app")"
   s=$(since "$t")
   failed=0
   for p in $(K -n default get pods -l "app=$app" -o jsonpath='{.items[*].metadata.name}'); do

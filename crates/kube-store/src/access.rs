@@ -74,15 +74,18 @@ impl KubeStore {
                 &PostParams::default(),
                 serde_json::to_vec(&body).expect("json"),
             )
-            .map_err(|e| self.protocol(&what, e.to_string()))?;
-        let v = self.send::<Value>(Verb::Create, &what, req).map_err(|e| {
-            self.map_other(
-                "create",
-                "selfsubjectaccessreviews.authorization.k8s.io",
-                &what,
-                e,
-            )
-        })?;
+            .map_err(|e| self.api.protocol(&what, e.to_string()))?;
+        let v = self
+            .api
+            .send::<Value>(Verb::Create, &what, req)
+            .map_err(|e| {
+                self.api.map_other(
+                    "create",
+                    "selfsubjectaccessreviews.authorization.k8s.io",
+                    &what,
+                    e,
+                )
+            })?;
         let st = v.get("status").cloned().unwrap_or(Value::Null);
         Ok(Access {
             allowed: st.get("allowed").and_then(Value::as_bool).unwrap_or(false),
@@ -104,15 +107,18 @@ impl KubeStore {
                 &PostParams::default(),
                 serde_json::to_vec(&body).expect("json"),
             )
-            .map_err(|e| self.protocol(what, e.to_string()))?;
-        let v = self.send::<Value>(Verb::Create, what, req).map_err(|e| {
-            self.map_other(
-                "create",
-                "selfsubjectreviews.authentication.k8s.io",
-                what,
-                e,
-            )
-        })?;
+            .map_err(|e| self.api.protocol(what, e.to_string()))?;
+        let v = self
+            .api
+            .send::<Value>(Verb::Create, what, req)
+            .map_err(|e| {
+                self.api.map_other(
+                    "create",
+                    "selfsubjectreviews.authentication.k8s.io",
+                    what,
+                    e,
+                )
+            })?;
         let user = v
             .pointer("/status/userInfo")
             .cloned()
@@ -156,8 +162,8 @@ impl KubeStore {
             crate::crd::VERSION
         ))
         .create(&params, serde_json::to_vec(&body).expect("json"))
-        .map_err(|e| self.protocol(what, e.to_string()))?;
-        match self.send::<Value>(Verb::Create, what, req) {
+        .map_err(|e| self.api.protocol(what, e.to_string()))?;
+        match self.api.send::<Value>(Verb::Create, what, req) {
             Ok(_) => Ok(NodeScope::NotEnforced),
             // Someone really holds that record: the admission was not the question.
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(NodeScope::NotEnforced),
@@ -166,7 +172,7 @@ impl KubeStore {
             {
                 Ok(NodeScope::Enforced(s.message.clone()))
             }
-            Err(e) => Err(self.map_error(Verb::Create, what, e)),
+            Err(e) => Err(self.api.map_error(Verb::Create, what, e)),
         }
     }
 
@@ -175,10 +181,11 @@ impl KubeStore {
         let what = "GET /version";
         let req = http::Request::get("/version")
             .body(Vec::new())
-            .map_err(|e| self.protocol(what, e.to_string()))?;
+            .map_err(|e| self.api.protocol(what, e.to_string()))?;
         let v = self
+            .api
             .send::<Value>(Verb::Get, what, req)
-            .map_err(|e| self.map_other("get", "version", what, e))?;
+            .map_err(|e| self.api.map_other("get", "version", what, e))?;
         Ok(v.get("gitVersion")
             .and_then(Value::as_str)
             .unwrap_or("(unknown version)")
@@ -191,8 +198,8 @@ impl KubeStore {
         let what = "GET of the IPLease CRD";
         let req = Request::new("/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
             .get(&crd_name, &GetParams::default())
-            .map_err(|e| self.protocol(what, e.to_string()))?;
-        match self.send::<Value>(Verb::Get, what, req) {
+            .map_err(|e| self.api.protocol(what, e.to_string()))?;
+        match self.api.send::<Value>(Verb::Get, what, req) {
             Ok(crd) => {
                 let c = crd
                     .pointer("/status/conditions")
@@ -212,7 +219,9 @@ impl KubeStore {
             Err(kube::Error::Api(s)) if s.code == 403 => {
                 Ok(CrdState::Unreadable(s.message.clone()))
             }
-            Err(e) => Err(self.map_other("get", "customresourcedefinitions", what, e)),
+            Err(e) => Err(self
+                .api
+                .map_other("get", "customresourcedefinitions", what, e)),
         }
     }
 }

@@ -1,14 +1,20 @@
-//! The API plumbing under [`KubeStore`]: every request goes through `send` (the time budget,
-//! the request counters, the error mapping to [`KubeStoreError`]).
+//! [`ApiClient`]: the connection every request of a [`KubeStore`](crate::KubeStore) goes through
+//! — credentials, one time budget, request counters, the traffic counters it was handed, and the
+//! mapping of a failed request to a [`KubeStoreError`] that says what to do. It knows nothing of
+//! leases: the store above it does.
 
 use std::future::Future;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
+use kube::Client;
 use serde::de::DeserializeOwned;
 
 use crate::crd::PLURAL;
-use crate::error::{KubeStoreError, error_chain};
-use crate::store::KubeStore;
+use crate::error::{CredentialSource, KubeStoreError, error_chain};
+use crate::settings::KubeSettings;
+use crate::traffic::{ApiTraffic, CountWatchEvents, list_items};
 
 /// API requests a store has sent, by verb (every attempt, answered or not).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -75,7 +81,140 @@ impl Verb {
     }
 }
 
-impl KubeStore {
+/// A client of one API server with one time budget; see the module doc. Synchronous: each call
+/// runs on the client's own current-thread tokio runtime.
+pub struct ApiClient {
+    client: Option<Client>,
+    rt: Option<tokio::runtime::Runtime>,
+    pub(crate) server: String,
+    pub(crate) source: CredentialSource,
+    /// The budget's length ([`KubeSettings::timeout`]).
+    timeout: Duration,
+    /// API group of the lease resource, for naming it in a 403.
+    group: String,
+    deadline: Mutex<Instant>,
+    counters: Counters,
+    traffic: ApiTraffic,
+}
+
+impl Drop for ApiClient {
+    fn drop(&mut self) {
+        drop(self.client.take());
+        // Never wait for a blocking task (e.g. a hung DNS lookup): the CNI call must end.
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// A connected client and the token of its credentials, kept for the bound-node claim.
+pub(crate) type Connected = (ApiClient, Option<secrecy::SecretString>);
+
+impl ApiClient {
+    /// Read the credentials (kubeconfig, in-cluster, `KUBECONFIG`, in that order) and build the
+    /// client; sends no request. The time budget starts now.
+    pub(crate) fn connect(settings: &KubeSettings) -> Result<Connected, KubeStoreError> {
+        let started = Instant::now();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(KubeStoreError::Runtime)?;
+        let (mut config, source) = rt
+            .block_on(async {
+                tokio::time::timeout(settings.timeout, crate::credentials::load_config(settings))
+                    .await
+            })
+            .map_err(|_| KubeStoreError::Timeout {
+                server: "(not yet known)".into(),
+                what: "reading the credentials".into(),
+                budget: settings.timeout,
+            })??;
+        if let Some(root) = &settings.api_root {
+            config.cluster_url = root.parse().map_err(|e| KubeStoreError::Config {
+                key: "k8s_api_root".into(),
+                value: format!("{root:?}"),
+                reason: format!("not a URL: {e}"),
+            })?;
+        }
+        let server = config
+            .cluster_url
+            .to_string()
+            .trim_end_matches('/')
+            .to_string();
+        let token = config.auth_info.token.clone();
+        config.connect_timeout = Some(settings.timeout);
+        config.write_timeout = Some(settings.timeout);
+        config.read_timeout = None; // the call budget bounds every request
+        config.default_retry = false; // no hidden waits: a 429/5xx is reported as transient
+        let traffic = settings.traffic.clone();
+        let client = {
+            let _guard = rt.enter();
+            kube::client::ClientBuilder::try_from(config)
+                .map(|b| b.with_layer(&CountWatchEvents(traffic.clone())).build())
+                .map_err(|e| match e {
+                    kube::Error::InferKubeconfig(k) => KubeStoreError::Kubeconfig {
+                        source_: source.clone(),
+                        detail: k.to_string(),
+                    },
+                    other => KubeStoreError::Tls {
+                        server: server.clone(),
+                        what: "building the client".into(),
+                        source_: source.clone(),
+                        detail: error_chain(&other),
+                    },
+                })?
+        };
+        Ok((
+            ApiClient {
+                client: Some(client),
+                rt: Some(rt),
+                server,
+                source,
+                timeout: settings.timeout,
+                group: settings.group.clone(),
+                deadline: Mutex::new(started + settings.timeout),
+                counters: Counters::default(),
+                traffic,
+            },
+            token,
+        ))
+    }
+
+    /// The API server URL.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// Where the credentials came from.
+    pub fn credentials(&self) -> &CredentialSource {
+        &self.source
+    }
+
+    /// Start a new time budget of [`KubeSettings::timeout`] from now.
+    pub fn restart_budget(&self) {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now() + self.timeout;
+    }
+
+    /// Time left of the current budget.
+    pub fn remaining(&self) -> Duration {
+        self.deadline
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .saturating_duration_since(Instant::now())
+    }
+
+    /// Requests this client has sent so far.
+    pub fn requests(&self) -> RequestCounts {
+        let c = &self.counters;
+        RequestCounts {
+            list: c.list.load(Ordering::Relaxed),
+            get: c.get.load(Ordering::Relaxed),
+            create: c.create.load(Ordering::Relaxed),
+            update: c.update.load(Ordering::Relaxed),
+            delete: c.delete.load(Ordering::Relaxed),
+        }
+    }
+
     pub(crate) fn counter(&self, v: Verb) -> &AtomicU64 {
         match v {
             Verb::List => &self.counters.list,
@@ -84,6 +223,20 @@ impl KubeStore {
             Verb::Update => &self.counters.update,
             Verb::Delete => &self.counters.delete,
         }
+    }
+
+    /// The kube client and the runtime, for a request that streams beyond the budget (a watch);
+    /// it counts itself with [`ApiClient::traffic`].
+    pub(crate) fn unbudgeted(&self) -> (Client, &tokio::runtime::Runtime, &ApiTraffic) {
+        let client = self
+            .client
+            .as_ref()
+            .expect("client lives as long as the store");
+        let rt = self
+            .rt
+            .as_ref()
+            .expect("runtime lives as long as the store");
+        (client.clone(), rt, &self.traffic)
     }
 
     /// Run `fut` within the remaining budget.
@@ -95,7 +248,7 @@ impl KubeStore {
         let timeout = |_| KubeStoreError::Timeout {
             server: self.server.clone(),
             what: what.to_string(),
-            budget: self.settings.timeout,
+            budget: self.timeout,
         };
         let left = self.remaining();
         if left.is_zero() {
@@ -126,7 +279,7 @@ impl KubeStore {
         let answer = async {
             let text = client.request_text(req).await?;
             if let Some(path) = &list_path {
-                crate::monitoring::record_objects(path, crate::monitoring::list_items(&text));
+                self.traffic.record_objects(path, list_items(&text));
             }
             serde_json::from_str::<T>(&text).map_err(kube::Error::SerdeError)
         };
@@ -134,7 +287,8 @@ impl KubeStore {
             Ok(r) => r,
             Err(t) => Err(kube::Error::Service(Box::new(Budget(t)))),
         };
-        crate::monitoring::record(verb.rbac(), r.as_ref().err());
+        self.traffic
+            .record(verb.rbac(), r.as_ref().err().and_then(failure_code));
         r
     }
 
@@ -173,7 +327,7 @@ impl KubeStore {
                 403 => KubeStoreError::Forbidden {
                     server,
                     verb: verb.rbac().to_string(),
-                    resource: format!("{PLURAL}.{}", self.settings.group),
+                    resource: format!("{PLURAL}.{}", self.group),
                     source_: self.source.clone(),
                     message: s.message.clone(),
                 },
@@ -217,10 +371,51 @@ impl KubeStore {
         }
     }
 
+    /// Map a failed request for another resource than leases (`verb` on `resource`): a 403 names
+    /// them, a 404 is the server's answer as it is.
+    pub(crate) fn map_other(
+        &self,
+        verb: &str,
+        resource: &str,
+        what: &str,
+        e: kube::Error,
+    ) -> KubeStoreError {
+        match e {
+            kube::Error::Api(s) if s.code == 403 => KubeStoreError::Forbidden {
+                server: self.server.clone(),
+                verb: verb.to_string(),
+                resource: resource.to_string(),
+                source_: self.source.clone(),
+                message: s.message.clone(),
+            },
+            kube::Error::Api(s) if s.code == 404 => KubeStoreError::Api {
+                server: self.server.clone(),
+                what: what.to_string(),
+                code: 404,
+                reason: s.reason.clone(),
+                message: s.message.clone(),
+            },
+            other => self.map_error(Verb::Get, what, other),
+        }
+    }
+
     /// Is this 404 about the object (it has a name in its details) rather than the resource?
     pub(crate) fn object_missing(s: &kube::core::Status) -> bool {
         s.code == 404 && s.details.as_ref().is_some_and(|d| !d.name.is_empty())
     }
+}
+
+/// What [`ApiTraffic::errors`] counts a failed request as: the HTTP status, or `timeout`,
+/// `network`, `decode`. `None` for answers that are outcomes, not failures (404 absent, 409 lost
+/// race or already exists, 410 expired).
+pub(crate) fn failure_code(e: &kube::Error) -> Option<String> {
+    Some(match e {
+        kube::Error::Api(s) if matches!(s.code, 404 | 409 | 410) => return None,
+        kube::Error::Api(s) => s.code.to_string(),
+        kube::Error::Service(b) if b.is::<Budget>() => "timeout".to_string(),
+        kube::Error::SerdeError(_) => "decode".to_string(),
+        _ => "network".to_string(),
+    })
 }
 
 /// The budget ran out (carried through `kube::Error::Service`).
@@ -258,4 +453,34 @@ fn is_tls(e: &(dyn std::error::Error + 'static)) -> bool {
         cur = c.source();
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_are_not_failures() {
+        let status = |code: u16| {
+            kube::Error::Api(
+                kube::core::Status::failure("x", "y")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        for c in [404, 409, 410] {
+            assert_eq!(failure_code(&status(c)), None, "{c}");
+        }
+        assert_eq!(failure_code(&status(503)).as_deref(), Some("503"));
+        let budget = Budget(KubeStoreError::CrdMissing { server: "s".into() });
+        assert_eq!(
+            failure_code(&kube::Error::Service(Box::new(budget))).as_deref(),
+            Some("timeout")
+        );
+        let bad = serde_json::from_str::<u8>("x").unwrap_err();
+        assert_eq!(
+            failure_code(&kube::Error::SerdeError(bad)).as_deref(),
+            Some("decode")
+        );
+    }
 }

@@ -35,6 +35,7 @@ use serde::Deserialize;
 
 use tether_leases::Lease;
 
+use crate::api::failure_code;
 use crate::crd::{IPLease, NODE_LABEL, label_value};
 use crate::error::KubeStoreError;
 use crate::store::{KubeStore, LeaseList, Verb, collect_leases, null_as_empty};
@@ -135,33 +136,6 @@ pub enum WatchEnd {
 }
 
 impl KubeStore {
-    /// Map an error of a request on `resource` (not the leases): 403 names the resource.
-    pub(crate) fn map_other(
-        &self,
-        verb: &str,
-        resource: &str,
-        what: &str,
-        e: kube::Error,
-    ) -> KubeStoreError {
-        match e {
-            kube::Error::Api(s) if s.code == 403 => KubeStoreError::Forbidden {
-                server: self.server.clone(),
-                verb: verb.to_string(),
-                resource: resource.to_string(),
-                source_: self.source.clone(),
-                message: s.message.clone(),
-            },
-            kube::Error::Api(s) if s.code == 404 => KubeStoreError::Api {
-                server: self.server.clone(),
-                what: what.to_string(),
-                code: 404,
-                reason: s.reason.clone(),
-                message: s.message.clone(),
-            },
-            other => self.map_error(Verb::Get, what, other),
-        }
-    }
-
     /// Every lease of every network (paginated LIST without a selector), for `tether-ipam
     /// leases` without `--network`. Malformed objects are skipped with a warning.
     pub fn list_all(&self) -> Result<Vec<Lease>, KubeStoreError> {
@@ -219,8 +193,8 @@ impl KubeStore {
             }
             let req = Request::new(&self.path)
                 .list(&lp)
-                .map_err(|e| self.protocol(what, e.to_string()))?;
-            match self.send::<LeaseList>(Verb::List, what, req) {
+                .map_err(|e| self.api.protocol(what, e.to_string()))?;
+            match self.api.send::<LeaseList>(Verb::List, what, req) {
                 Ok(page) => {
                     collect_leases(page.items, &keep, &mut out);
                     match page.metadata.continue_ {
@@ -236,8 +210,8 @@ impl KubeStore {
                 // The watch cache is still filling: never a consistent LIST instead.
                 Err(kube::Error::Api(s)) if s.code == 429 && cache => self
                     .wait_for_cache(&mut waits, what, s)
-                    .map_err(|e| self.map_error(Verb::List, what, e))?,
-                Err(e) => return Err(self.map_error(Verb::List, what, e)),
+                    .map_err(|e| self.api.map_error(Verb::List, what, e))?,
+                Err(e) => return Err(self.api.map_error(Verb::List, what, e)),
             }
         }
     }
@@ -261,8 +235,8 @@ impl KubeStore {
             }
             let req = Request::new(&self.path)
                 .list_metadata(&lp)
-                .map_err(|e| self.protocol(what, e.to_string()))?;
-            match self.send::<LiteList>(Verb::List, what, req) {
+                .map_err(|e| self.api.protocol(what, e.to_string()))?;
+            match self.api.send::<LiteList>(Verb::List, what, req) {
                 Ok(page) => {
                     for item in page.items {
                         let label = item
@@ -283,8 +257,8 @@ impl KubeStore {
                 }
                 Err(kube::Error::Api(s)) if s.code == 429 && cache => self
                     .wait_for_cache(&mut waits, what, s)
-                    .map_err(|e| self.map_error(Verb::List, what, e))?,
-                Err(e) => return Err(self.map_error(Verb::List, what, e)),
+                    .map_err(|e| self.api.map_error(Verb::List, what, e))?,
+                Err(e) => return Err(self.api.map_error(Verb::List, what, e)),
             }
         }
     }
@@ -294,11 +268,11 @@ impl KubeStore {
         let what = format!("GET of pod {namespace}/{name}");
         let req = Request::new(format!("/api/v1/namespaces/{namespace}/pods"))
             .get_metadata(name, &GetParams::default())
-            .map_err(|e| self.protocol(&what, e.to_string()))?;
-        match self.send::<LiteObject>(Verb::Get, &what, req) {
+            .map_err(|e| self.api.protocol(&what, e.to_string()))?;
+        match self.api.send::<LiteObject>(Verb::Get, &what, req) {
             Ok(o) => Ok(Some(o.metadata.uid.unwrap_or_default())),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
-            Err(e) => Err(self.map_other("get", "pods", &what, e)),
+            Err(e) => Err(self.api.map_other("get", "pods", &what, e)),
         }
     }
 
@@ -313,11 +287,11 @@ impl KubeStore {
             "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
         ))
         .get(name, &GetParams::default())
-        .map_err(|e| self.protocol(&what, e.to_string()))?;
-        match self.send::<ElectionLease>(Verb::Get, &what, req) {
+        .map_err(|e| self.api.protocol(&what, e.to_string()))?;
+        match self.api.send::<ElectionLease>(Verb::Get, &what, req) {
             Ok(l) => Ok(Some(l)),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
-            Err(e) => Err(self.map_other("get", "leases", &what, e)),
+            Err(e) => Err(self.api.map_other("get", "leases", &what, e)),
         }
     }
 
@@ -331,7 +305,8 @@ impl KubeStore {
         let ns = lease.metadata.namespace.as_deref().unwrap_or_default();
         let name = lease.metadata.name.as_deref().unwrap_or_default();
         let what = format!("write of lease {ns}/{name}");
-        let body = serde_json::to_vec(lease).map_err(|e| self.protocol(&what, e.to_string()))?;
+        let body =
+            serde_json::to_vec(lease).map_err(|e| self.api.protocol(&what, e.to_string()))?;
         let coll = Request::new(format!(
             "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
         ));
@@ -341,13 +316,16 @@ impl KubeStore {
         } else {
             (Verb::Update, coll.replace(name, &pp, body))
         };
-        let req = req.map_err(|e| self.protocol(&what, e.to_string()))?;
-        match self.send::<ElectionLease>(verb, &what, req) {
+        let req = req.map_err(|e| self.api.protocol(&what, e.to_string()))?;
+        match self.api.send::<ElectionLease>(verb, &what, req) {
             Ok(l) => Ok(Some(l)),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
-            Err(e) => {
-                Err(self.map_other(if create { "create" } else { "update" }, "leases", &what, e))
-            }
+            Err(e) => Err(self.api.map_other(
+                if create { "create" } else { "update" },
+                "leases",
+                &what,
+                e,
+            )),
         }
     }
 
@@ -382,15 +360,15 @@ impl KubeStore {
             }
             let req = Request::new("/api/v1/pods")
                 .list_metadata(&lp)
-                .map_err(|e| self.protocol(what, e.to_string()))?;
-            let page = match self.send::<LiteList>(Verb::List, what, req) {
+                .map_err(|e| self.api.protocol(what, e.to_string()))?;
+            let page = match self.api.send::<LiteList>(Verb::List, what, req) {
                 Ok(p) => p,
                 Err(kube::Error::Api(s)) if s.code == 429 && cache => {
                     self.wait_for_cache(&mut waits, what, s)
-                        .map_err(|e| self.map_other("list", "pods", what, e))?;
+                        .map_err(|e| self.api.map_other("list", "pods", what, e))?;
                     continue;
                 }
-                Err(e) => return Err(self.map_other("list", "pods", what, e)),
+                Err(e) => return Err(self.api.map_other("list", "pods", what, e)),
             };
             for item in page.items {
                 if let Some(k) = PodKey::from_meta(item.metadata) {
@@ -422,19 +400,12 @@ impl KubeStore {
         }
         let req = Request::new("/api/v1/pods")
             .watch_metadata(&wp, resource_version)
-            .map_err(|e| self.protocol(what, e.to_string()))?;
-        self.counter(Verb::List)
+            .map_err(|e| self.api.protocol(what, e.to_string()))?;
+        self.api
+            .counter(Verb::List)
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        crate::monitoring::record_request("watch");
-        let client = self
-            .client
-            .as_ref()
-            .expect("client lives as long as the store")
-            .clone();
-        let rt = self
-            .rt
-            .as_ref()
-            .expect("runtime lives as long as the store");
+        let (client, rt, traffic) = self.api.unbudgeted();
+        traffic.record("watch", None);
         let mut rv = resource_version.to_string();
         let outcome: Result<WatchEnd, kube::Error> = rt.block_on(async {
             let deadline = tokio::time::sleep(timeout + Duration::from_secs(15));
@@ -468,11 +439,11 @@ impl KubeStore {
                 }
             }
         });
-        crate::monitoring::record_error("watch", outcome.as_ref().err());
+        traffic.record_failure("watch", outcome.as_ref().err().and_then(failure_code));
         match outcome {
             Ok(end) => Ok(end),
             Err(kube::Error::Api(s)) if s.code == 410 => Ok(WatchEnd::Expired),
-            Err(e) => Err(self.map_other("watch", "pods", what, e)),
+            Err(e) => Err(self.api.map_other("watch", "pods", what, e)),
         }
     }
 
@@ -508,8 +479,8 @@ impl KubeStore {
             }
             let req = Request::new(format!("/api/v1/namespaces/{namespace}/pods"))
                 .list(&lp)
-                .map_err(|e| self.protocol(&what, e.to_string()))?;
-            match self.send::<NodeOfPodList>(Verb::List, &what, req) {
+                .map_err(|e| self.api.protocol(&what, e.to_string()))?;
+            match self.api.send::<NodeOfPodList>(Verb::List, &what, req) {
                 Ok(page) => {
                     out.extend(
                         page.items
@@ -530,8 +501,8 @@ impl KubeStore {
                 }
                 Err(kube::Error::Api(s)) if s.code == 429 && self.settings.list_from_cache => self
                     .wait_for_cache(&mut waits, &what, s)
-                    .map_err(|e| self.map_other("list", "pods", &what, e))?,
-                Err(e) => return Err(self.map_other("list", "pods", &what, e)),
+                    .map_err(|e| self.api.map_other("list", "pods", &what, e))?,
+                Err(e) => return Err(self.api.map_other("list", "pods", &what, e)),
             }
         }
     }
@@ -562,7 +533,7 @@ impl KubeStore {
         );
         // At least what the server asked, plus up to half of it again: not all at once.
         let wait = cache_retry_wait(*waits).max(asked + jittered(asked / 2));
-        if self.remaining() <= wait {
+        if self.api.remaining() <= wait {
             return Err(kube::Error::Api(s));
         }
         log::debug!(

@@ -32,16 +32,17 @@
 //! Beyond the leases, [`cluster`] reads what the reconciler, the CLI and `doctor` need: this
 //! node's leases, every lease, the leases' node labels, pods and nodes (metadata-only, paginated,
 //! watched); [`access`] SelfSubjectAccessReviews, SelfSubjectReviews, the node-scope dry-run,
-//! `/version` and the CRD's state; `api.rs` is the plumbing every request goes through (time
-//! budget, request counters, error mapping); [`monitoring`] what the
-//! node-agent's monitor needs (NAD configurations, pod Events, API request and error counts).
+//! `/version` and the CRD's state; [`api`] is the client every request goes through (credentials,
+//! time budget, request counters, error mapping), under the store; [`traffic`] the counters of
+//! what the clients sent and read, a value the node-agent shares among its clients and its
+//! metrics; [`monitoring`] what the node-agent's monitor needs (NAD configurations, pod Events).
 
 // Errors carry the server, verb, identity and message for the operator; they are the cold path
 // of a short-lived process, so their size does not matter.
 #![allow(clippy::result_large_err)]
 
 pub mod access;
-pub(crate) mod api;
+pub mod api;
 pub mod cluster;
 pub mod convert;
 pub mod crd;
@@ -53,6 +54,7 @@ pub mod nodes;
 pub mod settings;
 pub mod store;
 pub mod token_claims;
+pub mod traffic;
 
 pub use access::{Access, CrdState, Identity, NodeScope};
 pub use cluster::{PodEvent, PodKey, WatchEnd, jittered};
@@ -63,4 +65,5 @@ pub use monitoring::{NadConfig, PodWarning, Posted};
 pub use node_token::IssuedToken;
 pub use nodes::{NODE_LEASE_NAMESPACE, NodeHealth, PodPlacement};
 pub use settings::{DEFAULT_PAGE_SIZE, DEFAULT_TIMEOUT, KubeSettings};
-pub use store::{KubeStore, RequestCounts};
+pub use store::{ApiClient, KubeStore, RequestCounts};
+pub use traffic::ApiTraffic;

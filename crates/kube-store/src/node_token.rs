@@ -56,20 +56,30 @@ impl KubeStore {
             &PostParams::default(),
             serde_json::to_vec(&body).expect("json"),
         )
-        .map_err(|e| self.protocol(&what, e.to_string()))?;
+        .map_err(|e| self.api.protocol(&what, e.to_string()))?;
         let v = self
+            .api
             .send::<Value>(Verb::Create, &what, req)
-            .map_err(|e| self.map_other("create", "serviceaccounts/token", &what, e))?;
+            .map_err(|e| {
+                self.api
+                    .map_other("create", "serviceaccounts/token", &what, e)
+            })?;
         let token = v
             .pointer("/status/token")
             .and_then(Value::as_str)
             .filter(|t| !t.is_empty())
-            .ok_or_else(|| self.protocol(&what, "the answer has no status.token".into()))?;
+            .ok_or_else(|| {
+                self.api
+                    .protocol(&what, "the answer has no status.token".into())
+            })?;
         let expires_at = v
             .pointer("/status/expirationTimestamp")
             .and_then(Value::as_str)
-            .ok_or_else(|| self.protocol(&what, "the answer has no expirationTimestamp".into()))
-            .and_then(|t| parse_time(t).map_err(|e| self.protocol(&what, e)))?;
+            .ok_or_else(|| {
+                self.api
+                    .protocol(&what, "the answer has no expirationTimestamp".into())
+            })
+            .and_then(|t| parse_time(t).map_err(|e| self.api.protocol(&what, e)))?;
         Ok(IssuedToken {
             token: token.to_string(),
             expires_at,

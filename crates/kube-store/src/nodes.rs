@@ -141,17 +141,20 @@ impl KubeStore {
                 "/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASE_NAMESPACE}/leases"
             ))
             .list(&lp)
-            .map_err(|e| self.protocol(&what, e.to_string()))?;
-            let page = match self.send::<HeartbeatList>(Verb::List, &what, req) {
+            .map_err(|e| self.api.protocol(&what, e.to_string()))?;
+            let page = match self.api.send::<HeartbeatList>(Verb::List, &what, req) {
                 Ok(p) => p,
                 Err(kube::Error::Api(s)) if s.code == 429 && self.settings.list_from_cache => {
                     self.wait_for_cache(&mut waits, &what, s).map_err(|e| {
-                        self.map_other("list", "leases.coordination.k8s.io", &what, e)
+                        self.api
+                            .map_other("list", "leases.coordination.k8s.io", &what, e)
                     })?;
                     continue;
                 }
                 Err(e) => {
-                    return Err(self.map_other("list", "leases.coordination.k8s.io", &what, e));
+                    return Err(self
+                        .api
+                        .map_other("list", "leases.coordination.k8s.io", &what, e));
                 }
             };
             for h in page.items {
@@ -175,11 +178,11 @@ impl KubeStore {
         let what = format!("GET of node {name}");
         let req = Request::new("/api/v1/nodes")
             .get(name, &GetParams::default())
-            .map_err(|e| self.protocol(&what, e.to_string()))?;
-        let node = match self.send::<NodeObject>(Verb::Get, &what, req) {
+            .map_err(|e| self.api.protocol(&what, e.to_string()))?;
+        let node = match self.api.send::<NodeObject>(Verb::Get, &what, req) {
             Ok(n) => n,
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
-            Err(e) => return Err(self.map_other("get", "nodes", &what, e)),
+            Err(e) => return Err(self.api.map_other("get", "nodes", &what, e)),
         };
         let ready = node
             .status
@@ -191,11 +194,15 @@ impl KubeStore {
             "/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASE_NAMESPACE}/leases"
         ))
         .get(name, &GetParams::default())
-        .map_err(|e| self.protocol(&what, e.to_string()))?;
-        let renewed = match self.send::<Heartbeat>(Verb::Get, &what, req) {
+        .map_err(|e| self.api.protocol(&what, e.to_string()))?;
+        let renewed = match self.api.send::<Heartbeat>(Verb::Get, &what, req) {
             Ok(h) => h.spec.renew_time.as_deref().and_then(unix_s),
             Err(kube::Error::Api(s)) if s.code == 404 => None,
-            Err(e) => return Err(self.map_other("get", "leases.coordination.k8s.io", &what, e)),
+            Err(e) => {
+                return Err(self
+                    .api
+                    .map_other("get", "leases.coordination.k8s.io", &what, e));
+            }
         };
         let heartbeat = renewed.or_else(|| {
             ready
@@ -218,14 +225,14 @@ impl KubeStore {
         let what = format!("GET of pod {namespace}/{name}");
         let req = Request::new(format!("/api/v1/namespaces/{namespace}/pods"))
             .get(name, &GetParams::default())
-            .map_err(|e| self.protocol(&what, e.to_string()))?;
-        match self.send::<PodObject>(Verb::Get, &what, req) {
+            .map_err(|e| self.api.protocol(&what, e.to_string()))?;
+        match self.api.send::<PodObject>(Verb::Get, &what, req) {
             Ok(p) => Ok(Some(PodPlacement {
                 uid: p.metadata.uid.unwrap_or_default(),
                 node: p.spec.node_name.filter(|n| !n.is_empty()),
             })),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
-            Err(e) => Err(self.map_other("get", "pods", &what, e)),
+            Err(e) => Err(self.api.map_other("get", "pods", &what, e)),
         }
     }
 }

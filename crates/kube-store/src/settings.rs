@@ -8,6 +8,7 @@ use tether_pool::{KubernetesConfig, PoolConfig};
 
 use crate::crd::GROUP;
 use crate::error::KubeStoreError;
+use crate::traffic::ApiTraffic;
 
 /// Default time budget of one CNI call against the API server.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -53,6 +54,9 @@ pub struct KubeSettings {
     /// real server's "not installed" answer; nothing else should change it.
     #[doc(hidden)]
     pub group: String,
+    /// Where the client counts what it sent and read. The node-agent hands every client one
+    /// shared value and its metrics endpoint reads it; by default each client has its own.
+    pub traffic: ApiTraffic,
 }
 
 impl Default for KubeSettings {
@@ -67,6 +71,7 @@ impl Default for KubeSettings {
             journal_dir: None,
             field_manager: "tether-ipam".to_string(),
             group: GROUP.to_string(),
+            traffic: ApiTraffic::default(),
         }
     }
 }
@@ -165,9 +170,15 @@ mod tests {
         assert!(s.list_from_cache);
         assert_eq!(s.page_size, 50);
         assert_eq!(s.api_root.as_deref(), Some("https://10.0.0.1:6443"));
+        // Equal but for the traffic counters, which each settings value gets new.
+        let absent = KubeSettings::from_kubernetes_config(None).unwrap();
+        assert_ne!(absent.traffic, KubeSettings::default().traffic);
         assert_eq!(
-            KubeSettings::from_kubernetes_config(None).unwrap(),
-            KubeSettings::default()
+            absent,
+            KubeSettings {
+                traffic: absent.traffic.clone(),
+                ..KubeSettings::default()
+            }
         );
     }
 

@@ -1,11 +1,9 @@
 //! [`KubeStore`]: the [`LeaseStore`] over one `IPLease` object per (network, address).
 
 use std::net::IpAddr;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kube::Client;
 use kube::core::Request;
 use kube::core::params::{DeleteParams, ListParams, PostParams, Preconditions, VersionMatch};
 use serde_json::Value;
@@ -14,33 +12,28 @@ use tether_leases::{
     StoreError, Taken, validate_claim,
 };
 
-use crate::api::Counters;
-pub use crate::api::RequestCounts;
-pub(crate) use crate::api::{Budget, Verb};
+pub(crate) use crate::api::Verb;
+pub use crate::api::{ApiClient, RequestCounts};
 pub(crate) use crate::convert::{LeaseList, collect_leases, null_as_empty};
 use crate::convert::{from_object, split_version, to_object};
 use crate::crd::{
     IPLease, NODE_LABEL, PLURAL, POD_LABEL, VERSION, label_value, network_selector, object_name,
     pod_label_value,
 };
-use crate::error::{CredentialSource, KubeStoreError, error_chain};
+use crate::error::{CredentialSource, KubeStoreError};
 use crate::settings::KubeSettings;
 
 /// The lease store over the Kubernetes API. See the crate docs.
 ///
-/// Synchronous: each call runs on the store's own current-thread tokio runtime, bounded by the
-/// store's time budget ([`KubeSettings::timeout`], counted from construction or the last
+/// Synchronous: each call runs on its [`ApiClient`]'s own current-thread tokio runtime, bounded by
+/// the client's time budget ([`KubeSettings::timeout`], counted from construction or the last
 /// [`KubeStore::restart_budget`]). `Sync`: threads may share one store, though one store per
 /// thread (like one per CNI process) is the intended use.
 pub struct KubeStore {
-    pub(crate) client: Option<Client>,
-    pub(crate) rt: Option<tokio::runtime::Runtime>,
+    pub(crate) api: ApiClient,
     pub(crate) settings: KubeSettings,
-    pub(crate) server: String,
-    pub(crate) source: CredentialSource,
+    /// The collection path of the lease resource.
     pub(crate) path: String,
-    pub(crate) deadline: Mutex<Instant>,
-    pub(crate) counters: Counters,
     /// This node's journal ([`KubeSettings::journal_dir`]), when set with a node name.
     journal: Option<FileJournal>,
     /// The newest resourceVersion this store wrote or read: lists from the watch cache ask for
@@ -51,81 +44,21 @@ pub struct KubeStore {
 impl std::fmt::Debug for KubeStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubeStore")
-            .field("server", &self.server)
-            .field("credentials", &self.source)
+            .field("server", &self.api.server)
+            .field("credentials", &self.api.source)
             .field("settings", &self.settings)
             .finish()
     }
 }
 
-impl Drop for KubeStore {
-    fn drop(&mut self) {
-        drop(self.client.take());
-        // Never wait for a blocking task (e.g. a hung DNS lookup): the CNI call must end.
-        if let Some(rt) = self.rt.take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
 impl KubeStore {
-    /// A store with `settings`. Reads the credentials (kubeconfig, in-cluster, `KUBECONFIG`, in
-    /// that order) and builds the client; sends no request (see [`KubeStore::ready`]). The time
-    /// budget starts now.
+    /// A store with `settings`: connects its [`ApiClient`] (reads the credentials, sends no
+    /// request; see [`KubeStore::ready`]). The time budget starts now.
     pub fn connect(settings: KubeSettings) -> Result<KubeStore, KubeStoreError> {
-        let started = Instant::now();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(KubeStoreError::Runtime)?;
-        let (mut config, source) = rt
-            .block_on(async {
-                tokio::time::timeout(settings.timeout, crate::credentials::load_config(&settings))
-                    .await
-            })
-            .map_err(|_| KubeStoreError::Timeout {
-                server: "(not yet known)".into(),
-                what: "reading the credentials".into(),
-                budget: settings.timeout,
-            })??;
-        if let Some(root) = &settings.api_root {
-            config.cluster_url = root.parse().map_err(|e| KubeStoreError::Config {
-                key: "k8s_api_root".into(),
-                value: format!("{root:?}"),
-                reason: format!("not a URL: {e}"),
-            })?;
-        }
-        let server = config
-            .cluster_url
-            .to_string()
-            .trim_end_matches('/')
-            .to_string();
-        // Kept for the bound-node claim; the client takes the config.
-        let config_token = config.auth_info.token.clone();
-        config.connect_timeout = Some(settings.timeout);
-        config.write_timeout = Some(settings.timeout);
-        config.read_timeout = None; // the call budget bounds every request
-        config.default_retry = false; // no hidden waits: a 429/5xx is reported as transient
-        let client = {
-            let _guard = rt.enter();
-            kube::client::ClientBuilder::try_from(config)
-                .map(|b| b.with_layer(&crate::monitoring::CountWatchEvents).build())
-                .map_err(|e| match e {
-                    kube::Error::InferKubeconfig(k) => KubeStoreError::Kubeconfig {
-                        source_: source.clone(),
-                        detail: k.to_string(),
-                    },
-                    other => KubeStoreError::Tls {
-                        server: server.clone(),
-                        what: "building the client".into(),
-                        source_: source.clone(),
-                        detail: error_chain(&other),
-                    },
-                })?
-        };
+        let (api, token) = ApiClient::connect(&settings)?;
         let path = format!("/apis/{}/{VERSION}/{PLURAL}", settings.group);
         let mut settings = settings;
-        if let Some(claimed) = token_node(&config_token) {
+        if let Some(claimed) = token_node(&token) {
             if let Some(n) = settings.node.as_deref().filter(|n| *n != claimed) {
                 log::warn!(
                     "this node is {n:?} by NODE_NAME or its hostname, but its credential is bound to node {claimed:?}: \
@@ -134,28 +67,27 @@ impl KubeStore {
             }
             settings.node = Some(claimed);
         }
-        let (settings_journal, settings_node) =
-            (settings.journal_dir.clone(), settings.node.clone());
+        let journal = match (&settings.journal_dir, &settings.node) {
+            (Some(d), Some(_)) => Some(FileJournal::new(d.clone())),
+            _ => None,
+        };
         Ok(KubeStore {
-            client: Some(client),
-            rt: Some(rt),
-            deadline: Mutex::new(started + settings.timeout),
+            api,
             settings,
-            server,
-            source,
             path,
-            counters: Counters::default(),
+            journal,
             seen_rv: AtomicU64::new(0),
-            journal: match (&settings_journal, &settings_node) {
-                (Some(d), Some(_)) => Some(FileJournal::new(d.clone())),
-                _ => None,
-            },
         })
+    }
+
+    /// The client under this store.
+    pub fn api(&self) -> &ApiClient {
+        &self.api
     }
 
     /// The API server URL.
     pub fn server(&self) -> &str {
-        &self.server
+        self.api.server()
     }
 
     /// The node this store's leases name: the node its token is bound to, else the one given.
@@ -165,7 +97,7 @@ impl KubeStore {
 
     /// Where the credentials came from.
     pub fn credentials(&self) -> &CredentialSource {
-        &self.source
+        self.api.credentials()
     }
 
     /// The settings.
@@ -177,16 +109,12 @@ impl KubeStore {
     /// this (one store per CNI call); long-lived users (benchmarks, a reconciler) call it before
     /// each operation.
     pub fn restart_budget(&self) {
-        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) =
-            Instant::now() + self.settings.timeout;
+        self.api.restart_budget()
     }
 
     /// Time left of the current budget.
     pub fn remaining(&self) -> Duration {
-        self.deadline
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .saturating_duration_since(Instant::now())
+        self.api.remaining()
     }
 
     /// Remember the resourceVersion of a record read or written (see `seen_rv`).
@@ -223,14 +151,7 @@ impl KubeStore {
 
     /// Requests sent so far.
     pub fn requests(&self) -> RequestCounts {
-        let c = &self.counters;
-        RequestCounts {
-            list: c.list.load(Ordering::Relaxed),
-            get: c.get.load(Ordering::Relaxed),
-            create: c.create.load(Ordering::Relaxed),
-            update: c.update.load(Ordering::Relaxed),
-            delete: c.delete.load(Ordering::Relaxed),
-        }
+        self.api.requests()
     }
 
     /// STATUS check: the API server answers, the IPLease CRD is installed and established, and
@@ -241,8 +162,11 @@ impl KubeStore {
         let crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
         let req = Request::new(crd_path)
             .get(&crd_name, &Default::default())
-            .map_err(|e| self.protocol("GET of the CRD", e.to_string()))?;
-        match self.send::<Value>(Verb::Get, "GET of the IPLease CRD", req) {
+            .map_err(|e| self.api.protocol("GET of the CRD", e.to_string()))?;
+        match self
+            .api
+            .send::<Value>(Verb::Get, "GET of the IPLease CRD", req)
+        {
             Ok(crd) => {
                 let established = crd
                     .pointer("/status/conditions")
@@ -252,7 +176,7 @@ impl KubeStore {
                     Some(c) if c["status"] == "True" => {}
                     other => {
                         return Err(KubeStoreError::CrdNotEstablished {
-                            server: self.server.clone(),
+                            server: self.api.server.clone(),
                             detail: other
                                 .and_then(|c| c["message"].as_str())
                                 .unwrap_or("no Established condition")
@@ -263,7 +187,7 @@ impl KubeStore {
             }
             Err(kube::Error::Api(s)) if s.code == 404 => {
                 return Err(KubeStoreError::CrdMissing {
-                    server: self.server.clone(),
+                    server: self.api.server.clone(),
                 });
             }
             Err(kube::Error::Api(s)) if s.code == 403 => {
@@ -272,13 +196,14 @@ impl KubeStore {
                     s.message
                 );
             }
-            Err(e) => return Err(self.map_error(Verb::Get, "GET of the IPLease CRD", e)),
+            Err(e) => return Err(self.api.map_error(Verb::Get, "GET of the IPLease CRD", e)),
         }
         let req = Request::new(&self.path)
             .list(&ListParams::default().limit(1))
-            .map_err(|e| self.protocol("LIST", e.to_string()))?;
-        self.send::<LeaseList>(Verb::List, "LIST of ipleases", req)
-            .map_err(|e| self.map_error(Verb::List, "LIST of ipleases", e))?;
+            .map_err(|e| self.api.protocol("LIST", e.to_string()))?;
+        self.api
+            .send::<LeaseList>(Verb::List, "LIST of ipleases", req)
+            .map_err(|e| self.api.map_error(Verb::List, "LIST of ipleases", e))?;
         Ok(())
     }
 
@@ -287,8 +212,8 @@ impl KubeStore {
         let what = format!("GET of IPLease {name}");
         let req = Request::new(&self.path)
             .get(name, &Default::default())
-            .map_err(|e| self.protocol(&what, e.to_string()))?;
-        match self.send::<Value>(Verb::Get, &what, req) {
+            .map_err(|e| self.api.protocol(&what, e.to_string()))?;
+        match self.api.send::<Value>(Verb::Get, &what, req) {
             Ok(v) => match serde_json::from_value::<IPLease>(v)
                 .map_err(|e| e.to_string())
                 .and_then(|o| from_object(&o))
@@ -299,8 +224,8 @@ impl KubeStore {
                     Ok(None)
                 }
             },
-            Err(kube::Error::Api(s)) if Self::object_missing(&s) => Ok(None),
-            Err(e) => Err(self.map_error(Verb::Get, &what, e)),
+            Err(kube::Error::Api(s)) if ApiClient::object_missing(&s) => Ok(None),
+            Err(e) => Err(self.api.map_error(Verb::Get, &what, e)),
         }
     }
 
@@ -358,17 +283,17 @@ impl KubeStore {
         let name = object_name(&new.network, new.address);
         let what = format!("CREATE of IPLease {name}");
         let obj = to_object(&new, None)?;
-        let body = serde_json::to_vec(&obj).map_err(|e| self.protocol(&what, e.to_string()))?;
+        let body = serde_json::to_vec(&obj).map_err(|e| self.api.protocol(&what, e.to_string()))?;
         let req = Request::new(&self.path)
             .create(&self.post_params(), body)
-            .map_err(|e| self.protocol(&what, e.to_string()))?;
-        match self.send::<IPLease>(Verb::Create, &what, req) {
+            .map_err(|e| self.api.protocol(&what, e.to_string()))?;
+        match self.api.send::<IPLease>(Verb::Create, &what, req) {
             Ok(o) => from_object(&o)
                 .map(|l| Ok(self.saw(&l)))
-                .map_err(|e| self.protocol(&what, e)),
+                .map_err(|e| self.api.protocol(&what, e)),
             // AlreadyExists: someone holds (or held) the address.
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Err(self.lost(&name)?)),
-            Err(e) => Err(self.map_error(Verb::Create, &what, e)),
+            Err(e) => Err(self.api.map_error(Verb::Create, &what, e)),
         }
     }
 
@@ -381,20 +306,20 @@ impl KubeStore {
         let what = format!("UPDATE of IPLease {name}");
         let (uid, rv) = self.uid_and_version(expected, &what)?;
         let obj = to_object(&new, Some((uid, rv)))?;
-        let body = serde_json::to_vec(&obj).map_err(|e| self.protocol(&what, e.to_string()))?;
+        let body = serde_json::to_vec(&obj).map_err(|e| self.api.protocol(&what, e.to_string()))?;
         let req = Request::new(&self.path)
             .replace(&name, &self.post_params(), body)
-            .map_err(|e| self.protocol(&what, e.to_string()))?;
-        match self.send::<IPLease>(Verb::Update, &what, req) {
+            .map_err(|e| self.api.protocol(&what, e.to_string()))?;
+        match self.api.send::<IPLease>(Verb::Update, &what, req) {
             Ok(o) => from_object(&o)
                 .map(|l| Ok(self.saw(&l)))
-                .map_err(|e| self.protocol(&what, e)),
+                .map_err(|e| self.api.protocol(&what, e)),
             // Conflict: stale resourceVersion or another uid (deleted and re-created).
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Err(self.lost(&name)?)),
-            Err(kube::Error::Api(s)) if Self::object_missing(&s) => {
+            Err(kube::Error::Api(s)) if ApiClient::object_missing(&s) => {
                 Ok(Err(Taken { current: None }))
             }
-            Err(e) => Err(self.map_error(Verb::Update, &what, e)),
+            Err(e) => Err(self.api.map_error(Verb::Update, &what, e)),
         }
     }
 
@@ -409,7 +334,7 @@ impl KubeStore {
             .as_deref()
             .and_then(split_version)
             .ok_or_else(|| {
-                self.protocol(
+                self.api.protocol(
                     what,
                     format!(
                         "lease version {:?} is not <uid>/<resourceVersion>",
@@ -432,8 +357,8 @@ impl KubeStore {
         };
         let req = Request::new(&self.path)
             .delete(&name, &dp)
-            .map_err(|e| self.protocol(&what, e.to_string()))?;
-        match self.send::<Value>(Verb::Delete, &what, req) {
+            .map_err(|e| self.api.protocol(&what, e.to_string()))?;
+        match self.api.send::<Value>(Verb::Delete, &what, req) {
             Ok(v) => {
                 if let Some(rv) = v
                     .pointer("/metadata/resourceVersion")
@@ -446,10 +371,10 @@ impl KubeStore {
             }
             // Conflict: the precondition failed, the object is someone else's now.
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Err(self.lost(&name)?)),
-            Err(kube::Error::Api(s)) if Self::object_missing(&s) => {
+            Err(kube::Error::Api(s)) if ApiClient::object_missing(&s) => {
                 Ok(Err(Taken { current: None }))
             }
-            Err(e) => Err(self.map_error(Verb::Delete, &what, e)),
+            Err(e) => Err(self.api.map_error(Verb::Delete, &what, e)),
         }
     }
 }

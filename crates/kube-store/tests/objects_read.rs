@@ -1,6 +1,6 @@
-//! `tether_api_objects_read_total` (monitoring::api_objects_read) on a real API server: a LIST
-//! counts the items it returned, a watch the events it carried, by resource. The counters are
-//! process-wide, so this test has a binary of its own: nothing else reads meanwhile.
+//! `tether_api_objects_read_total` (ApiTraffic::objects_read) on a real API server: a LIST
+//! counts the items it returned, a watch the events it carried, by resource, in the traffic value
+//! of the client that read them and no other.
 
 mod common;
 
@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::json;
-use tether_kube_store::monitoring::api_objects_read;
-use tether_kube_store::{PodEvent, WatchEnd};
+use tether_kube_store::{ApiTraffic, KubeStore, PodEvent, WatchEnd};
 use tether_leases::LeaseStore;
 
-fn read(resource: &str) -> u64 {
-    api_objects_read()
+fn read_by(traffic: &ApiTraffic, resource: &str) -> u64 {
+    traffic
+        .objects_read()
         .into_iter()
         .find(|(r, _)| r == resource)
         .map_or(0, |(_, n)| n)
@@ -96,7 +96,8 @@ fn lists_count_their_items_and_watches_their_events() {
     for i in 0..3 {
         pods.create(&format!("p{i}"), &node);
     }
-    let store = env.store();
+    let store: KubeStore = env.store();
+    let read = |resource: &str| read_by(&store.settings().traffic, resource);
 
     // A LIST of this node's pods: its items.
     let before = read("pods");
@@ -118,6 +119,8 @@ fn lists_count_their_items_and_watches_their_events() {
     store.restart_budget();
     assert_eq!(store.list_node(&node).unwrap().len(), 2);
     assert_eq!(read("ipleases") - before, 2);
+    // The other client's CREATEs and GETs are its own: no LIST of pods in its counts.
+    assert_eq!(read_by(&node_store.settings().traffic, "pods"), 0);
 
     // A watch: every event it carried, counted as the stream went by. A pod made and deleted
     // while it runs; stopped once the deletion is seen (within seconds of a 60 s watch: no

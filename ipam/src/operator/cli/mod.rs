@@ -336,7 +336,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
             // Before any thread exists: they all inherit the blocked signals.
             let stop = (!once).then(crate::operator::termination::stop_flag);
             // The plugin's node-bound token is asked for with this pod's own credential.
-            let plugin_token_api = match kubeconfig.clone() {
+            let mut plugin_token_api = match kubeconfig.clone() {
                 Some(p) => Some(KubeSettings::with_kubeconfig(p)),
                 None => {
                     std::env::var_os("KUBERNETES_SERVICE_HOST").map(|_| KubeSettings::default())
@@ -355,6 +355,13 @@ pub fn run(args: Vec<OsString>) -> i32 {
                     }
                 }
             };
+            // One set of API counters for the agent's metrics: the token's client counts there too.
+            if let (Some(p), Some(k)) = (
+                plugin_token_api.as_mut(),
+                reconcile.as_ref().and_then(|o| o.kube.as_ref()),
+            ) {
+                p.traffic = k.traffic.clone();
+            }
             let opts = crate::operator::agent::AgentOptions {
                 source_dir,
                 cni_bin_dir,

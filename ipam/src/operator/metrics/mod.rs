@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use tether_kube_store::ApiTraffic;
 use tether_leases::RangeStatus;
 
 use crate::operator::report::{PassReport, StoreName};
@@ -31,6 +32,8 @@ pub struct Registry {
     state: Mutex<State>,
     /// When the reconcile loop last made progress (unix seconds; 0: not started): `/healthz`.
     heartbeat: AtomicU64,
+    /// What the agent's API clients sent and read: the clients count into it, this serves it.
+    traffic: ApiTraffic,
 }
 
 #[derive(Default)]
@@ -69,6 +72,14 @@ pub fn store_label(s: StoreName) -> &'static str {
 }
 
 impl Registry {
+    /// A registry serving the API counters of the clients given `traffic`.
+    pub fn counting(traffic: ApiTraffic) -> Registry {
+        Registry {
+            traffic,
+            ..Registry::default()
+        }
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -363,7 +374,8 @@ impl Registry {
             "tether_api_requests_total",
             "counter",
             "Kubernetes API requests of this agent by verb.",
-            tether_kube_store::monitoring::api_requests()
+            self.traffic
+                .requests()
                 .into_iter()
                 .map(|(v, n)| (labels(&[("verb", v)]), n as f64))
                 .collect(),
@@ -372,7 +384,8 @@ impl Registry {
             "tether_api_objects_read_total",
             "counter",
             "Objects this agent received from the Kubernetes API by resource: the items of LIST answers and the events of watches.",
-            tether_kube_store::monitoring::api_objects_read()
+            self.traffic
+                .objects_read()
                 .into_iter()
                 .map(|(r, n)| (labels(&[("resource", &r)]), n as f64))
                 .collect(),
@@ -381,7 +394,8 @@ impl Registry {
             "tether_api_errors_total",
             "counter",
             "Failed Kubernetes API requests of this agent by verb and code (HTTP status, timeout, network, decode).",
-            tether_kube_store::monitoring::api_errors()
+            self.traffic
+                .errors()
                 .into_iter()
                 .map(|(v, c, n)| (labels(&[("verb", v), ("code", &c)]), n as f64))
                 .collect(),

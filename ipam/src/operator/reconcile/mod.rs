@@ -155,6 +155,12 @@ impl Reconciler {
                     .into(),
             );
         }
+        // Every client built from `opts.kube` counts into its traffic value; the metrics serve it.
+        let traffic = opts
+            .kube
+            .as_ref()
+            .map(|k| k.traffic.clone())
+            .unwrap_or_default();
         Ok(Reconciler {
             opts,
             store,
@@ -162,7 +168,7 @@ impl Reconciler {
             warned_agents: AtomicBool::new(false),
             warned_ready: Mutex::default(),
             silent_done: Mutex::default(),
-            metrics: Arc::default(),
+            metrics: Arc::new(Registry::counting(traffic)),
         })
     }
 
