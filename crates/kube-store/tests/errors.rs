@@ -3,7 +3,7 @@
 //! What a real API server answers (no CRD, 403 from RBAC) is tested against the real server of
 //! the run (`#[ignore]`d without one). What no server does on demand — a refused connection, a
 //! silent peer, a bad kubeconfig, a plain-HTTP peer behind an https:// URL — needs no server or
-//! a socket of the test's own; only the TLS case borrows the API double (crates/apiserver-double)
+//! a socket of the test's own; only the TLS case borrows the API double (conformance/apiserver-double)
 //! as that plain-HTTP peer.
 
 mod common;

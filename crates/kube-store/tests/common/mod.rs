@@ -8,7 +8,7 @@
 //! in parallel against one server; "CRD missing" points the store at an API group that does not
 //! exist, "forbidden" impersonates a user bound to a ClusterRole without that verb.
 //!
-//! The API double (`crates/apiserver-double`) is used only by tests that need a fault a real
+//! The API double (`conformance/apiserver-double`) is used only by tests that need a fault a real
 //! server cannot produce on demand (see `errors.rs`).
 #![allow(dead_code)]
 
