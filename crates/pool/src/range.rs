@@ -225,22 +225,7 @@ impl IpRange {
             .map(|e| e.trunc())
             .collect();
 
-        let bits = family.bits();
-        let prefix = subnet.prefix_len();
-        let skip_network = prefix + 2 <= bits; // v4 <= /30, v6 <= /126
-        let skip_broadcast = family == Family::V4 && prefix <= 30;
-        let net_v = ip_to_u128(subnet.network());
-        let bcast_v = ip_to_u128(subnet.broadcast());
-        let mut first = ip_to_u128(start);
-        let mut last = ip_to_u128(end);
-        if skip_network && first == net_v {
-            first += 1;
-        }
-        if skip_broadcast && last == bcast_v {
-            // bcast_v > net_v here, so no underflow.
-            last -= 1;
-        }
-
+        let (first, last) = usable_bounds(subnet, start, end);
         let mut range = IpRange {
             subnet,
             start,
@@ -255,33 +240,11 @@ impl IpRange {
         if first > last {
             return Ok(range); // empty: reported at allocation time
         }
-        let mut holes: Vec<(u128, u128)> = Vec::new();
-        for e in &range.excludes {
-            let lo = ip_to_u128(e.network()).max(first);
-            let hi = ip_to_u128(e.broadcast()).min(last);
-            if lo <= hi {
-                holes.push((lo, hi));
-            }
-        }
-        if let Some(g) = gateway {
-            let g = ip_to_u128(g);
-            if (first..=last).contains(&g) {
-                holes.push((g, g));
-            }
-        }
-        holes.sort_unstable();
-        let mut merged: Vec<(u128, u128)> = Vec::with_capacity(holes.len());
-        for (lo, hi) in holes {
-            match merged.last_mut() {
-                Some((_, phi)) if lo <= phi.saturating_add(1) => *phi = (*phi).max(hi),
-                _ => merged.push((lo, hi)),
-            }
-        }
+        range.holes = merged_holes(&range.excludes, gateway, first, last);
         // span fits in u128 except for the impossible ::/0 with both ends kept; saturate anyway.
         let span = (last - first).saturating_add(1);
-        let hole_total: u128 = merged.iter().map(|(lo, hi)| hi - lo + 1).sum();
+        let hole_total: u128 = range.holes.iter().map(|(lo, hi)| hi - lo + 1).sum();
         range.usable = span - hole_total;
-        range.holes = merged;
         Ok(range)
     }
 
@@ -559,4 +522,58 @@ pub fn parse_exclude(text: &str) -> Result<IpNet, RangeError> {
     } else {
         Ok(host_net(parse_ip(t)?))
     }
+}
+
+/// The first and last allocatable values of `start..=end` in `subnet`: the network address is
+/// skipped on IPv4 up to /30 and IPv6 up to /126, the broadcast address on IPv4 up to /30.
+fn usable_bounds(subnet: IpNet, start: IpAddr, end: IpAddr) -> (u128, u128) {
+    let family = Family::of(subnet.addr());
+    let prefix = subnet.prefix_len();
+    let skip_network = prefix + 2 <= family.bits(); // v4 <= /30, v6 <= /126
+    let skip_broadcast = family == Family::V4 && prefix <= 30;
+    let mut first = ip_to_u128(start);
+    let mut last = ip_to_u128(end);
+    if skip_network && first == ip_to_u128(subnet.network()) {
+        first += 1;
+    }
+    if skip_broadcast && last == ip_to_u128(subnet.broadcast()) {
+        // The broadcast is above the network address here, so no underflow.
+        last -= 1;
+    }
+    (first, last)
+}
+
+/// The excluded spans and the gateway within `first..=last`, sorted and merged (adjacent or
+/// overlapping spans become one).
+fn merged_holes(
+    excludes: &[IpNet],
+    gateway: Option<IpAddr>,
+    first: u128,
+    last: u128,
+) -> Vec<(u128, u128)> {
+    let mut holes: Vec<(u128, u128)> = excludes
+        .iter()
+        .map(|e| {
+            (
+                ip_to_u128(e.network()).max(first),
+                ip_to_u128(e.broadcast()).min(last),
+            )
+        })
+        .filter(|(lo, hi)| lo <= hi)
+        .collect();
+    if let Some(g) = gateway
+        .map(ip_to_u128)
+        .filter(|g| (first..=last).contains(g))
+    {
+        holes.push((g, g));
+    }
+    holes.sort_unstable();
+    let mut merged: Vec<(u128, u128)> = Vec::with_capacity(holes.len());
+    for (lo, hi) in holes {
+        match merged.last_mut() {
+            Some((_, phi)) if lo <= phi.saturating_add(1) => *phi = (*phi).max(hi),
+            _ => merged.push((lo, hi)),
+        }
+    }
+    merged
 }

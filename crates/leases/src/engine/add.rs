@@ -39,51 +39,8 @@ impl Allocator<'_> {
     ///
     /// [`LeaseStore::index`]: crate::LeaseStore::index
     pub fn add(&self, req: &AddRequest) -> Result<Vec<Lease>, AllocError> {
-        let mut wanted: Vec<Option<RequestedIp>> = vec![None; self.ranges.len()];
-        for r in &req.requested {
-            let i = r.find_range(&self.ranges)?;
-            match wanted[i] {
-                Some(prev) if prev.address != r.address => {
-                    return Err(AllocError::DuplicateRequest {
-                        first: prev.address,
-                        second: r.address,
-                        range: self.ranges[i].to_string(),
-                    });
-                }
-                Some(_) => {}
-                None => wanted[i] = Some(*r),
-            }
-        }
-        let mut call = match self.store.index() {
-            Some(ix) => {
-                self.settle_quietly();
-                let lookup = ix.lookup(&self.network, &req.container_id, &req.ifname, &req.pod)?;
-                let entry = JournalEntry {
-                    container_id: req.container_id.clone(),
-                    ifname: req.ifname.clone(),
-                    pod: req.pod.clone(),
-                    leases: lookup
-                        .mine
-                        .as_ref()
-                        .map(|e| e.leases.clone())
-                        .unwrap_or_default(),
-                    pending: None,
-                };
-                Call {
-                    journal: Some(Journaling {
-                        index: ix,
-                        entry,
-                        lookup,
-                    }),
-                    ..Call::default()
-                }
-            }
-            None => {
-                let mut call = Call::default();
-                self.snapshot(&mut call)?;
-                call
-            }
-        };
+        let wanted = self.wanted_per_range(req)?;
+        let mut call = self.begin(req)?;
         let mut out = Vec::with_capacity(self.ranges.len());
         let mut failed = None;
         for (i, w) in wanted.iter().enumerate() {
@@ -103,35 +60,7 @@ impl Allocator<'_> {
         {
             return Ok(leases);
         }
-        let kept = match &failed {
-            Some(_) => {
-                // What the attachment held before this call stays journaled, with whatever
-                // could not be rolled back.
-                let mut kept = self.rollback(std::mem::take(&mut call.written));
-                if let Some(j) = &call.journal {
-                    for l in j.lookup.mine.iter().flat_map(|e| &e.leases) {
-                        if !kept.iter().any(|k| k.address == l.address) {
-                            kept.push(l.clone());
-                        }
-                    }
-                }
-                kept
-            }
-            None => out.clone(),
-        };
-        if let Some(j) = &mut call.journal {
-            // What this attachment holds now; anything it was about to claim and did not is
-            // dropped (or the whole entry, when the ADD failed and was rolled back).
-            j.entry.leases = kept;
-            if let Err(e) = j.index.record(&self.network, &j.entry) {
-                if failed.is_none() {
-                    self.rollback(std::mem::take(&mut call.written));
-                    return Err(e.into());
-                }
-                log::error!("network {}: {e}", self.network);
-            }
-            self.forget_taken_over(j);
-        }
+        self.conclude(&mut call, &out, failed.is_some())?;
         if let Some(e) = failed {
             return Err(e);
         }
@@ -146,6 +75,94 @@ impl Allocator<'_> {
             );
         }
         Ok(out)
+    }
+
+    /// The requested address of each range (CNI_ARGS `IP=`, `runtimeConfig.ips`), by range
+    /// index; two different addresses for one range are an error.
+    fn wanted_per_range(&self, req: &AddRequest) -> Result<Vec<Option<RequestedIp>>, AllocError> {
+        let mut wanted: Vec<Option<RequestedIp>> = vec![None; self.ranges.len()];
+        for r in &req.requested {
+            let i = r.find_range(&self.ranges)?;
+            match wanted[i] {
+                Some(prev) if prev.address != r.address => {
+                    return Err(AllocError::DuplicateRequest {
+                        first: prev.address,
+                        second: r.address,
+                        range: self.ranges[i].to_string(),
+                    });
+                }
+                Some(_) => {}
+                None => wanted[i] = Some(*r),
+            }
+        }
+        Ok(wanted)
+    }
+
+    /// The call's state: with a node journal, what it says of this attachment (pending work
+    /// settled first); without, a snapshot of the network.
+    fn begin(&self, req: &AddRequest) -> Result<Call<'_>, AllocError> {
+        let Some(ix) = self.store.index() else {
+            let mut call = Call::default();
+            self.snapshot(&mut call)?;
+            return Ok(call);
+        };
+        self.settle_quietly();
+        let lookup = ix.lookup(&self.network, &req.container_id, &req.ifname, &req.pod)?;
+        let entry = JournalEntry {
+            container_id: req.container_id.clone(),
+            ifname: req.ifname.clone(),
+            pod: req.pod.clone(),
+            leases: lookup
+                .mine
+                .as_ref()
+                .map(|e| e.leases.clone())
+                .unwrap_or_default(),
+            pending: None,
+        };
+        Ok(Call {
+            journal: Some(Journaling {
+                index: ix,
+                entry,
+                lookup,
+            }),
+            ..Call::default()
+        })
+    }
+
+    /// After the ranges: on failure, restore every record this call wrote; then journal what the
+    /// attachment holds now. A journal that cannot be written fails a successful ADD (rolled
+    /// back: a lease the node does not know of would leak); after a failure it is only logged.
+    fn conclude(&self, call: &mut Call<'_>, out: &[Lease], failed: bool) -> Result<(), AllocError> {
+        let kept = if failed {
+            // What the attachment held before this call stays journaled, with whatever could
+            // not be rolled back.
+            let mut kept = self.rollback(std::mem::take(&mut call.written));
+            if let Some(j) = &call.journal {
+                for l in j.lookup.mine.iter().flat_map(|e| &e.leases) {
+                    if !kept.iter().any(|k| k.address == l.address) {
+                        kept.push(l.clone());
+                    }
+                }
+            }
+            kept
+        } else {
+            out.to_vec()
+        };
+        let Some(j) = &mut call.journal else {
+            return Ok(());
+        };
+        // What this attachment holds now; anything it was about to claim and did not is dropped
+        // (or the whole entry, when the ADD failed and was rolled back).
+        j.entry.leases = kept;
+        if let Err(e) = j.index.record(&self.network, &j.entry) {
+            if !failed {
+                self.rollback(std::mem::take(&mut call.written));
+                return Err(e.into());
+            }
+            log::error!("network {}: {e}", self.network);
+        }
+        self.forget_taken_over(j);
+        Ok(())
     }
 
     /// Every record of the network into `call.view` (one `list`); what this call read or wrote
@@ -225,23 +242,9 @@ impl Allocator<'_> {
         call: &mut Call<'_>,
     ) -> Result<Lease, AllocError> {
         let range = &self.ranges[i];
-        let now = self.clock.now();
 
         // 1. Idempotent ADD: the attachment already holds a lease in this range.
-        if let Some(l) = self.find_held(call, i, true, |l| {
-            l.is_leased() && l.is_attachment(&req.container_id, &req.ifname)
-        })? {
-            if let Some(w) = wanted
-                && w.address != l.address
-            {
-                return Err(AllocError::AttachmentHasOther {
-                    container_id: req.container_id.clone(),
-                    ifname: req.ifname.clone(),
-                    existing: l.address,
-                    requested: w.address,
-                    range: range.to_string(),
-                });
-            }
+        if let Some(l) = self.held_by_attachment(i, req, wanted, call)? {
             return Ok(l);
         }
 
@@ -251,26 +254,8 @@ impl Allocator<'_> {
         }
 
         // 3. Sandbox re-create: same pod object and ifname, new container ID, never released.
-        if let Some(old) = self.find_held(call, i, false, |l| {
-            l.is_leased()
-                && l.pod.same_pod(&req.pod)
-                && l.ifname == req.ifname
-                && l.container_id != req.container_id
-        })? {
-            let new = self.new_lease(req, old.address, old.prefix_len, i, now);
-            let from = old.container_id.clone();
-            if let Claimed::Got(l) = self.claim(i, new, Some(old), false, call)? {
-                log::info!(
-                    "network {}: {} moves from container {} to {} (pod {} re-created its sandbox)",
-                    self.network,
-                    l.address,
-                    from,
-                    req.container_id,
-                    req.pod
-                );
-                return Ok(l);
-            }
-            // changed under us: allocate normally below
+        if let Some(l) = self.take_over_sandbox(i, req, call)? {
+            return Ok(l);
         }
 
         if !call.complete {
@@ -302,6 +287,67 @@ impl Allocator<'_> {
 
         // 5. The pool.
         self.take_from_pool(i, req, call)
+    }
+
+    /// The lease the attachment already holds in range `i`, if any; holding another address
+    /// than the one it now requests is an error.
+    fn held_by_attachment(
+        &self,
+        i: usize,
+        req: &AddRequest,
+        wanted: Option<RequestedIp>,
+        call: &mut Call<'_>,
+    ) -> Result<Option<Lease>, AllocError> {
+        let Some(l) = self.find_held(call, i, true, |l| {
+            l.is_leased() && l.is_attachment(&req.container_id, &req.ifname)
+        })?
+        else {
+            return Ok(None);
+        };
+        match wanted {
+            Some(w) if w.address != l.address => Err(AllocError::AttachmentHasOther {
+                container_id: req.container_id.clone(),
+                ifname: req.ifname.clone(),
+                existing: l.address,
+                requested: w.address,
+                range: self.ranges[i].to_string(),
+            }),
+            _ => Ok(Some(l)),
+        }
+    }
+
+    /// A re-created sandbox of the same pod (same pod object and ifname, new container ID)
+    /// takes over the lease its old sandbox never released. `None` when there is none, or it
+    /// changed under us (the caller then allocates normally).
+    fn take_over_sandbox(
+        &self,
+        i: usize,
+        req: &AddRequest,
+        call: &mut Call<'_>,
+    ) -> Result<Option<Lease>, AllocError> {
+        let Some(old) = self.find_held(call, i, false, |l| {
+            l.is_leased()
+                && l.pod.same_pod(&req.pod)
+                && l.ifname == req.ifname
+                && l.container_id != req.container_id
+        })?
+        else {
+            return Ok(None);
+        };
+        let new = self.new_lease(req, old.address, old.prefix_len, i, self.clock.now());
+        let from = old.container_id.clone();
+        let Claimed::Got(l) = self.claim(i, new, Some(old), false, call)? else {
+            return Ok(None);
+        };
+        log::info!(
+            "network {}: {} moves from container {} to {} (pod {} re-created its sandbox)",
+            self.network,
+            l.address,
+            from,
+            req.container_id,
+            req.pod
+        );
+        Ok(Some(l))
     }
 
     /// The pod's latest just-released record in range `i` from [`LeaseStore::by_pod`], taken

@@ -62,26 +62,8 @@ impl Allocator<'_> {
                     .cloned()
             })
             .collect();
-        for (i, l) in leases.iter().enumerate() {
-            match self.prober.probe(l.address, &self.ranges[i]) {
-                Ok(ProbeOutcome::Free) => {}
-                Ok(ProbeOutcome::InUse { mac }) => {
-                    log::warn!(
-                        "network {}: {} (pod {}'s address in the node journal) answered the probe from MAC {mac}; \
-                         not handing it out while the store cannot confirm who holds it",
-                        self.network,
-                        l.address,
-                        req.pod
-                    );
-                    return Ok(None);
-                }
-                Err(source) => {
-                    return Err(AllocError::Probe {
-                        address: l.address,
-                        source,
-                    });
-                }
-            }
+        if !self.journaled_still_free(&leases, req)? {
+            return Ok(None);
         }
         let rekey_from = (entry.container_id != req.container_id)
             .then(|| entry.container_id.clone())
@@ -116,6 +98,33 @@ impl Allocator<'_> {
                 })
                 .collect(),
         ))
+    }
+
+    /// Probe each journaled address (one per range, in range order) before handing it out again
+    /// without the store: `false` as soon as one answers.
+    fn journaled_still_free(&self, leases: &[Lease], req: &AddRequest) -> Result<bool, AllocError> {
+        for (i, l) in leases.iter().enumerate() {
+            match self.prober.probe(l.address, &self.ranges[i]) {
+                Ok(ProbeOutcome::Free) => {}
+                Ok(ProbeOutcome::InUse { mac }) => {
+                    log::warn!(
+                        "network {}: {} (pod {}'s address in the node journal) answered the probe from MAC {mac}; \
+                         not handing it out while the store cannot confirm who holds it",
+                        self.network,
+                        l.address,
+                        req.pod
+                    );
+                    return Ok(false);
+                }
+                Err(source) => {
+                    return Err(AllocError::Probe {
+                        address: l.address,
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// Does `e` hold one Leased record in every range, matching what is requested?

@@ -3,7 +3,7 @@
 
 use super::{AllocError, Allocator};
 use crate::model::{Lease, PodRef};
-use crate::store::Taken;
+use crate::store::{JournalEntry, Taken};
 
 impl Allocator<'_> {
     /// DEL: release exactly the leases of (`container_id`, `ifname`) — they become
@@ -25,30 +25,10 @@ impl Allocator<'_> {
                 let Some(entry) = entry else {
                     return Ok(Vec::new());
                 };
-                // Re-keyed while the store was away: its records still name the old sandbox.
-                if entry
-                    .pending
-                    .as_ref()
-                    .is_some_and(|p| p.rekey_from.is_some())
-                {
-                    return self.del_pending(ix, entry).map(|()| Vec::new());
+                match self.journaled_candidates(&entry, ours)? {
+                    Some(cands) => (cands, Vec::new(), Some((ix, entry))),
+                    None => return self.del_pending(ix, entry).map(|()| Vec::new()),
                 }
-                let mut cands = Vec::new();
-                for l in &entry.leases {
-                    // A record written before its claim has no version: read what is there.
-                    let cur = match l.version {
-                        Some(_) => Some(l.clone()),
-                        None => match self.store.get(&self.network, l.address) {
-                            Ok(c) => c,
-                            Err(e) if e.is_transient() => {
-                                return self.del_pending(ix, entry).map(|()| Vec::new());
-                            }
-                            Err(e) => return Err(e.into()),
-                        },
-                    };
-                    cands.extend(cur.filter(|c| ours(c)));
-                }
-                (cands, Vec::new(), Some((ix, entry)))
             }
             None => {
                 let all = self.store.list(&self.network)?;
@@ -56,22 +36,7 @@ impl Allocator<'_> {
                 (cands, all, None)
             }
         };
-        let mut released = Vec::new();
-        let mut first_err: Option<AllocError> = None;
-        for l in &candidates {
-            match self.release_if_ours(l, now, ours) {
-                Ok(Some(r)) => released.push(r),
-                Ok(None) => {}
-                Err(e) => {
-                    log::error!(
-                        "network {}: releasing {} failed: {e}",
-                        self.network,
-                        l.address
-                    );
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
+        let (released, first_err) = self.release_all(&candidates, now, ours);
         if let Some(e) = first_err {
             // Unreachable: what was not released is released later, and the DEL succeeds.
             if let (true, Some((ix, mut entry))) = (e.is_unreachable(), entry) {
@@ -102,6 +67,64 @@ impl Allocator<'_> {
             log::warn!("network {}: pruning old records: {e}", self.network);
         }
         Ok(released)
+    }
+
+    /// The records to release for the journal's `entry`, read where it has no version (written
+    /// before its claim). `None`: the release must wait for the store — the entry was re-keyed
+    /// while the store was away, or the store cannot be read now.
+    fn journaled_candidates(
+        &self,
+        entry: &JournalEntry,
+        ours: impl Fn(&Lease) -> bool,
+    ) -> Result<Option<Vec<Lease>>, AllocError> {
+        // Re-keyed while the store was away: its records still name the old sandbox.
+        if entry
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.rekey_from.is_some())
+        {
+            return Ok(None);
+        }
+        let mut cands = Vec::new();
+        for l in &entry.leases {
+            let cur = match l.version {
+                Some(_) => Some(l.clone()),
+                None => match self.store.get(&self.network, l.address) {
+                    Ok(c) => c,
+                    Err(e) if e.is_transient() => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                },
+            };
+            cands.extend(cur.filter(|c| ours(c)));
+        }
+        Ok(Some(cands))
+    }
+
+    /// Release every candidate still ours, going on past a failure: what was released, and the
+    /// first error.
+    fn release_all(
+        &self,
+        candidates: &[Lease],
+        now: u64,
+        ours: impl Fn(&Lease) -> bool + Copy,
+    ) -> (Vec<Lease>, Option<AllocError>) {
+        let mut released = Vec::new();
+        let mut first_err = None;
+        for l in candidates {
+            match self.release_if_ours(l, now, ours) {
+                Ok(Some(r)) => released.push(r),
+                Ok(None) => {}
+                Err(e) => {
+                    log::error!(
+                        "network {}: releasing {} failed: {e}",
+                        self.network,
+                        l.address
+                    );
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        (released, first_err)
     }
 
     /// Release `l` if unchanged; on a lost race, retry while `still_ours(current)`.

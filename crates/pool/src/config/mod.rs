@@ -9,10 +9,14 @@ use std::path::PathBuf;
 use ipnet::IpNet;
 use serde_json::{Map, Value};
 
-use crate::range::{self, Bound, IpRange, RangeError};
+use crate::range::{self, IpRange};
 
+mod ranges;
 mod sections;
-use sections::{parse_dns, parse_probe, parse_routes};
+use ranges::parse_ranges;
+use sections::{
+    parse_data_dir, parse_dns, parse_kubernetes, parse_probe, parse_routes, parse_store,
+};
 
 /// Default state directory of the node-local file store.
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/tether";
@@ -92,7 +96,7 @@ const NEVER_POD_ADDRESSES: &[(&str, &str)] = &[
 ];
 
 /// Refuse a subnet that covers everything or touches a block no pod address can be in.
-fn check_pod_subnet(subnet: &IpNet) -> Result<(), String> {
+pub(super) fn check_pod_subnet(subnet: &IpNet) -> Result<(), String> {
     if subnet.prefix_len() == 0 {
         return Err("a /0 range covers every address; give the subnet of the segment".into());
     }
@@ -219,50 +223,7 @@ impl PoolConfig {
             None => None,
         };
 
-        let mut ranges = Vec::new();
-        if let Some(text) = opt_str(ipam, "range", "ipam.range")? {
-            ranges.push(parse_entry(ipam, "ipam", Some(text), gateway)?);
-        }
-        match ipam.get("ipRanges") {
-            None | Some(Value::Null) => {}
-            Some(Value::Array(items)) => {
-                if ranges.len() + items.len() > MAX_RANGES {
-                    return Err(ConfigError::invalid(
-                        "ipam.ipRanges",
-                        &Value::from(format!("{} entries", items.len())),
-                        format!(
-                            "at most {MAX_RANGES} ranges (with \"range\") are allowed per network"
-                        ),
-                    ));
-                }
-                for (i, item) in items.iter().enumerate() {
-                    let path = format!("ipam.ipRanges[{i}]");
-                    let obj = item
-                        .as_object()
-                        .ok_or_else(|| ConfigError::invalid(&path, item, "expected an object"))?;
-                    let text = opt_str(obj, "range", &format!("{path}.range"))?;
-                    if text.is_none() {
-                        return Err(ConfigError::invalid(&path, item, "has no \"range\""));
-                    }
-                    let gw = match opt_str(obj, "gateway", &format!("{path}.gateway"))? {
-                        Some(g) => Some(ip_value(
-                            &format!("{path}.gateway"),
-                            obj.get("gateway").unwrap(),
-                            g,
-                        )?),
-                        None => gateway,
-                    };
-                    ranges.push(parse_entry(obj, &path, text, gw)?);
-                }
-            }
-            Some(other) => {
-                return Err(ConfigError::invalid(
-                    "ipam.ipRanges",
-                    other,
-                    "expected a list",
-                ));
-            }
-        }
+        let ranges = parse_ranges(ipam, gateway)?;
         if ranges.is_empty() {
             return Err(ConfigError::NoRanges);
         }
@@ -270,54 +231,9 @@ impl PoolConfig {
         let routes = parse_routes(ipam)?;
         let dns = parse_dns(ipam)?;
 
-        let kubernetes = match ipam.get("kubernetes") {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(k)) => {
-                let kubeconfig =
-                    opt_str(k, "kubeconfig", "ipam.kubernetes.kubeconfig")?.map(PathBuf::from);
-                let mut extra = k.clone();
-                extra.remove("kubeconfig");
-                Some(KubernetesConfig { kubeconfig, extra })
-            }
-            Some(other) => {
-                return Err(ConfigError::invalid(
-                    "ipam.kubernetes",
-                    other,
-                    "expected an object",
-                ));
-            }
-        };
-
-        let store = match opt_str(ipam, "store", "ipam.store")? {
-            Some("file") => StoreKind::File,
-            Some("kubernetes") => StoreKind::Kubernetes,
-            Some(_) => {
-                return Err(ConfigError::invalid(
-                    "ipam.store",
-                    &ipam["store"],
-                    "expected \"file\" or \"kubernetes\"",
-                ));
-            }
-            None if kubernetes.as_ref().is_some_and(|k| k.kubeconfig.is_some()) => {
-                StoreKind::Kubernetes
-            }
-            None => StoreKind::File,
-        };
-
-        let data_dir = match opt_str(ipam, "dataDir", "ipam.dataDir")? {
-            Some(d) => {
-                let p = PathBuf::from(d);
-                if !p.is_absolute() {
-                    return Err(ConfigError::invalid(
-                        "ipam.dataDir",
-                        &ipam["dataDir"],
-                        "must be an absolute path",
-                    ));
-                }
-                p
-            }
-            None => PathBuf::from(DEFAULT_DATA_DIR),
-        };
+        let kubernetes = parse_kubernetes(ipam)?;
+        let store = parse_store(ipam, kubernetes.as_ref())?;
+        let data_dir = parse_data_dir(ipam)?;
 
         let cooldown_s =
             opt_u64(ipam, "cooldown_s", "ipam.cooldown_s")?.unwrap_or(DEFAULT_COOLDOWN_S);
@@ -349,123 +265,12 @@ impl PoolConfig {
     }
 }
 
-/// Parse one range entry (the top-level ipam object or an `ipRanges` item) at `path`.
-fn parse_entry(
-    obj: &Map<String, Value>,
-    path: &str,
-    text: Option<&str>,
-    gateway: Option<IpAddr>,
-) -> Result<IpRange, ConfigError> {
-    let text = text.expect("caller checked");
-    let range_key = format!("{path}.range");
-    let range_val = &obj["range"];
-    let (subnet, first, last) = range::parse_range_text(text)
-        .map_err(|e| ConfigError::invalid(&range_key, range_val, e))?;
-    check_pod_subnet(&subnet).map_err(|e| ConfigError::invalid(&range_key, range_val, e))?;
-    let dashed = first.is_some();
-
-    let start_key = format!("{path}.range_start");
-    let end_key = format!("{path}.range_end");
-    let mut start = first;
-    let mut end = last;
-    if !dashed {
-        if let Some(s) = opt_str(obj, "range_start", &start_key)? {
-            start = Some(ip_value(&start_key, &obj["range_start"], s)?);
-        }
-        if let Some(e) = opt_str(obj, "range_end", &end_key)? {
-            end = Some(ip_value(&end_key, &obj["range_end"], e)?);
-        }
-    } else if obj.get("range_start").is_some_and(|v| !is_blank(v))
-        || obj.get("range_end").is_some_and(|v| !is_blank(v))
-    {
-        log::warn!(
-            "{range_key} is a first-last range; range_start/range_end are ignored (as whereabouts does)"
-        );
-    }
-
-    let exclude_key = format!("{path}.exclude");
-    let mut excludes = Vec::new();
-    match obj.get("exclude") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(items)) => {
-            if items.len() > MAX_EXCLUDES {
-                return Err(ConfigError::invalid(
-                    &exclude_key,
-                    &Value::from(format!("{} entries", items.len())),
-                    format!("at most {MAX_EXCLUDES} excludes are allowed per range"),
-                ));
-            }
-            for (i, item) in items.iter().enumerate() {
-                let key = format!("{exclude_key}[{i}]");
-                let s = item.as_str().ok_or_else(|| {
-                    ConfigError::invalid(&key, item, "expected a string (CIDR or address)")
-                })?;
-                excludes.push(
-                    range::parse_exclude(s).map_err(|e| ConfigError::invalid(&key, item, e))?,
-                );
-            }
-        }
-        Some(other) => {
-            return Err(ConfigError::invalid(
-                &exclude_key,
-                other,
-                "expected a list of CIDRs or addresses",
-            ));
-        }
-    }
-
-    let gateway = gateway.filter(|g| subnet.contains(g));
-    IpRange::new(subnet, start, end, gateway, excludes).map_err(|e| {
-        // Blame the key that holds the bad value.
-        let key = match (&e, dashed) {
-            (_, true) => range_key.clone(),
-            (
-                RangeError::Outside {
-                    bound: Bound::Start,
-                    ..
-                },
-                false,
-            )
-            | (
-                RangeError::MixedFamily {
-                    bound: Bound::Start,
-                    ..
-                },
-                false,
-            ) => start_key.clone(),
-            (
-                RangeError::Outside {
-                    bound: Bound::End, ..
-                },
-                false,
-            )
-            | (
-                RangeError::MixedFamily {
-                    bound: Bound::End, ..
-                },
-                false,
-            ) => end_key.clone(),
-            (RangeError::StartAfterEnd { .. }, false) if obj.get("range_end").is_some() => {
-                end_key.clone()
-            }
-            (RangeError::StartAfterEnd { .. }, false) => start_key.clone(),
-            _ => range_key.clone(),
-        };
-        let value = key
-            .rsplit('.')
-            .next()
-            .and_then(|k| obj.get(k))
-            .unwrap_or(range_val);
-        ConfigError::invalid(&key, value, e)
-    })
-}
-
-fn is_blank(v: &Value) -> bool {
+pub(super) fn is_blank(v: &Value) -> bool {
     matches!(v, Value::Null) || v.as_str().is_some_and(|s| s.trim().is_empty())
 }
 
 /// A string value; `null` and `""` count as absent (Go's encoding/json leaves such fields unset).
-fn opt_str<'a>(
+pub(super) fn opt_str<'a>(
     obj: &'a Map<String, Value>,
     key: &str,
     path: &str,
@@ -478,7 +283,11 @@ fn opt_str<'a>(
     }
 }
 
-fn opt_u64(obj: &Map<String, Value>, key: &str, path: &str) -> Result<Option<u64>, ConfigError> {
+pub(super) fn opt_u64(
+    obj: &Map<String, Value>,
+    key: &str,
+    path: &str,
+) -> Result<Option<u64>, ConfigError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v
@@ -488,7 +297,7 @@ fn opt_u64(obj: &Map<String, Value>, key: &str, path: &str) -> Result<Option<u64
     }
 }
 
-fn ip_value(path: &str, raw: &Value, text: &str) -> Result<IpAddr, ConfigError> {
+pub(super) fn ip_value(path: &str, raw: &Value, text: &str) -> Result<IpAddr, ConfigError> {
     text.trim()
         .parse()
         .map_err(|_| ConfigError::invalid(path, raw, "not an IP address"))

@@ -1,11 +1,13 @@
-//! The `routes`, `dns` and `probe` sections of the `ipam` object.
+//! The `routes`, `dns`, `probe`, `kubernetes`, `store` and `dataDir` sections of the `ipam` object.
+
+use std::path::PathBuf;
 
 use ipnet::IpNet;
 use serde_json::{Map, Value};
 
 use super::{
-    ConfigError, DEFAULT_PROBE_ATTEMPTS, DEFAULT_PROBE_TIMEOUT_MS, Dns, ProbeConfig, Route,
-    ip_value, opt_str, opt_u64,
+    ConfigError, DEFAULT_DATA_DIR, DEFAULT_PROBE_ATTEMPTS, DEFAULT_PROBE_TIMEOUT_MS, Dns,
+    KubernetesConfig, ProbeConfig, Route, StoreKind, ip_value, opt_str, opt_u64,
 };
 use crate::range;
 
@@ -147,5 +149,59 @@ pub(super) fn parse_probe(ipam: &Map<String, Value>) -> Result<ProbeConfig, Conf
             other,
             "expected false, true or {\"timeout_ms\": N, \"attempts\": N}",
         )),
+    }
+}
+
+/// `kubernetes`: the kubeconfig, and every other key as it came (the store reads them).
+pub(super) fn parse_kubernetes(
+    ipam: &Map<String, Value>,
+) -> Result<Option<KubernetesConfig>, ConfigError> {
+    match ipam.get("kubernetes") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(k)) => {
+            let kubeconfig =
+                opt_str(k, "kubeconfig", "ipam.kubernetes.kubeconfig")?.map(PathBuf::from);
+            let mut extra = k.clone();
+            extra.remove("kubeconfig");
+            Ok(Some(KubernetesConfig { kubeconfig, extra }))
+        }
+        Some(other) => Err(ConfigError::invalid(
+            "ipam.kubernetes",
+            other,
+            "expected an object",
+        )),
+    }
+}
+
+/// `store`; absent: the cluster store when a kubeconfig is given, else the file store.
+pub(super) fn parse_store(
+    ipam: &Map<String, Value>,
+    kubernetes: Option<&KubernetesConfig>,
+) -> Result<StoreKind, ConfigError> {
+    Ok(match opt_str(ipam, "store", "ipam.store")? {
+        Some("file") => StoreKind::File,
+        Some("kubernetes") => StoreKind::Kubernetes,
+        Some(_) => {
+            return Err(ConfigError::invalid(
+                "ipam.store",
+                &ipam["store"],
+                "expected \"file\" or \"kubernetes\"",
+            ));
+        }
+        None if kubernetes.is_some_and(|k| k.kubeconfig.is_some()) => StoreKind::Kubernetes,
+        None => StoreKind::File,
+    })
+}
+
+/// `dataDir`, which must be absolute; absent: [`DEFAULT_DATA_DIR`].
+pub(super) fn parse_data_dir(ipam: &Map<String, Value>) -> Result<PathBuf, ConfigError> {
+    match opt_str(ipam, "dataDir", "ipam.dataDir")? {
+        Some(d) if PathBuf::from(d).is_absolute() => Ok(PathBuf::from(d)),
+        Some(_) => Err(ConfigError::invalid(
+            "ipam.dataDir",
+            &ipam["dataDir"],
+            "must be an absolute path",
+        )),
+        None => Ok(PathBuf::from(DEFAULT_DATA_DIR)),
     }
 }
