@@ -49,33 +49,7 @@ pub fn sniff_version(raw: &[u8]) -> Option<String> {
 
 impl NetConf {
     pub fn parse(raw: &[u8]) -> Result<NetConf, CniError> {
-        // The top level first, each value left unparsed: GC's attachment lists (up to
-        // MAX_VALID_ATTACHMENTS entries) go straight into their typed form, never through a
-        // `Value` tree, which would cost several times their size in memory.
-        let top: BTreeMap<String, &RawValue> = serde_json::from_slice(raw).map_err(|e| {
-            CniError::new(
-                code::DECODE,
-                if e.classify() == serde_json::error::Category::Data {
-                    "the network configuration on stdin is not a JSON object".to_string()
-                } else {
-                    format!("the network configuration on stdin is not valid JSON: {e}")
-                },
-            )
-        })?;
-        let mut value = Map::new();
-        let mut attachment_lists = Vec::new();
-        for (k, v) in top {
-            if ATTACHMENT_KEYS.contains(&k.as_str()) {
-                attachment_lists.push((k, v));
-            } else {
-                // Already checked to be valid JSON by the pass above.
-                let v: Value = serde_json::from_str(v.get()).map_err(|e| {
-                    CniError::new(code::DECODE, format!("{k:?} cannot be read: {e}"))
-                })?;
-                value.insert(k, v);
-            }
-        }
-
+        let (value, attachment_lists) = split_top(raw)?;
         let cni_version = match value.get("cniVersion") {
             Some(Value::String(s)) => s.clone(),
             Some(other) => {
@@ -86,59 +60,20 @@ impl NetConf {
             None => String::new(),
         };
         let version = Version::parse(&cni_version)?;
-
-        let name = match value.get("name") {
-            Some(Value::String(s)) if is_spec_identifier(s) => s.clone(),
-            Some(Value::String(s)) => {
-                return Err(CniError::invalid_config(format!(
-                    "network name {s:?} is invalid: it must start with a letter or digit followed by letters, digits, '_', '.' or '-'"
-                )));
-            }
-            Some(other) => {
-                return Err(CniError::invalid_config(format!(
-                    "network name {other} is not a string"
-                )));
-            }
-            None => {
-                return Err(CniError::invalid_config(
-                    "the network configuration has no \"name\"",
-                ));
-            }
-        };
+        let name = network_name(&value)?;
         check_shapes(&value)?;
         let plugin_type = value
             .get("type")
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
-
         let prev_result = match value.get("prevResult") {
             None | Some(Value::Null) => None,
             Some(v) => Some(CniResult::from_value(v).map_err(|e| {
                 CniError::invalid_config(format!("prevResult cannot be read: {e}"))
             })?),
         };
-
-        // The spec's key first, the legacy one only without it (as libcni sends either).
-        attachment_lists.sort_by_key(|(k, _)| ATTACHMENT_KEYS.iter().position(|a| a == k));
-        let valid_attachments = attachment_lists
-            .first()
-            .map(|(k, v)| {
-                let list: Vec<Attachment> = serde_json::from_str(v.get()).map_err(|e| {
-                    CniError::invalid_config(format!(
-                        "{k} must be a list of {{containerID, ifname}}: {e}"
-                    ))
-                })?;
-                if list.len() > MAX_VALID_ATTACHMENTS {
-                    return Err(CniError::invalid_config(format!(
-                        "{k} has {} entries; at most {MAX_VALID_ATTACHMENTS} are accepted",
-                        list.len()
-                    )));
-                }
-                Ok(list)
-            })
-            .transpose()?;
-
+        let valid_attachments = valid_attachments(attachment_lists)?;
         Ok(NetConf {
             version,
             cni_version,
@@ -186,6 +121,77 @@ impl NetConf {
             .and_then(Value::as_str)
             .filter(|s| !s.is_empty())
     }
+}
+
+/// GC's attachment lists under their keys, still unparsed.
+type AttachmentLists<'a> = Vec<(String, &'a RawValue)>;
+
+/// The top level of `raw`, each value but GC's attachment lists parsed. Those (up to
+/// [`MAX_VALID_ATTACHMENTS`] entries) go straight into their typed form later, never through a
+/// `Value` tree, which would cost several times their size in memory.
+fn split_top(raw: &[u8]) -> Result<(Map<String, Value>, AttachmentLists<'_>), CniError> {
+    let top: BTreeMap<String, &RawValue> = serde_json::from_slice(raw).map_err(|e| {
+        CniError::new(
+            code::DECODE,
+            if e.classify() == serde_json::error::Category::Data {
+                "the network configuration on stdin is not a JSON object".to_string()
+            } else {
+                format!("the network configuration on stdin is not valid JSON: {e}")
+            },
+        )
+    })?;
+    let mut value = Map::new();
+    let mut attachment_lists = Vec::new();
+    for (k, v) in top {
+        if ATTACHMENT_KEYS.contains(&k.as_str()) {
+            attachment_lists.push((k, v));
+        } else {
+            // Already checked to be valid JSON by the pass above.
+            let v: Value = serde_json::from_str(v.get())
+                .map_err(|e| CniError::new(code::DECODE, format!("{k:?} cannot be read: {e}")))?;
+            value.insert(k, v);
+        }
+    }
+    Ok((value, attachment_lists))
+}
+
+/// `name`, which the spec requires and restricts.
+fn network_name(value: &Map<String, Value>) -> Result<String, CniError> {
+    match value.get("name") {
+        Some(Value::String(s)) if is_spec_identifier(s) => Ok(s.clone()),
+        Some(Value::String(s)) => Err(CniError::invalid_config(format!(
+            "network name {s:?} is invalid: it must start with a letter or digit followed by letters, digits, '_', '.' or '-'"
+        ))),
+        Some(other) => Err(CniError::invalid_config(format!(
+            "network name {other} is not a string"
+        ))),
+        None => Err(CniError::invalid_config(
+            "the network configuration has no \"name\"",
+        )),
+    }
+}
+
+/// GC's list of attachments still in use: the spec's key first, the legacy one only without
+/// it (libcni sends either).
+fn valid_attachments(mut lists: AttachmentLists<'_>) -> Result<Option<Vec<Attachment>>, CniError> {
+    lists.sort_by_key(|(k, _)| ATTACHMENT_KEYS.iter().position(|a| a == k));
+    lists
+        .first()
+        .map(|(k, v)| {
+            let list: Vec<Attachment> = serde_json::from_str(v.get()).map_err(|e| {
+                CniError::invalid_config(format!(
+                    "{k} must be a list of {{containerID, ifname}}: {e}"
+                ))
+            })?;
+            if list.len() > MAX_VALID_ATTACHMENTS {
+                return Err(CniError::invalid_config(format!(
+                    "{k} has {} entries; at most {MAX_VALID_ATTACHMENTS} are accepted",
+                    list.len()
+                )));
+            }
+            Ok(list)
+        })
+        .transpose()
 }
 
 /// The keys every plugin reads have the JSON type they must have: a config that gets one wrong is

@@ -92,67 +92,8 @@ pub(crate) async fn load_config(
 /// context and user, and the user's token (inline or `tokenFile`) or client certificate is
 /// readable. Returns a one-line description for `doctor`.
 pub fn check_credentials(settings: &KubeSettings) -> Result<String, KubeStoreError> {
-    let from_file = |p: &Path, source: CredentialSource| -> Result<String, KubeStoreError> {
-        let bad = |detail: String| KubeStoreError::Kubeconfig {
-            source_: source.clone(),
-            detail,
-        };
-        let kc = read_kubeconfig(p, &source)?;
-        let ctx_name = kc
-            .current_context
-            .clone()
-            .filter(|c| !c.is_empty())
-            .ok_or_else(|| bad("no current-context".into()))?;
-        let ctx = kc
-            .contexts
-            .iter()
-            .find(|c| c.name == ctx_name)
-            .and_then(|c| c.context.clone())
-            .ok_or_else(|| bad(format!("current-context {ctx_name:?} is not defined")))?;
-        let server = kc
-            .clusters
-            .iter()
-            .find(|c| c.name == ctx.cluster)
-            .and_then(|c| c.cluster.as_ref())
-            .and_then(|c| c.server.clone())
-            .ok_or_else(|| bad(format!("cluster {:?} has no server", ctx.cluster)))?;
-        let user = ctx.user.clone().unwrap_or_default();
-        let auth = kc
-            .auth_infos
-            .iter()
-            .find(|a| a.name == user)
-            .and_then(|a| a.auth_info.clone());
-        let cred = match auth {
-            None => "no user credentials (anonymous)".to_string(),
-            Some(a) => {
-                if let Some(f) = &a.token_file {
-                    let t = std::fs::read_to_string(f)
-                        .map_err(|e| bad(format!("cannot read tokenFile {f}: {e}")))?;
-                    if t.trim().is_empty() {
-                        return Err(bad(format!("tokenFile {f} is empty")));
-                    }
-                    format!("token from {f}")
-                } else if a.token.is_some() {
-                    "inline token".to_string()
-                } else if a.client_certificate_data.is_some() || a.client_certificate.is_some() {
-                    if let Some(f) = &a.client_certificate {
-                        std::fs::metadata(f)
-                            .map_err(|e| bad(format!("cannot read client-certificate {f}: {e}")))?;
-                    }
-                    "client certificate".to_string()
-                } else if a.exec.is_some() {
-                    "exec credential plugin (not run by doctor)".to_string()
-                } else if a.auth_provider.is_some() {
-                    "auth-provider (not checked)".to_string()
-                } else {
-                    "no user credentials (anonymous)".to_string()
-                }
-            }
-        };
-        Ok(format!("{source}: server {server}, {cred}"))
-    };
     if let Some(p) = &settings.kubeconfig {
-        return from_file(p, CredentialSource::Config(p.clone()));
+        return describe_kubeconfig(p, CredentialSource::Config(p.clone()));
     }
     if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
         let tok = Path::new("/var/run/secrets/kubernetes.io/serviceaccount/token");
@@ -173,8 +114,72 @@ pub fn check_credentials(settings: &KubeSettings) -> Result<String, KubeStoreErr
     match std::env::var("KUBECONFIG") {
         Ok(v) if !v.trim().is_empty() => {
             let first = v.split(':').next().unwrap_or(&v).to_string();
-            from_file(Path::new(&first), CredentialSource::Env(v.clone()))
+            describe_kubeconfig(Path::new(&first), CredentialSource::Env(v.clone()))
         }
         _ => Err(KubeStoreError::NoCredentials),
     }
+}
+
+/// [`check_credentials`] of one kubeconfig file.
+fn describe_kubeconfig(p: &Path, source: CredentialSource) -> Result<String, KubeStoreError> {
+    let bad = |detail: String| KubeStoreError::Kubeconfig {
+        source_: source.clone(),
+        detail,
+    };
+    let kc = read_kubeconfig(p, &source)?;
+    let ctx_name = kc
+        .current_context
+        .clone()
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| bad("no current-context".into()))?;
+    let ctx = kc
+        .contexts
+        .iter()
+        .find(|c| c.name == ctx_name)
+        .and_then(|c| c.context.clone())
+        .ok_or_else(|| bad(format!("current-context {ctx_name:?} is not defined")))?;
+    let server = kc
+        .clusters
+        .iter()
+        .find(|c| c.name == ctx.cluster)
+        .and_then(|c| c.cluster.as_ref())
+        .and_then(|c| c.server.clone())
+        .ok_or_else(|| bad(format!("cluster {:?} has no server", ctx.cluster)))?;
+    let user = ctx.user.clone().unwrap_or_default();
+    let auth = kc
+        .auth_infos
+        .iter()
+        .find(|a| a.name == user)
+        .and_then(|a| a.auth_info.clone());
+    let cred = match auth {
+        None => "no user credentials (anonymous)".to_string(),
+        Some(a) => describe_user(&a).map_err(bad)?,
+    };
+    Ok(format!("{source}: server {server}, {cred}"))
+}
+
+/// What credential a kubeconfig user carries; files it names must be readable (a token file
+/// not empty). The error is the detail of a kubeconfig error.
+fn describe_user(a: &kube::config::AuthInfo) -> Result<String, String> {
+    Ok(if let Some(f) = &a.token_file {
+        let t =
+            std::fs::read_to_string(f).map_err(|e| format!("cannot read tokenFile {f}: {e}"))?;
+        if t.trim().is_empty() {
+            return Err(format!("tokenFile {f} is empty"));
+        }
+        format!("token from {f}")
+    } else if a.token.is_some() {
+        "inline token".to_string()
+    } else if a.client_certificate_data.is_some() || a.client_certificate.is_some() {
+        if let Some(f) = &a.client_certificate {
+            std::fs::metadata(f).map_err(|e| format!("cannot read client-certificate {f}: {e}"))?;
+        }
+        "client certificate".to_string()
+    } else if a.exec.is_some() {
+        "exec credential plugin (not run by doctor)".to_string()
+    } else if a.auth_provider.is_some() {
+        "auth-provider (not checked)".to_string()
+    } else {
+        "no user credentials (anonymous)".to_string()
+    })
 }

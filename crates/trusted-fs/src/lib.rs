@@ -211,6 +211,32 @@ pub fn check_place(key: &str, path: &Path, place: Place) -> Result<(), TrustErro
     Ok(())
 }
 
+/// What exists of `path`, resolved once (a symlinked /var/run), and the names below it still to
+/// create (deepest first), which [`TrustedDir::open`] creates under directories that passed. A
+/// missing part is an error unless `create`.
+fn resolve_existing(path: &Path, create: bool) -> Result<(PathBuf, Vec<OsString>), TrustError> {
+    let (mut real, mut missing) = (path.to_path_buf(), Vec::<OsString>::new());
+    loop {
+        match std::fs::canonicalize(&real) {
+            Ok(r) => return Ok((r, missing)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+                let Some(name) = real.file_name() else {
+                    return Err(io_err("resolving", path)(Errno::ENOENT));
+                };
+                missing.push(name.to_os_string());
+                real = real.parent().map(Path::to_path_buf).unwrap_or_default();
+            }
+            Err(source) => {
+                return Err(TrustError::Io {
+                    op: "resolving",
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        }
+    }
+}
+
 impl TrustedDir {
     /// Open the directory `path` (`key` names it in errors), creating it (0700; missing parents
     /// 0755) when `create`. Every directory from `/` down must pass the checks.
@@ -221,28 +247,7 @@ impl TrustedDir {
         create: bool,
     ) -> Result<TrustedDir, TrustError> {
         check_place(key, path, place)?;
-        // Resolve what exists of the path once (a symlinked /var/run); what is missing is
-        // created below, under directories that passed.
-        let (mut real, mut missing) = (path.to_path_buf(), Vec::<OsString>::new());
-        let resolved = loop {
-            match std::fs::canonicalize(&real) {
-                Ok(r) => break r,
-                Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
-                    let Some(name) = real.file_name() else {
-                        return Err(io_err("resolving", path)(Errno::ENOENT));
-                    };
-                    missing.push(name.to_os_string());
-                    real = real.parent().map(Path::to_path_buf).unwrap_or_default();
-                }
-                Err(source) => {
-                    return Err(TrustError::Io {
-                        op: "resolving",
-                        path: path.to_path_buf(),
-                        source,
-                    });
-                }
-            }
-        };
+        let (resolved, missing) = resolve_existing(path, create)?;
         // A symlink must not lead out of the allowed places either: what the path really names,
         // the resolved part and the parts still to create (a fresh node has no /var/lib/cni yet,
         // and /var/lib alone is a root, not a place below one).
