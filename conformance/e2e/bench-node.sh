@@ -102,6 +102,7 @@ EOF
   for p in $(K -n default get pods -l "app=$app" -o jsonpath='{.items[*].metadata.name}'); do
     failed=$(( failed + $(event_count "$p" FailedCreatePodSandBox) ))
   done
+  [ "$failed" = 0 ] || e2e_log "$app: $failed failed sandboxes before all were Running; most frequent warnings: $(why_not "$app")"
   # Every pod really has both interfaces with an address (a sample of three).
   for p in $(K -n default get pods -l "app=$app" -o jsonpath='{.items[*].metadata.name}' | tr ' ' '\n' | head -n 3); do
     for i in net1 net2; do [ -n "$(addr_of "$p" $i)" ] || fail "$p of $app has no address on $i"; done
@@ -124,8 +125,8 @@ for i in $(seq 1 "$ROUNDS"); do
   out=$(round r "$R_LIMIT"); read -r s RF <<<"$out"; R+=("$s")
   e2e_log "round $i reference: $( [ "$s" = - ] && echo "$RF of $N Running at $R_LIMIT s" || echo "$N pods Running in $s s ($RF failed sandboxes)")"
 done
-best() { printf '%s\n' "$@" | grep -v '^-$' | sort -n | head -n 1; }
-rate() { awk -v n="$1" -v s="$2" 'BEGIN{printf "%.2f", n/s}'; }
+best() { printf '%s\n' "$@" | { grep -v '^-$' || true; } | sort -n | head -n 1; }
+rate() { awk -v n="$1" -v s="$2" 'BEGIN{printf "%.3f", n/s}'; }
 bt=$(best "${T[@]}"); br=$(best "${R[@]}")
 {
   echo "| plugins (net1 + net2 per pod) | pods | rounds | creation → all Running, s (each round) | pods Running per second (best) | failed sandboxes (last round) |"
