@@ -114,7 +114,7 @@ up() {
   local ok=0
   for _ in $(seq 1 120); do
     if curl -fsS --max-time 2 "http://127.0.0.1:$E2E_ETCD_PORT/health" 2>/dev/null | grep -q '"health":"true"'; then ok=1; break; fi
-    ours "$CP/etcd.pid" etcd >/dev/null || break
+    alive "$CP/etcd.pid" || break
     sleep 0.5
   done
   [ $ok = 1 ] || { tail -20 "$CP/logs/etcd.log" >&2; e2e_die "etcd did not become healthy"; }
@@ -140,7 +140,7 @@ up() {
   while [ "$(date +%s)" -lt "$deadline" ]; do
     if [ "$(curl -sS --max-time 3 --cacert "$PKI/ca.crt" -H "Authorization: Bearer $E2E_TOKEN" \
             "https://127.0.0.1:$E2E_API_PORT/readyz" 2>/dev/null)" = ok ]; then ok=1; break; fi
-    ours "$CP/kube-apiserver.pid" kube-apiserver >/dev/null || break
+    alive "$CP/kube-apiserver.pid" || break
     sleep 0.5
   done
   [ $ok = 1 ] || { tail -30 "$CP/logs/kube-apiserver.log" >&2; e2e_die "kube-apiserver not ready in ${READY_TIMEOUT}s"; }

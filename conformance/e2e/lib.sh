@@ -32,6 +32,10 @@ ours() {
   pid=$(cat "$1")
   [ "$pid" != "$$" ] && [ -d "/proc/$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$2" && echo "$pid"
 }
+# alive PIDFILE: the process started in the background is still there. For readiness loops right
+# after `cmd &`: until the forked shell has exec'd, /proc/PID/cmdline is still this shell's, which
+# `ours` would take for a dead process (seen: "kube-apiserver not ready" 7 s into a run, log empty).
+alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 # stop_pidfile PIDFILE WORD [SECONDS]: TERM, then KILL after SECONDS (default 10).
 stop_pidfile() {
   local pid t=${3:-10}
