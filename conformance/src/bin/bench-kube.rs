@@ -798,8 +798,11 @@ fn run(o: &Opts, peers: &Path) -> Result<(), String> {
 
     let kc = server.kubeconfig.clone();
     // tether-ipam's node journal (which leases this node's attachments hold) lives under
-    // dataDir: a private one, emptied with the cluster's objects, never the host's.
-    let tether_data = server.dir.join("tether-data");
+    // dataDir: a private one, emptied with the cluster's objects, never the host's. Under /tmp:
+    // tether-ipam keeps its files only below the places it trusts (/var/lib, /run, /tmp, ...),
+    // and the server's own dir is in the checkout.
+    let tether_data =
+        std::env::temp_dir().join(format!("tether-bench-kube-{}", std::process::id()));
     let reset = || -> Result<(), String> {
         kube.reset()?;
         match std::fs::remove_dir_all(&tether_data) {
