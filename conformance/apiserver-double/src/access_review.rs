@@ -3,9 +3,8 @@
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use crate::objects::parse_object;
-use crate::response::{Resp, json_resp, status};
-use crate::server::Shared;
+use crate::response::{Resp, json_resp, parse_object, status};
+use crate::shared::Shared;
 
 /// `SelfSubjectAccessReview`: allowed unless the (verb, resource) pair is forbidden with
 /// [`ApiServerDouble::forbid`] (the group is not considered; subresources and names are ignored).

@@ -6,10 +6,9 @@ use bytes::Bytes;
 use hyper::Method;
 use serde_json::{Value, json};
 
-use crate::objects::parse_object;
 use crate::pods_nodes::{delete_node, delete_pod, upsert_node, upsert_pod};
-use crate::response::{Resp, bad_request, json_resp, status};
-use crate::server::Shared;
+use crate::response::{Resp, bad_request, json_resp, parse_object, status};
+use crate::shared::Shared;
 use crate::watch::expire_watches;
 
 pub(crate) fn control(sh: &Shared, method: &Method, rest: &[String], body: Bytes) -> Resp {

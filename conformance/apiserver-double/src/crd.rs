@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use serde_json::json;
 
 use crate::response::{Resp, json_resp, status};
-use crate::server::Shared;
+use crate::shared::Shared;
 use crate::{CRD_NAME, GROUP, KIND, PLURAL, VERSION};
 
 pub(crate) fn crd(sh: &Shared, name: &str) -> Resp {

@@ -8,11 +8,11 @@ use serde_json::{Value, json};
 
 use crate::KIND;
 use crate::object_meta::{is_dns_subdomain, now_rfc3339, uuid4};
-use crate::objects::{Event, Kind, Stored, meta_str, parse_object};
+use crate::objects::{Event, Kind, Stored, meta_str};
 use crate::response::{
-    Resp, bad_request, conflict, details, invalid, json_bytes, not_found, status,
+    Resp, bad_request, conflict, details, invalid, json_bytes, not_found, parse_object, status,
 };
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// Imitates the CRD schema and its CEL rules (see deploy/crds/ipleases.yaml).
 fn validate_lease(name: &str, v: &Value, old: Option<&Value>) -> Result<(), Resp> {

@@ -63,7 +63,8 @@
 mod access_review; // SelfSubjectAccessReview
 mod control; // the /_double/ endpoints
 mod crd; // the IPLease CRD object
-mod knobs; // latency, 403, CRD missing, expired watches, request counters
+mod double; // ApiServerDouble: start, address, kubeconfig, every test-control method
+mod knobs; // latency, 403 checks and message, request counters (as requests read them)
 mod kubeconfig; // kubeconfig_for
 mod leases; // IPLease create, replace, delete and validation
 pub mod object_meta; // uids, timestamps, the object-name rule
@@ -71,14 +72,17 @@ mod objects; // kinds, stored objects, resourceVersion, event history
 mod pods_nodes; // pods and nodes the test writes
 pub mod query; // query-string decoding, continue-token encoding
 mod read; // GET and LIST (selectors, pages, resourceVersion)
-mod response; // JSON bodies and Status errors
-mod routing; // path → target → handler
+mod response; // JSON bodies, Status errors, request bodies as JSON objects
+mod routing; // request → verb, resource, knobs → handler
 pub mod selector; // label and field selectors
-mod server; // Options, ApiServerDouble, the accept loop
-mod watch; // WATCH streams
+mod server; // Options, the accept loop
+mod shared; // the state every connection shares
+mod target; // path → target
+mod watch; // WATCH streams, expiring them
 
+pub use double::ApiServerDouble;
 pub use kubeconfig::{PLACEHOLDER_CA_PEM_BASE64, kubeconfig_for};
-pub use server::{ApiServerDouble, Options};
+pub use server::Options;
 
 /// API group of the lease resource.
 pub const GROUP: &str = "ipam.tether.dev";

@@ -8,8 +8,6 @@ use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-use crate::response::{Resp, bad_request};
-use crate::server::ApiServerDouble;
 use crate::{GROUP, PLURAL};
 
 const HISTORY: usize = 10_000;
@@ -128,44 +126,9 @@ pub(crate) fn key(ns: Option<&str>, name: &str) -> String {
     }
 }
 
-pub(crate) fn parse_object(body: &Bytes) -> Result<Value, Resp> {
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| bad_request(&format!("the request body is not a JSON object: {e}")))?;
-    if !v.is_object() {
-        return Err(bad_request("the request body is not a JSON object"));
-    }
-    Ok(v)
-}
-
 pub(crate) fn meta_str<'a>(v: &'a Value, k: &str) -> Option<&'a str> {
     v.get("metadata")
         .and_then(|m| m.get(k))
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty())
-}
-
-impl ApiServerDouble {
-    /// The current resourceVersion.
-    pub fn resource_version(&self) -> u64 {
-        self.shared.state().rv
-    }
-
-    /// Every stored IPLease, by name.
-    pub fn leases(&self) -> Vec<Value> {
-        self.shared
-            .state()
-            .leases
-            .values()
-            .map(|s| s.value.clone())
-            .collect()
-    }
-
-    /// One stored IPLease.
-    pub fn lease(&self, name: &str) -> Option<Value> {
-        self.shared
-            .state()
-            .leases
-            .get(name)
-            .map(|s| s.value.clone())
-    }
 }

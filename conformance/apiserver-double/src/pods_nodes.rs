@@ -8,51 +8,7 @@ use serde_json::{Value, json};
 
 use crate::object_meta::{now_rfc3339, uuid4};
 use crate::objects::{Event, Kind, State, Stored, key, meta_str};
-use crate::server::{ApiServerDouble, Shared};
-
-impl ApiServerDouble {
-    /// Create or replace a pod (needs `metadata.namespace` and `metadata.name`). The double sets
-    /// `uid` (if absent), `resourceVersion` and `creationTimestamp` (if absent) and notifies
-    /// watchers. Returns the stored pod.
-    pub fn upsert_pod(&self, pod: Value) -> Result<Value, String> {
-        upsert_pod(&self.shared, pod)
-    }
-
-    /// Delete a pod; false if it did not exist.
-    pub fn delete_pod(&self, namespace: &str, name: &str) -> bool {
-        delete_pod(&self.shared, namespace, name)
-    }
-
-    /// Create or replace a node (needs `metadata.name`), like [`ApiServerDouble::upsert_pod`].
-    pub fn upsert_node(&self, node: Value) -> Result<Value, String> {
-        upsert_node(&self.shared, node)
-    }
-
-    /// Delete a node; false if it did not exist.
-    pub fn delete_node(&self, name: &str) -> bool {
-        delete_node(&self.shared, name)
-    }
-
-    /// Every stored node.
-    pub fn nodes(&self) -> Vec<Value> {
-        self.shared
-            .state()
-            .nodes
-            .values()
-            .map(|s| s.value.clone())
-            .collect()
-    }
-
-    /// Every stored pod.
-    pub fn pods(&self) -> Vec<Value> {
-        self.shared
-            .state()
-            .pods
-            .values()
-            .map(|s| s.value.clone())
-            .collect()
-    }
-}
+use crate::shared::Shared;
 
 pub(crate) fn upsert_pod(sh: &Shared, pod: Value) -> Result<Value, String> {
     upsert(sh, Kind::Pod, pod)

@@ -11,7 +11,7 @@ use crate::objects::{Kind, Stored, key};
 use crate::query::{hex, unhex};
 use crate::response::{Resp, bad_request, json_bytes, metadata_json, not_found, status};
 use crate::selector::Filter;
-use crate::server::Shared;
+use crate::shared::Shared;
 
 pub(crate) fn get(sh: &Shared, kind: Kind, ns: Option<&str>, name: &str, meta_only: bool) -> Resp {
     let k = key(ns, name);

@@ -1,5 +1,6 @@
 //! Building responses: JSON bodies, `Status` errors as the API server words them, and the
-//! `PartialObjectMetadata` view of an object.
+//! `PartialObjectMetadata` view of an object; and reading a request body as a JSON object (or
+//! the `400` that answers one that is not).
 
 use std::convert::Infallible;
 
@@ -74,6 +75,16 @@ pub(crate) fn no_such_resource() -> Resp {
         "the server could not find the requested resource",
         json!({}),
     )
+}
+
+/// The request body as a JSON object, or the `400 BadRequest` answering it.
+pub(crate) fn parse_object(body: &Bytes) -> Result<Value, Resp> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| bad_request(&format!("the request body is not a JSON object: {e}")))?;
+    if !v.is_object() {
+        return Err(bad_request("the request body is not a JSON object"));
+    }
+    Ok(v)
 }
 
 pub(crate) fn bad_request(msg: &str) -> Resp {

@@ -1,5 +1,5 @@
-//! From a request to its handler: the path's target, the verb and resource it counts as, the
-//! knobs applied before it is served (latency, 403, CRD missing).
+//! From a request to its handler: the path's target (see `target`), the verb and resource it
+//! counts as, the knobs applied before it is served (latency, 403, CRD missing).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -10,6 +10,7 @@ use hyper::body::Incoming;
 use hyper::{Method, Request};
 use serde_json::{Value, json};
 
+use crate::FAKE_VERSION;
 use crate::access_review::access_review;
 use crate::control::control;
 use crate::crd::crd;
@@ -19,56 +20,9 @@ use crate::objects::Kind;
 use crate::query::{parse_query, percent_decode};
 use crate::read::{get, list};
 use crate::response::{Resp, json_resp, no_such_resource, status};
-use crate::server::Shared;
+use crate::shared::Shared;
+use crate::target::{Target, route};
 use crate::watch::watch_objects;
-use crate::{FAKE_VERSION, GROUP, PLURAL, VERSION};
-
-pub(crate) enum Target {
-    Version,
-    Crd(String),
-    Collection(Kind, Option<String>),
-    Item(Kind, Option<String>, String),
-    Control(Vec<String>),
-    AccessReview,
-    Unknown,
-}
-
-fn route(path: &str) -> Target {
-    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
-    match segs.as_slice() {
-        ["_double", rest @ ..] => Target::Control(rest.iter().map(|s| s.to_string()).collect()),
-        ["version"] => Target::Version,
-        [
-            "apis",
-            "apiextensions.k8s.io",
-            "v1",
-            "customresourcedefinitions",
-            name,
-        ] => Target::Crd(name.to_string()),
-        ["apis", g, v, p] if *g == GROUP && *v == VERSION && *p == PLURAL => {
-            Target::Collection(Kind::Lease, None)
-        }
-        ["apis", g, v, p, name] if *g == GROUP && *v == VERSION && *p == PLURAL => {
-            Target::Item(Kind::Lease, None, name.to_string())
-        }
-        ["api", "v1", "pods"] => Target::Collection(Kind::Pod, None),
-        ["api", "v1", "nodes"] => Target::Collection(Kind::Node, None),
-        ["api", "v1", "nodes", name] => Target::Item(Kind::Node, None, name.to_string()),
-        [
-            "apis",
-            "authorization.k8s.io",
-            "v1",
-            "selfsubjectaccessreviews",
-        ] => Target::AccessReview,
-        ["api", "v1", "namespaces", ns, "pods"] => {
-            Target::Collection(Kind::Pod, Some(ns.to_string()))
-        }
-        ["api", "v1", "namespaces", ns, "pods", name] => {
-            Target::Item(Kind::Pod, Some(ns.to_string()), name.to_string())
-        }
-        _ => Target::Unknown,
-    }
-}
 
 pub(crate) async fn handle(sh: Arc<Shared>, req: Request<Incoming>) -> Resp {
     let method = req.method().clone();

@@ -18,7 +18,7 @@ use tokio::sync::{broadcast, mpsc};
 use crate::objects::{Event, Kind, Stored};
 use crate::response::{Resp, bad_request, metadata_json, status, status_value};
 use crate::selector::Filter;
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// Pseudo event type: every open watch ends with a `410 Expired` ERROR event.
 const EXPIRE: &str = "EXPIRE";
