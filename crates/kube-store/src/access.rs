@@ -2,19 +2,20 @@
 //!
 //! | call | request |
 //! |---|---|
-//! | [`KubeStore::can_i`] | CREATE selfsubjectaccessreviews |
-//! | [`KubeStore::who_am_i`] | CREATE selfsubjectreviews |
-//! | [`KubeStore::node_scope`] | CREATE ipleases `dryRun=All` of another node's lease (nothing is stored) |
-//! | [`KubeStore::server_version`] | GET /version |
-//! | [`KubeStore::crd_state`] | GET of the IPLease CRD |
+//! | [`Cluster::can_i`] | CREATE selfsubjectaccessreviews |
+//! | [`Cluster::who_am_i`] | CREATE selfsubjectreviews |
+//! | [`Cluster::node_scope`] | CREATE ipleases `dryRun=All` of another node's lease (nothing is stored) |
+//! | [`Cluster::server_version`] | GET /version |
+//! | [`Cluster::crd_state`] | GET of the IPLease CRD |
 
 use kube::core::Request;
 use kube::core::params::{GetParams, PostParams};
 use serde_json::{Value, json};
 
+use crate::api::Verb;
+use crate::cluster::Cluster;
 use crate::crd::PLURAL;
 use crate::error::KubeStoreError;
-use crate::store::{KubeStore, Verb};
 
 /// Answer of a SelfSubjectAccessReview.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,7 +44,7 @@ pub enum NodeScope {
     NotEnforced,
 }
 
-/// The node no lease of a real node names, for the dry-run of [`KubeStore::node_scope`].
+/// The node no lease of a real node names, for the dry-run of [`Cluster::node_scope`].
 const NO_SUCH_NODE: &str = "tether-doctor.invalid";
 
 /// The IPLease CRD as `doctor` reports it.
@@ -59,7 +60,7 @@ pub enum CrdState {
     Unreadable(String),
 }
 
-impl KubeStore {
+impl Cluster {
     /// May this identity `verb` the `resource` of API `group` (`""` for the core group),
     /// cluster-wide? One SelfSubjectAccessReview.
     pub fn can_i(&self, verb: &str, group: &str, resource: &str) -> Result<Access, KubeStoreError> {
@@ -74,12 +75,12 @@ impl KubeStore {
                 &PostParams::default(),
                 serde_json::to_vec(&body).expect("json"),
             )
-            .map_err(|e| self.api.protocol(&what, e.to_string()))?;
+            .map_err(|e| self.api().protocol(&what, e.to_string()))?;
         let v = self
-            .api
+            .api()
             .send::<Value>(Verb::Create, &what, req)
             .map_err(|e| {
-                self.api.map_other(
+                self.api().map_other(
                     "create",
                     "selfsubjectaccessreviews.authorization.k8s.io",
                     &what,
@@ -107,12 +108,12 @@ impl KubeStore {
                 &PostParams::default(),
                 serde_json::to_vec(&body).expect("json"),
             )
-            .map_err(|e| self.api.protocol(what, e.to_string()))?;
+            .map_err(|e| self.api().protocol(what, e.to_string()))?;
         let v = self
-            .api
+            .api()
             .send::<Value>(Verb::Create, what, req)
             .map_err(|e| {
-                self.api.map_other(
+                self.api().map_other(
                     "create",
                     "selfsubjectreviews.authentication.k8s.io",
                     what,
@@ -145,7 +146,7 @@ impl KubeStore {
         let address: std::net::IpAddr = "192.0.2.1".parse().expect("address");
         let network = "tether-doctor-node-scope";
         let body = json!({
-            "apiVersion": format!("{}/{}", self.settings.group, crate::crd::VERSION),
+            "apiVersion": format!("{}/{}", self.api().group, crate::crd::VERSION),
             "kind": "IPLease",
             "metadata": {"name": crate::crd::object_name(network, address)},
             "spec": {"network": network, "address": address.to_string(), "prefixLength": 32,
@@ -158,12 +159,12 @@ impl KubeStore {
         };
         let req = Request::new(format!(
             "/apis/{}/{}/{PLURAL}",
-            self.settings.group,
+            self.api().group,
             crate::crd::VERSION
         ))
         .create(&params, serde_json::to_vec(&body).expect("json"))
-        .map_err(|e| self.api.protocol(what, e.to_string()))?;
-        match self.api.send::<Value>(Verb::Create, what, req) {
+        .map_err(|e| self.api().protocol(what, e.to_string()))?;
+        match self.api().send::<Value>(Verb::Create, what, req) {
             Ok(_) => Ok(NodeScope::NotEnforced),
             // Someone really holds that record: the admission was not the question.
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(NodeScope::NotEnforced),
@@ -172,7 +173,7 @@ impl KubeStore {
             {
                 Ok(NodeScope::Enforced(s.message.clone()))
             }
-            Err(e) => Err(self.api.map_error(Verb::Create, what, e)),
+            Err(e) => Err(self.api().map_error(Verb::Create, what, e)),
         }
     }
 
@@ -181,11 +182,11 @@ impl KubeStore {
         let what = "GET /version";
         let req = http::Request::get("/version")
             .body(Vec::new())
-            .map_err(|e| self.api.protocol(what, e.to_string()))?;
+            .map_err(|e| self.api().protocol(what, e.to_string()))?;
         let v = self
-            .api
+            .api()
             .send::<Value>(Verb::Get, what, req)
-            .map_err(|e| self.api.map_other("get", "version", what, e))?;
+            .map_err(|e| self.api().map_other("get", "version", what, e))?;
         Ok(v.get("gitVersion")
             .and_then(Value::as_str)
             .unwrap_or("(unknown version)")
@@ -194,12 +195,12 @@ impl KubeStore {
 
     /// Is the IPLease CRD installed and established?
     pub fn crd_state(&self) -> Result<CrdState, KubeStoreError> {
-        let crd_name = format!("{PLURAL}.{}", self.settings.group);
+        let crd_name = format!("{PLURAL}.{}", self.api().group);
         let what = "GET of the IPLease CRD";
         let req = Request::new("/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
             .get(&crd_name, &GetParams::default())
-            .map_err(|e| self.api.protocol(what, e.to_string()))?;
-        match self.api.send::<Value>(Verb::Get, what, req) {
+            .map_err(|e| self.api().protocol(what, e.to_string()))?;
+        match self.api().send::<Value>(Verb::Get, what, req) {
             Ok(crd) => {
                 let c = crd
                     .pointer("/status/conditions")
@@ -220,7 +221,7 @@ impl KubeStore {
                 Ok(CrdState::Unreadable(s.message.clone()))
             }
             Err(e) => Err(self
-                .api
+                .api()
                 .map_other("get", "customresourcedefinitions", what, e)),
         }
     }

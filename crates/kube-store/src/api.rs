@@ -1,14 +1,16 @@
-//! [`ApiClient`]: the connection every request of a [`KubeStore`](crate::KubeStore) goes through
-//! — credentials, one time budget, request counters, the traffic counters it was handed, and the
-//! mapping of a failed request to a [`KubeStoreError`] that says what to do. It knows nothing of
-//! leases: the store above it does.
+//! [`ApiClient`]: the connection every request goes through — credentials, one time budget,
+//! request counters, the traffic counters it was handed, how lists are read (watch cache or
+//! pages) and the mapping of a failed request to a [`KubeStoreError`] that says what to do. It
+//! knows nothing of leases or pods: the lease store ([`KubeStore`](crate::KubeStore)) and the
+//! operator's reader ([`Cluster`](crate::Cluster)) above it do, and may share one client.
 
 use std::future::Future;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kube::Client;
+use kube::core::params::PostParams;
 use serde::de::DeserializeOwned;
 
 use crate::crd::PLURAL;
@@ -82,7 +84,8 @@ impl Verb {
 }
 
 /// A client of one API server with one time budget; see the module doc. Synchronous: each call
-/// runs on the client's own current-thread tokio runtime.
+/// runs on the client's own current-thread tokio runtime. Shared (`Arc`) by the lease store and
+/// the cluster reader built on it: one connection, one budget, one set of counters.
 pub struct ApiClient {
     client: Option<Client>,
     rt: Option<tokio::runtime::Runtime>,
@@ -91,7 +94,15 @@ pub struct ApiClient {
     /// The budget's length ([`KubeSettings::timeout`]).
     timeout: Duration,
     /// API group of the lease resource, for naming it in a 403.
-    group: String,
+    pub(crate) group: String,
+    /// [`KubeSettings::field_manager`]: named on every write.
+    field_manager: String,
+    /// [`KubeSettings::list_from_cache`].
+    pub(crate) list_from_cache: bool,
+    /// [`KubeSettings::page_size`].
+    pub(crate) page_size: u32,
+    /// The node the credentials' token is bound to, if it is a bound service-account token.
+    bound_node: Option<String>,
     deadline: Mutex<Instant>,
     counters: Counters,
     traffic: ApiTraffic,
@@ -107,13 +118,10 @@ impl Drop for ApiClient {
     }
 }
 
-/// A connected client and the token of its credentials, kept for the bound-node claim.
-pub(crate) type Connected = (ApiClient, Option<secrecy::SecretString>);
-
 impl ApiClient {
     /// Read the credentials (kubeconfig, in-cluster, `KUBECONFIG`, in that order) and build the
     /// client; sends no request. The time budget starts now.
-    pub(crate) fn connect(settings: &KubeSettings) -> Result<Connected, KubeStoreError> {
+    pub fn connect(settings: &KubeSettings) -> Result<Arc<ApiClient>, KubeStoreError> {
         let started = Instant::now();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -141,7 +149,14 @@ impl ApiClient {
             .to_string()
             .trim_end_matches('/')
             .to_string();
-        let token = config.auth_info.token.clone();
+        let bound_node = {
+            use secrecy::ExposeSecret;
+            config
+                .auth_info
+                .token
+                .as_ref()
+                .and_then(|t| crate::token_claims::bound_node(t.expose_secret()))
+        };
         config.connect_timeout = Some(settings.timeout);
         config.write_timeout = Some(settings.timeout);
         config.read_timeout = None; // the call budget bounds every request
@@ -164,20 +179,35 @@ impl ApiClient {
                     },
                 })?
         };
-        Ok((
-            ApiClient {
-                client: Some(client),
-                rt: Some(rt),
-                server,
-                source,
-                timeout: settings.timeout,
-                group: settings.group.clone(),
-                deadline: Mutex::new(started + settings.timeout),
-                counters: Counters::default(),
-                traffic,
-            },
-            token,
-        ))
+        Ok(Arc::new(ApiClient {
+            client: Some(client),
+            rt: Some(rt),
+            server,
+            source,
+            timeout: settings.timeout,
+            group: settings.group.clone(),
+            field_manager: settings.field_manager.clone(),
+            list_from_cache: settings.list_from_cache,
+            page_size: settings.page_size,
+            bound_node,
+            deadline: Mutex::new(started + settings.timeout),
+            counters: Counters::default(),
+            traffic,
+        }))
+    }
+
+    /// The node the credentials' token is bound to (`kubernetes.io.node.name`), if any: the
+    /// node the API server compares lease writes with.
+    pub fn bound_node(&self) -> Option<&str> {
+        self.bound_node.as_deref()
+    }
+
+    /// Parameters of a create or replace: named after the program that writes.
+    pub(crate) fn post_params(&self) -> PostParams {
+        PostParams {
+            field_manager: Some(self.field_manager.clone()),
+            ..PostParams::default()
+        }
     }
 
     /// The API server URL.
@@ -228,14 +258,8 @@ impl ApiClient {
     /// The kube client and the runtime, for a request that streams beyond the budget (a watch);
     /// it counts itself with [`ApiClient::traffic`].
     pub(crate) fn unbudgeted(&self) -> (Client, &tokio::runtime::Runtime, &ApiTraffic) {
-        let client = self
-            .client
-            .as_ref()
-            .expect("client lives as long as the store");
-        let rt = self
-            .rt
-            .as_ref()
-            .expect("runtime lives as long as the store");
+        let client = self.client.as_ref().expect("the client lives until drop");
+        let rt = self.rt.as_ref().expect("the runtime lives until drop");
         (client.clone(), rt, &self.traffic)
     }
 
@@ -254,10 +278,7 @@ impl ApiClient {
         if left.is_zero() {
             return Err(timeout(()));
         }
-        let rt = self
-            .rt
-            .as_ref()
-            .expect("runtime lives as long as the store");
+        let rt = self.rt.as_ref().expect("the runtime lives until drop");
         rt.block_on(async { tokio::time::timeout(left, fut).await })
             .map_err(|_| timeout(()))
     }
@@ -270,10 +291,7 @@ impl ApiClient {
         req: http::Request<Vec<u8>>,
     ) -> Result<T, kube::Error> {
         self.counter(verb).fetch_add(1, Ordering::Relaxed);
-        let client = self
-            .client
-            .as_ref()
-            .expect("client lives as long as the store");
+        let client = self.client.as_ref().expect("the client lives until drop");
         // A LIST's items are counted (objects read); its path names the resource.
         let list_path = (verb == Verb::List).then(|| req.uri().path().to_string());
         let answer = async {

@@ -1,44 +1,40 @@
-//! Beyond the lease resource: what the reconciler, the CLI and `doctor` ask the API server about
-//! leases across nodes and about pods, on the same client, runtime, credentials and error
-//! vocabulary as the store (what this identity may do and the server itself: `access.rs`).
+//! [`Cluster`]: what the reconciler, the CLI and `doctor` ask the API server beyond the leases —
+//! pods and the controller's election Lease here; nodes in `nodes.rs`, NADs and Events in
+//! `monitoring.rs`, what this identity may do and the server itself in `access.rs`, node-bound
+//! tokens in `node_token.rs` — on an [`ApiClient`] that a lease store may share.
 //!
 //! Pods are read **metadata-only** (`Accept:
 //! application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1`), parsed into a few strings
 //! per object and visited page by page (`limit` = [`KubeSettings::page_size`]), so nothing holds a
-//! pod spec or a whole list in memory. The one exception is [`KubeStore::agent_nodes`], which
+//! pod spec or a whole list in memory. The one exception is [`Cluster::agent_nodes`], which
 //! needs `spec.nodeName` of the node-agent's own pods (one namespace, one label selector, one per
-//! node): it reads full objects page by page and keeps only that field. A server that ignores the metadata `Accept` still works
-//! (the same fields are read from the full objects).
+//! node): it reads full objects page by page and keeps only that field. A server that ignores
+//! the metadata `Accept` still works (the same fields are read from the full objects).
 //!
 //! | call | request |
 //! |---|---|
-//! | [`KubeStore::list_all`] | LIST ipleases (every network), paginated |
-//! | [`KubeStore::list_node`] | LIST ipleases `labelSelector=ipam.tether.dev/node=<node>` |
-//! | [`KubeStore::lease_node_labels`] | metadata-only LIST ipleases, paginated: node label → count |
-//! | [`KubeStore::pod_uid`] | metadata-only GET of one pod |
-//! | [`KubeStore::visit_pods`] | metadata-only LIST pods (optional field selector), paginated |
-//! | [`KubeStore::watch_pods`] | metadata-only WATCH pods from a resourceVersion |
-//! | [`KubeStore::agent_nodes`] | LIST pods of one namespace by label selector, paginated: their nodes |
+//! | [`Cluster::pod_uid`] | metadata-only GET of one pod |
+//! | [`Cluster::visit_pods`] | metadata-only LIST pods (optional field selector), paginated |
+//! | [`Cluster::watch_pods`] | metadata-only WATCH pods from a resourceVersion |
+//! | [`Cluster::agent_nodes`] | LIST pods of one namespace by label selector, paginated: their nodes |
+//! | [`Cluster::election_lease`], [`Cluster::write_election_lease`] | GET, CREATE or UPDATE of the controller's Lease |
 //!
 //! [`KubeSettings::page_size`]: crate::KubeSettings::page_size
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
 /// The coordination.k8s.io/v1 Lease that elects the active `tether controller`.
 pub use k8s_openapi::api::coordination::v1::Lease as ElectionLease;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
-use kube::core::params::{GetParams, ListParams, WatchParams};
+use kube::core::params::{GetParams, WatchParams};
 use kube::core::{Request, WatchEvent};
 use serde::Deserialize;
 
-use tether_leases::Lease;
-
-use crate::api::failure_code;
-use crate::crd::{IPLease, NODE_LABEL, label_value};
+use crate::api::{ApiClient, Verb, failure_code};
 use crate::error::KubeStoreError;
-use crate::store::{KubeStore, LeaseList, Verb, collect_leases, null_as_empty};
+use crate::listing::ListRequest;
+use crate::settings::KubeSettings;
 
 /// The few metadata fields tether reads from pods and leases.
 #[derive(Deserialize, Clone, Debug, Default)]
@@ -52,8 +48,6 @@ struct LiteMeta {
     uid: Option<String>,
     #[serde(default)]
     resource_version: Option<String>,
-    #[serde(default)]
-    labels: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Deserialize, Clone, Debug, Default)]
@@ -62,7 +56,7 @@ struct LiteObject {
     metadata: LiteMeta,
 }
 
-/// A pod reduced to its node (`spec.nodeName`), for [`KubeStore::agent_nodes`].
+/// A pod reduced to its node (`spec.nodeName`), for [`Cluster::agent_nodes`].
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 struct NodeOfPodSpec {
@@ -74,22 +68,6 @@ struct NodeOfPodSpec {
 struct NodeOfPod {
     #[serde(default)]
     spec: NodeOfPodSpec,
-}
-
-#[derive(Deserialize)]
-struct NodeOfPodList {
-    #[serde(default)]
-    metadata: ListMeta,
-    #[serde(default, deserialize_with = "null_as_empty")]
-    items: Vec<NodeOfPod>,
-}
-
-#[derive(Deserialize)]
-struct LiteList {
-    #[serde(default)]
-    metadata: ListMeta,
-    #[serde(default, deserialize_with = "null_as_empty")]
-    items: Vec<LiteObject>,
 }
 
 /// A pod as the reconciler sees it: namespace, name, uid.
@@ -135,132 +113,32 @@ pub enum WatchEnd {
     Expired,
 }
 
-impl KubeStore {
-    /// Every lease of every network (paginated LIST without a selector), for `tether-ipam
-    /// leases` without `--network`. Malformed objects are skipped with a warning.
-    pub fn list_all(&self) -> Result<Vec<Lease>, KubeStoreError> {
-        self.list_selected(None, "LIST of ipleases of every network", |_| true)
+/// What the operator asks the API server beyond the leases: pods, nodes, NADs, Events, the
+/// election Lease, tokens, access reviews. On an [`ApiClient`] of its own or shared with a
+/// [`KubeStore`](crate::KubeStore) (one connection, one budget, one set of counters).
+pub struct Cluster {
+    api: Arc<ApiClient>,
+}
+
+impl Cluster {
+    /// A reader over `api`.
+    pub fn new(api: Arc<ApiClient>) -> Cluster {
+        Cluster { api }
     }
 
-    /// The leases recorded for `node` (label selector on the node label, then `spec.node ==
-    /// node`).
-    pub fn list_node(&self, node: &str) -> Result<Vec<Lease>, KubeStoreError> {
-        let sel = format!("{NODE_LABEL}={}", label_value(node));
-        self.list_selected(
-            Some(&sel),
-            &format!("LIST of ipleases of node {node:?}"),
-            |o| o.spec.node.as_deref() == Some(node),
-        )
+    /// Connect a client of its own (see [`ApiClient::connect`]).
+    pub fn connect(settings: &KubeSettings) -> Result<Cluster, KubeStoreError> {
+        Ok(Cluster::new(ApiClient::connect(settings)?))
     }
 
-    /// The leases whose node label is `label` (a value from [`KubeStore::lease_node_labels`]),
-    /// whatever their `spec.node`.
-    pub fn list_node_label(&self, label: &str) -> Result<Vec<Lease>, KubeStoreError> {
-        let sel = format!("{NODE_LABEL}={label}");
-        self.list_selected(
-            Some(&sel),
-            &format!("LIST of ipleases with node label {label:?}"),
-            |_| true,
-        )
+    /// The client under this reader.
+    pub fn api(&self) -> &Arc<ApiClient> {
+        &self.api
     }
 
-    /// One LIST of leases (label `selector`, then `keep`): a single `resourceVersion=0`
-    /// request served from the API server's watch cache with `list_from_cache` (the default;
-    /// etcd 3.4 cannot serve consistent lists from the cache, so a consistent one reads every
-    /// IPLease of the cluster), else consistent pages of `page_size`.
-    pub(crate) fn list_selected(
-        &self,
-        selector: Option<&str>,
-        what: &str,
-        keep: impl Fn(&IPLease) -> bool,
-    ) -> Result<Vec<Lease>, KubeStoreError> {
-        let mut out = Vec::new();
-        let mut cont: Option<String> = None;
-        let mut restarts = 0;
-        let mut waits = 0;
-        let cache = self.settings.list_from_cache;
-        loop {
-            let mut lp = if cache {
-                self.cache_list_params()
-            } else {
-                ListParams::default().limit(self.settings.page_size)
-            };
-            if let Some(s) = selector {
-                lp = lp.labels(s);
-            }
-            if let Some(c) = &cont {
-                lp = lp.continue_token(c);
-            }
-            let req = Request::new(&self.path)
-                .list(&lp)
-                .map_err(|e| self.api.protocol(what, e.to_string()))?;
-            match self.api.send::<LeaseList>(Verb::List, what, req) {
-                Ok(page) => {
-                    collect_leases(page.items, &keep, &mut out);
-                    match page.metadata.continue_ {
-                        Some(c) if !c.is_empty() && !cache => cont = Some(c),
-                        _ => return Ok(out),
-                    }
-                }
-                Err(kube::Error::Api(s)) if s.code == 410 && cont.is_some() && restarts < 3 => {
-                    restarts += 1;
-                    out.clear();
-                    cont = None;
-                }
-                // The watch cache is still filling: never a consistent LIST instead.
-                Err(kube::Error::Api(s)) if s.code == 429 && cache => self
-                    .wait_for_cache(&mut waits, what, s)
-                    .map_err(|e| self.api.map_error(Verb::List, what, e))?,
-                Err(e) => return Err(self.api.map_error(Verb::List, what, e)),
-            }
-        }
-    }
-
-    /// Node label values of every lease (metadata-only, paginated) with their lease counts.
-    /// Leases without a node label are counted under `""`.
-    pub fn lease_node_labels(&self) -> Result<BTreeMap<String, usize>, KubeStoreError> {
-        let what = "metadata-only LIST of ipleases";
-        let mut out = BTreeMap::new();
-        let mut cont: Option<String> = None;
-        let mut waits = 0;
-        let cache = self.settings.list_from_cache;
-        loop {
-            let mut lp = if cache {
-                ListParams::default().match_any()
-            } else {
-                ListParams::default().limit(self.settings.page_size)
-            };
-            if let Some(c) = &cont {
-                lp = lp.continue_token(c);
-            }
-            let req = Request::new(&self.path)
-                .list_metadata(&lp)
-                .map_err(|e| self.api.protocol(what, e.to_string()))?;
-            match self.api.send::<LiteList>(Verb::List, what, req) {
-                Ok(page) => {
-                    for item in page.items {
-                        let label = item
-                            .metadata
-                            .labels
-                            .and_then(|mut l| l.remove(NODE_LABEL))
-                            .unwrap_or_default();
-                        *out.entry(label).or_insert(0) += 1;
-                    }
-                    match page.metadata.continue_ {
-                        Some(c) if !c.is_empty() && !cache => cont = Some(c),
-                        _ => return Ok(out),
-                    }
-                }
-                Err(kube::Error::Api(s)) if s.code == 410 && cont.is_some() => {
-                    out.clear();
-                    cont = None;
-                }
-                Err(kube::Error::Api(s)) if s.code == 429 && cache => self
-                    .wait_for_cache(&mut waits, what, s)
-                    .map_err(|e| self.api.map_error(Verb::List, what, e))?,
-                Err(e) => return Err(self.api.map_error(Verb::List, what, e)),
-            }
-        }
+    /// Start a new time budget from now (see [`ApiClient::restart_budget`]).
+    pub fn restart_budget(&self) {
+        self.api.restart_budget()
     }
 
     /// The uid of pod `namespace/name`, `None` when it does not exist (metadata-only GET).
@@ -310,7 +188,7 @@ impl KubeStore {
         let coll = Request::new(format!(
             "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
         ));
-        let pp = self.post_params();
+        let pp = self.api.post_params();
         let (verb, req) = if create {
             (Verb::Create, coll.create(&pp, body))
         } else {
@@ -342,44 +220,22 @@ impl KubeStore {
         field_selector: Option<&str>,
         mut f: impl FnMut(PodKey),
     ) -> Result<String, KubeStoreError> {
-        let what = "metadata-only LIST of pods";
-        let mut cont: Option<String> = None;
-        let mut waits = 0;
-        let cache = self.settings.list_from_cache && field_selector.is_some();
-        loop {
-            let mut lp = if cache {
-                ListParams::default().match_any()
-            } else {
-                ListParams::default().limit(self.settings.page_size)
-            };
-            if let Some(s) = field_selector {
-                lp = lp.fields(s);
-            }
-            if let Some(c) = &cont {
-                lp = lp.continue_token(c);
-            }
-            let req = Request::new("/api/v1/pods")
-                .list_metadata(&lp)
-                .map_err(|e| self.api.protocol(what, e.to_string()))?;
-            let page = match self.api.send::<LiteList>(Verb::List, what, req) {
-                Ok(p) => p,
-                Err(kube::Error::Api(s)) if s.code == 429 && cache => {
-                    self.wait_for_cache(&mut waits, what, s)
-                        .map_err(|e| self.api.map_other("list", "pods", what, e))?;
-                    continue;
-                }
-                Err(e) => return Err(self.api.map_other("list", "pods", what, e)),
-            };
-            for item in page.items {
-                if let Some(k) = PodKey::from_meta(item.metadata) {
-                    f(k);
-                }
-            }
-            match page.metadata.continue_ {
-                Some(c) if !c.is_empty() && !cache => cont = Some(c),
-                _ => return Ok(page.metadata.resource_version.unwrap_or_default()),
-            }
-        }
+        let req = ListRequest {
+            path: "/api/v1/pods",
+            what: "metadata-only LIST of pods",
+            resource: Some("pods"),
+            labels: None,
+            fields: field_selector,
+            metadata_only: true,
+            cache: field_selector.and(self.api.any_cached()),
+        };
+        // A restarted list visits pods again: `f` only ever learns that a pod exists.
+        self.api.list_each(&req, |items: Vec<LiteObject>, _| {
+            items
+                .into_iter()
+                .filter_map(|o| PodKey::from_meta(o.metadata))
+                .for_each(&mut f)
+        })
     }
 
     /// Watch pods (metadata-only) from `resource_version`, calling `f` per event, for at most
@@ -460,51 +316,28 @@ impl KubeStore {
         namespace: &str,
         label_selector: &str,
     ) -> Result<Vec<String>, KubeStoreError> {
-        let what = format!("LIST of pods in namespace {namespace} matching {label_selector:?}");
         let mut out = std::collections::BTreeSet::new();
-        let mut cont: Option<String> = None;
-        let mut restarts = 0;
-        let mut waits = 0;
-        loop {
-            let mut lp = if self.settings.list_from_cache {
-                ListParams::default().match_any()
-            } else {
-                ListParams::default().limit(self.settings.page_size)
-            };
-            if !label_selector.is_empty() {
-                lp = lp.labels(label_selector);
+        let req = ListRequest {
+            path: &format!("/api/v1/namespaces/{namespace}/pods"),
+            what: &format!("LIST of pods in namespace {namespace} matching {label_selector:?}"),
+            resource: Some("pods"),
+            labels: Some(label_selector).filter(|s| !s.is_empty()),
+            fields: None,
+            metadata_only: false,
+            cache: self.api.any_cached(),
+        };
+        self.api.list_each(&req, |items: Vec<NodeOfPod>, fresh| {
+            if fresh {
+                out.clear();
             }
-            if let Some(c) = &cont {
-                lp = lp.continue_token(c);
-            }
-            let req = Request::new(format!("/api/v1/namespaces/{namespace}/pods"))
-                .list(&lp)
-                .map_err(|e| self.api.protocol(&what, e.to_string()))?;
-            match self.api.send::<NodeOfPodList>(Verb::List, &what, req) {
-                Ok(page) => {
-                    out.extend(
-                        page.items
-                            .into_iter()
-                            .filter_map(|p| p.spec.node_name)
-                            .filter(|n| !n.is_empty()),
-                    );
-                    match page.metadata.continue_ {
-                        Some(c) if !c.is_empty() => cont = Some(c),
-                        _ => return Ok(out.into_iter().collect()),
-                    }
-                }
-                // The continue token expired: start over.
-                Err(kube::Error::Api(s)) if s.code == 410 && cont.is_some() && restarts < 3 => {
-                    restarts += 1;
-                    out.clear();
-                    cont = None;
-                }
-                Err(kube::Error::Api(s)) if s.code == 429 && self.settings.list_from_cache => self
-                    .wait_for_cache(&mut waits, &what, s)
-                    .map_err(|e| self.api.map_other("list", "pods", &what, e))?,
-                Err(e) => return Err(self.api.map_other("list", "pods", &what, e)),
-            }
-        }
+            out.extend(
+                items
+                    .into_iter()
+                    .filter_map(|p| p.spec.node_name)
+                    .filter(|n| !n.is_empty()),
+            );
+        })?;
+        Ok(out.into_iter().collect())
     }
 }
 
@@ -512,54 +345,4 @@ impl LiteObject {
     fn metadata_rv(&self) -> Option<String> {
         self.metadata.resource_version.clone()
     }
-}
-
-impl KubeStore {
-    /// A watch cache answered 429 (still filling: a new resource, a restarted API server).
-    /// Asking etcd instead (a consistent LIST) is what kept a recovering server from serving
-    /// when every agent did it at once: wait, with back-off and jitter and never less than the
-    /// server's `retryAfterSeconds`, and let the caller ask the cache again while the budget
-    /// lasts; `Err` (the 429) when it would run out.
-    pub(crate) fn wait_for_cache(
-        &self,
-        waits: &mut u32,
-        what: &str,
-        s: Box<kube::core::Status>,
-    ) -> Result<(), kube::Error> {
-        let asked = Duration::from_secs(
-            s.details
-                .as_ref()
-                .map_or(0, |d| u64::from(d.retry_after_seconds)),
-        );
-        // At least what the server asked, plus up to half of it again: not all at once.
-        let wait = cache_retry_wait(*waits).max(asked + jittered(asked / 2));
-        if self.api.remaining() <= wait {
-            return Err(kube::Error::Api(s));
-        }
-        log::debug!(
-            "{what}: the watch cache is not ready ({}); asking it again in {wait:?}",
-            s.message
-        );
-        *waits += 1;
-        std::thread::sleep(wait);
-        Ok(())
-    }
-}
-
-/// How long to wait before asking a watch cache that answered 429 again: 250 ms doubling per
-/// attempt up to 2 s, times a random factor in [0.5, 1.5) so that agents that all met the same
-/// restarted server do not come back in step.
-fn cache_retry_wait(attempt: u32) -> Duration {
-    jittered(Duration::from_millis(250u64 << attempt.min(3)))
-}
-
-/// `d` times a random factor in [0.5, 1.5): waits of many clients that failed together (every
-/// agent against one restarted API server) spread out instead of coming back in step.
-pub fn jittered(d: Duration) -> Duration {
-    use std::hash::{BuildHasher, Hasher};
-    // RandomState is seeded randomly per process (and per instance): enough to spread them.
-    let r = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    d.mul_f64(0.5 + (r % 1000) as f64 / 1000.0)
 }

@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -182,14 +181,6 @@ pub fn from_object(obj: &IPLease) -> Result<Lease, String> {
 }
 
 /// A list whose items are parsed one by one, so one malformed object cannot break the store.
-#[derive(Deserialize)]
-pub(crate) struct LeaseList {
-    #[serde(default)]
-    pub(crate) metadata: ListMeta,
-    #[serde(default, deserialize_with = "null_as_empty")]
-    pub(crate) items: Vec<Lenient>,
-}
-
 /// A real API server answers an empty metadata-only list with `"items": null`.
 pub(crate) fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
     d: D,

@@ -29,13 +29,14 @@
 //! unreachable, timed-out and 429/5xx answers. Every call is bounded by one budget per store
 //! ([`KubeSettings::timeout`], default 10 s), so a pod sandbox never hangs on the IPAM.
 
-//! Beyond the leases, [`cluster`] reads what the reconciler, the CLI and `doctor` need: this
-//! node's leases, every lease, the leases' node labels, pods and nodes (metadata-only, paginated,
-//! watched); [`access`] SelfSubjectAccessReviews, SelfSubjectReviews, the node-scope dry-run,
-//! `/version` and the CRD's state; [`api`] is the client every request goes through (credentials,
-//! time budget, request counters, error mapping), under the store; [`traffic`] the counters of
-//! what the clients sent and read, a value the node-agent shares among its clients and its
-//! metrics; [`monitoring`] what the node-agent's monitor needs (NAD configurations, pod Events).
+//! [`lease_lists`] are the store's lists across networks and nodes for the reconciler, the CLI
+//! and the monitor. Beyond the leases, [`Cluster`] reads and writes what the operator needs:
+//! pods ([`cluster`]), nodes ([`nodes`]), NAD configurations and pod Events ([`monitoring`]),
+//! access reviews, the node-scope dry-run, `/version` and the CRD's state ([`access`]), node-bound
+//! tokens ([`node_token`]). Both sit on [`ApiClient`] ([`api`]; lists in [`listing`]), the client
+//! every request goes through (credentials, time budget, request counters, error mapping), which
+//! they may share; [`traffic`] holds the counters of what the clients sent and read, a value the
+//! node-agent shares among its clients and its metrics.
 
 // Errors carry the server, verb, identity and message for the operator; they are the cold path
 // of a short-lived process, so their size does not matter.
@@ -43,11 +44,14 @@
 
 pub mod access;
 pub mod api;
+pub mod backoff;
 pub mod cluster;
 pub mod convert;
 pub mod crd;
 pub mod credentials;
 pub mod error;
+pub mod lease_lists;
+mod listing;
 pub mod monitoring;
 pub mod node_token;
 pub mod nodes;
@@ -57,7 +61,9 @@ pub mod token_claims;
 pub mod traffic;
 
 pub use access::{Access, CrdState, Identity, NodeScope};
-pub use cluster::{PodEvent, PodKey, WatchEnd, jittered};
+pub use api::{ApiClient, RequestCounts};
+pub use backoff::jittered;
+pub use cluster::{Cluster, PodEvent, PodKey, WatchEnd};
 pub use crd::{IPLease, IPLeaseSpec, LeasePhase, PodInfo, Quarantine, crd_yaml, object_name};
 pub use credentials::check_credentials;
 pub use error::{CredentialSource, KubeStoreError};
@@ -65,5 +71,5 @@ pub use monitoring::{NadConfig, PodWarning, Posted};
 pub use node_token::IssuedToken;
 pub use nodes::{NODE_LEASE_NAMESPACE, NodeHealth, PodPlacement};
 pub use settings::{DEFAULT_PAGE_SIZE, DEFAULT_TIMEOUT, KubeSettings};
-pub use store::{ApiClient, KubeStore, RequestCounts};
+pub use store::KubeStore;
 pub use traffic::ApiTraffic;

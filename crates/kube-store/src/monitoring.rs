@@ -4,17 +4,17 @@
 //!
 //! | call | request |
 //! |---|---|
-//! | [`KubeStore::network_attachment_definitions`] | LIST `k8s.cni.cncf.io/v1` network-attachment-definitions, every namespace, `resourceVersion=0` (the watch cache) |
-//! | [`KubeStore::post_pod_event`] | CREATE of a core/v1 Event in the pod's namespace (`409 AlreadyExists` → [`Posted::AlreadyThere`]) |
+//! | [`Cluster::network_attachment_definitions`] | LIST `k8s.cni.cncf.io/v1` network-attachment-definitions, every namespace, `resourceVersion=0` (the watch cache) |
+//! | [`Cluster::post_pod_event`] | CREATE of a core/v1 Event in the pod's namespace (`409 AlreadyExists` → [`Posted::AlreadyThere`]) |
 
 use kube::core::Request;
 use kube::core::params::ListParams;
 use serde_json::{Value, json};
 
 use crate::api::Verb;
+use crate::cluster::Cluster;
 use crate::convert::time_text;
 use crate::error::KubeStoreError;
-use crate::store::KubeStore;
 
 /// One NetworkAttachmentDefinition's CNI configuration (`spec.config`, JSON text).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,7 +49,7 @@ pub struct PodWarning {
     pub at: u64,
 }
 
-/// What [`KubeStore::post_pod_event`] did.
+/// What [`Cluster::post_pod_event`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Posted {
     /// The Event was created.
@@ -61,19 +61,19 @@ pub enum Posted {
 /// Component name on the Events tether posts.
 pub const EVENT_COMPONENT: &str = "tether-ipam";
 
-impl KubeStore {
+impl Cluster {
     /// The CNI configurations of every NetworkAttachmentDefinition in the cluster, from the
     /// watch cache. `None` when the NAD resource is not served (no Multus CRD).
     pub fn network_attachment_definitions(&self) -> Result<Option<Vec<NadConfig>>, KubeStoreError> {
         let what = "LIST of network-attachment-definitions";
         let req = Request::new("/apis/k8s.cni.cncf.io/v1/network-attachment-definitions")
             .list(&ListParams::default().match_any())
-            .map_err(|e| self.api.protocol(what, e.to_string()))?;
-        let v = match self.api.send::<Value>(Verb::List, what, req) {
+            .map_err(|e| self.api().protocol(what, e.to_string()))?;
+        let v = match self.api().send::<Value>(Verb::List, what, req) {
             Ok(v) => v,
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
             Err(e) => {
-                return Err(self.api.map_other(
+                return Err(self.api().map_other(
                     "list",
                     "network-attachment-definitions.k8s.cni.cncf.io",
                     what,
@@ -108,7 +108,7 @@ impl KubeStore {
     pub fn post_pod_event(&self, w: &PodWarning) -> Result<Posted, KubeStoreError> {
         let name = event_name(&w.pod, &w.key);
         let what = format!("CREATE of Event {}/{name}", w.namespace);
-        let at = time_text(w.at).map_err(|e| self.api.protocol(&what, e))?;
+        let at = time_text(w.at).map_err(|e| self.api().protocol(&what, e))?;
         let mut involved =
             json!({"apiVersion": "v1", "kind": "Pod", "namespace": w.namespace, "name": w.pod});
         if let Some(uid) = &w.uid {
@@ -132,14 +132,14 @@ impl KubeStore {
         });
         let req = Request::new(format!("/api/v1/namespaces/{}/events", w.namespace))
             .create(
-                &self.post_params(),
+                &self.api().post_params(),
                 serde_json::to_vec(&body).expect("json"),
             )
-            .map_err(|e| self.api.protocol(&what, e.to_string()))?;
-        match self.api.send::<Value>(Verb::Create, &what, req) {
+            .map_err(|e| self.api().protocol(&what, e.to_string()))?;
+        match self.api().send::<Value>(Verb::Create, &what, req) {
             Ok(_) => Ok(Posted::Created),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Posted::AlreadyThere),
-            Err(e) => Err(self.api.map_other("create", "events", &what, e)),
+            Err(e) => Err(self.api().map_other("create", "events", &what, e)),
         }
     }
 }

@@ -13,9 +13,10 @@ use kube::core::Request;
 use kube::core::params::PostParams;
 use serde_json::{Value, json};
 
+use crate::api::Verb;
+use crate::cluster::Cluster;
 use crate::convert::parse_time;
 use crate::error::KubeStoreError;
-use crate::store::{KubeStore, Verb};
 
 /// A token the API server issued, and when it stops accepting it (seconds since the epoch).
 #[derive(Clone, PartialEq, Eq)]
@@ -33,7 +34,7 @@ impl std::fmt::Debug for IssuedToken {
     }
 }
 
-impl KubeStore {
+impl Cluster {
     /// A token of `namespace/service_account` bound to Node `node`, valid for `expiration_s`
     /// (the API server may shorten it). The default audiences (the API server's own).
     pub fn request_node_token(
@@ -56,12 +57,12 @@ impl KubeStore {
             &PostParams::default(),
             serde_json::to_vec(&body).expect("json"),
         )
-        .map_err(|e| self.api.protocol(&what, e.to_string()))?;
+        .map_err(|e| self.api().protocol(&what, e.to_string()))?;
         let v = self
-            .api
+            .api()
             .send::<Value>(Verb::Create, &what, req)
             .map_err(|e| {
-                self.api
+                self.api()
                     .map_other("create", "serviceaccounts/token", &what, e)
             })?;
         let token = v
@@ -69,17 +70,17 @@ impl KubeStore {
             .and_then(Value::as_str)
             .filter(|t| !t.is_empty())
             .ok_or_else(|| {
-                self.api
+                self.api()
                     .protocol(&what, "the answer has no status.token".into())
             })?;
         let expires_at = v
             .pointer("/status/expirationTimestamp")
             .and_then(Value::as_str)
             .ok_or_else(|| {
-                self.api
+                self.api()
                     .protocol(&what, "the answer has no expirationTimestamp".into())
             })
-            .and_then(|t| parse_time(t).map_err(|e| self.api.protocol(&what, e)))?;
+            .and_then(|t| parse_time(t).map_err(|e| self.api().protocol(&what, e)))?;
         Ok(IssuedToken {
             token: token.to_string(),
             expires_at,

@@ -8,13 +8,15 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use kube::core::Request;
-use kube::core::params::{GetParams, ListParams};
+use kube::core::params::GetParams;
 use serde::Deserialize;
 
-use crate::KubeStoreError;
-use crate::store::{KubeStore, Verb, null_as_empty};
+use crate::api::Verb;
+use crate::cluster::Cluster;
+use crate::convert::null_as_empty;
+use crate::error::KubeStoreError;
+use crate::listing::ListRequest;
 
 /// Where the kubelets renew their heartbeat Leases.
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -69,14 +71,6 @@ struct Heartbeat {
 }
 
 #[derive(Deserialize)]
-struct HeartbeatList {
-    #[serde(default)]
-    metadata: ListMeta,
-    #[serde(default, deserialize_with = "null_as_empty")]
-    items: Vec<Heartbeat>,
-}
-
-#[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Condition {
     #[serde(rename = "type", default)]
@@ -120,44 +114,25 @@ fn unix_s(t: &str) -> Option<u64> {
     u64::try_from(ts.as_second()).ok()
 }
 
-impl KubeStore {
+impl Cluster {
     /// The kubelets' last heartbeats: node name → unix seconds of its Lease's `renewTime`. One
     /// LIST served from the watch cache (`resourceVersion=0`; a few hundred bytes per node).
     pub fn node_heartbeats(&self) -> Result<BTreeMap<String, u64>, KubeStoreError> {
-        let what = format!("LIST of leases in namespace {NODE_LEASE_NAMESPACE}");
         let mut out = BTreeMap::new();
-        let mut cont: Option<String> = None;
-        let mut waits = 0;
-        loop {
-            let mut lp = if self.settings.list_from_cache {
-                ListParams::default().match_any()
-            } else {
-                ListParams::default().limit(self.settings.page_size)
-            };
-            if let Some(c) = &cont {
-                lp = lp.continue_token(c);
+        let req = ListRequest {
+            path: &format!("/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASE_NAMESPACE}/leases"),
+            what: &format!("LIST of leases in namespace {NODE_LEASE_NAMESPACE}"),
+            resource: Some("leases.coordination.k8s.io"),
+            labels: None,
+            fields: None,
+            metadata_only: false,
+            cache: self.api().any_cached(),
+        };
+        self.api().list_each(&req, |items: Vec<Heartbeat>, fresh| {
+            if fresh {
+                out.clear();
             }
-            let req = Request::new(format!(
-                "/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASE_NAMESPACE}/leases"
-            ))
-            .list(&lp)
-            .map_err(|e| self.api.protocol(&what, e.to_string()))?;
-            let page = match self.api.send::<HeartbeatList>(Verb::List, &what, req) {
-                Ok(p) => p,
-                Err(kube::Error::Api(s)) if s.code == 429 && self.settings.list_from_cache => {
-                    self.wait_for_cache(&mut waits, &what, s).map_err(|e| {
-                        self.api
-                            .map_other("list", "leases.coordination.k8s.io", &what, e)
-                    })?;
-                    continue;
-                }
-                Err(e) => {
-                    return Err(self
-                        .api
-                        .map_other("list", "leases.coordination.k8s.io", &what, e));
-                }
-            };
-            for h in page.items {
+            for h in items {
                 if let (Some(n), Some(t)) = (
                     h.metadata.name,
                     h.spec.renew_time.as_deref().and_then(unix_s),
@@ -165,11 +140,8 @@ impl KubeStore {
                     out.insert(n, t);
                 }
             }
-            match page.metadata.continue_ {
-                Some(c) if !c.is_empty() => cont = Some(c),
-                _ => return Ok(out),
-            }
-        }
+        })?;
+        Ok(out)
     }
 
     /// Node `name`'s health, read fresh (a GET of the Node and of its heartbeat Lease);
@@ -178,11 +150,11 @@ impl KubeStore {
         let what = format!("GET of node {name}");
         let req = Request::new("/api/v1/nodes")
             .get(name, &GetParams::default())
-            .map_err(|e| self.api.protocol(&what, e.to_string()))?;
-        let node = match self.api.send::<NodeObject>(Verb::Get, &what, req) {
+            .map_err(|e| self.api().protocol(&what, e.to_string()))?;
+        let node = match self.api().send::<NodeObject>(Verb::Get, &what, req) {
             Ok(n) => n,
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
-            Err(e) => return Err(self.api.map_other("get", "nodes", &what, e)),
+            Err(e) => return Err(self.api().map_other("get", "nodes", &what, e)),
         };
         let ready = node
             .status
@@ -194,13 +166,13 @@ impl KubeStore {
             "/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASE_NAMESPACE}/leases"
         ))
         .get(name, &GetParams::default())
-        .map_err(|e| self.api.protocol(&what, e.to_string()))?;
-        let renewed = match self.api.send::<Heartbeat>(Verb::Get, &what, req) {
+        .map_err(|e| self.api().protocol(&what, e.to_string()))?;
+        let renewed = match self.api().send::<Heartbeat>(Verb::Get, &what, req) {
             Ok(h) => h.spec.renew_time.as_deref().and_then(unix_s),
             Err(kube::Error::Api(s)) if s.code == 404 => None,
             Err(e) => {
                 return Err(self
-                    .api
+                    .api()
                     .map_other("get", "leases.coordination.k8s.io", &what, e));
             }
         };
@@ -225,14 +197,14 @@ impl KubeStore {
         let what = format!("GET of pod {namespace}/{name}");
         let req = Request::new(format!("/api/v1/namespaces/{namespace}/pods"))
             .get(name, &GetParams::default())
-            .map_err(|e| self.api.protocol(&what, e.to_string()))?;
-        match self.api.send::<PodObject>(Verb::Get, &what, req) {
+            .map_err(|e| self.api().protocol(&what, e.to_string()))?;
+        match self.api().send::<PodObject>(Verb::Get, &what, req) {
             Ok(p) => Ok(Some(PodPlacement {
                 uid: p.metadata.uid.unwrap_or_default(),
                 node: p.spec.node_name.filter(|n| !n.is_empty()),
             })),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
-            Err(e) => Err(self.api.map_other("get", "pods", &what, e)),
+            Err(e) => Err(self.api().map_other("get", "pods", &what, e)),
         }
     }
 }

@@ -1,20 +1,19 @@
 //! [`KubeStore`]: the [`LeaseStore`] over one `IPLease` object per (network, address).
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kube::core::Request;
-use kube::core::params::{DeleteParams, ListParams, PostParams, Preconditions, VersionMatch};
+use kube::core::params::{DeleteParams, ListParams, Preconditions, VersionMatch};
 use serde_json::Value;
 use tether_leases::{
     AttachmentIndex, CasResult, FileJournal, JournalEntry, Lease, LeaseStore, Lookup, PodRef,
     StoreError, Taken, validate_claim,
 };
 
-pub(crate) use crate::api::Verb;
-pub use crate::api::{ApiClient, RequestCounts};
-pub(crate) use crate::convert::{LeaseList, collect_leases, null_as_empty};
+use crate::api::{ApiClient, RequestCounts, Verb};
 use crate::convert::{from_object, split_version, to_object};
 use crate::crd::{
     IPLease, NODE_LABEL, PLURAL, POD_LABEL, VERSION, label_value, network_selector, object_name,
@@ -30,7 +29,7 @@ use crate::settings::KubeSettings;
 /// [`KubeStore::restart_budget`]). `Sync`: threads may share one store, though one store per
 /// thread (like one per CNI process) is the intended use.
 pub struct KubeStore {
-    pub(crate) api: ApiClient,
+    pub(crate) api: Arc<ApiClient>,
     pub(crate) settings: KubeSettings,
     /// The collection path of the lease resource.
     pub(crate) path: String,
@@ -55,10 +54,15 @@ impl KubeStore {
     /// A store with `settings`: connects its [`ApiClient`] (reads the credentials, sends no
     /// request; see [`KubeStore::ready`]). The time budget starts now.
     pub fn connect(settings: KubeSettings) -> Result<KubeStore, KubeStoreError> {
-        let (api, token) = ApiClient::connect(&settings)?;
+        Ok(KubeStore::on(ApiClient::connect(&settings)?, settings))
+    }
+
+    /// A store over `api` (connected with these `settings`), which a
+    /// [`Cluster`](crate::Cluster) may share.
+    pub fn on(api: Arc<ApiClient>, settings: KubeSettings) -> KubeStore {
         let path = format!("/apis/{}/{VERSION}/{PLURAL}", settings.group);
         let mut settings = settings;
-        if let Some(claimed) = token_node(&token) {
+        if let Some(claimed) = api.bound_node().map(str::to_string) {
             if let Some(n) = settings.node.as_deref().filter(|n| *n != claimed) {
                 log::warn!(
                     "this node is {n:?} by NODE_NAME or its hostname, but its credential is bound to node {claimed:?}: \
@@ -71,17 +75,17 @@ impl KubeStore {
             (Some(d), Some(_)) => Some(FileJournal::new(d.clone())),
             _ => None,
         };
-        Ok(KubeStore {
+        KubeStore {
             api,
             settings,
             path,
             journal,
             seen_rv: AtomicU64::new(0),
-        })
+        }
     }
 
     /// The client under this store.
-    pub fn api(&self) -> &ApiClient {
+    pub fn api(&self) -> &Arc<ApiClient> {
         &self.api
     }
 
@@ -141,14 +145,6 @@ impl KubeStore {
         }
     }
 
-    /// Parameters of a create or replace: named after the program that writes.
-    pub(crate) fn post_params(&self) -> PostParams {
-        PostParams {
-            field_manager: Some(self.settings.field_manager.clone()),
-            ..PostParams::default()
-        }
-    }
-
     /// Requests sent so far.
     pub fn requests(&self) -> RequestCounts {
         self.api.requests()
@@ -202,7 +198,7 @@ impl KubeStore {
             .list(&ListParams::default().limit(1))
             .map_err(|e| self.api.protocol("LIST", e.to_string()))?;
         self.api
-            .send::<LeaseList>(Verb::List, "LIST of ipleases", req)
+            .send::<serde::de::IgnoredAny>(Verb::List, "LIST of ipleases", req)
             .map_err(|e| self.api.map_error(Verb::List, "LIST of ipleases", e))?;
         Ok(())
     }
@@ -285,7 +281,7 @@ impl KubeStore {
         let obj = to_object(&new, None)?;
         let body = serde_json::to_vec(&obj).map_err(|e| self.api.protocol(&what, e.to_string()))?;
         let req = Request::new(&self.path)
-            .create(&self.post_params(), body)
+            .create(&self.api.post_params(), body)
             .map_err(|e| self.api.protocol(&what, e.to_string()))?;
         match self.api.send::<IPLease>(Verb::Create, &what, req) {
             Ok(o) => from_object(&o)
@@ -308,7 +304,7 @@ impl KubeStore {
         let obj = to_object(&new, Some((uid, rv)))?;
         let body = serde_json::to_vec(&obj).map_err(|e| self.api.protocol(&what, e.to_string()))?;
         let req = Request::new(&self.path)
-            .replace(&name, &self.post_params(), body)
+            .replace(&name, &self.api.post_params(), body)
             .map_err(|e| self.api.protocol(&what, e.to_string()))?;
         match self.api.send::<IPLease>(Verb::Update, &what, req) {
             Ok(o) => from_object(&o)
@@ -485,12 +481,4 @@ impl AttachmentIndex for KubeStore {
     fn take_pending(&self, network: &str) -> Result<Vec<JournalEntry>, StoreError> {
         self.journal_for(network)?.take_pending(network)
     }
-}
-
-/// The node a bound token of the credentials names (see [`crate::token_claims`]).
-fn token_node(token: &Option<secrecy::SecretString>) -> Option<String> {
-    use secrecy::ExposeSecret;
-    token
-        .as_ref()
-        .and_then(|t| crate::token_claims::bound_node(t.expose_secret()))
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::json;
-use tether_kube_store::{ApiTraffic, KubeStore, PodEvent, WatchEnd};
+use tether_kube_store::{ApiTraffic, Cluster, KubeStore, PodEvent, WatchEnd};
 use tether_leases::LeaseStore;
 
 fn read_by(traffic: &ApiTraffic, resource: &str) -> u64 {
@@ -97,12 +97,13 @@ fn lists_count_their_items_and_watches_their_events() {
         pods.create(&format!("p{i}"), &node);
     }
     let store: KubeStore = env.store();
+    let cluster = Cluster::new(store.api().clone());
     let read = |resource: &str| read_by(&store.settings().traffic, resource);
 
     // A LIST of this node's pods: its items.
     let before = read("pods");
     let mut listed = 0;
-    let rv = store
+    let rv = cluster
         .visit_pods(Some(&format!("spec.nodeName={node}")), |_| listed += 1)
         .unwrap();
     assert_eq!(listed, 3);
@@ -134,7 +135,7 @@ fn lists_count_their_items_and_watches_their_events() {
             pods.create("p-watched", &node);
             pods.delete("p-watched");
         });
-        let end = store
+        let end = cluster
             .watch_pods(
                 Some(&format!("spec.nodeName={node}")),
                 &rv,

@@ -18,7 +18,8 @@ use std::path::PathBuf;
 use serde_json::{Value, json};
 use tether_cni::MasterKeys;
 use tether_kube_store::{
-    CrdState, KubeSettings, KubeStore, KubeStoreError, NodeScope, check_credentials,
+    ApiClient, Cluster, CrdState, KubeSettings, KubeStore, KubeStoreError, NodeScope,
+    check_credentials,
 };
 use tether_leases::{Allocator, NoProbe, SystemClock};
 use tether_link::Netlink;
@@ -237,14 +238,17 @@ fn check_kubernetes(cfg: &PoolConfig, r: &mut Report) -> bool {
             return false;
         }
     }
-    let store = match KubeStore::connect(settings) {
-        Ok(s) => s,
+    // The lease store as the plugin opens it, and the rest of the API on the same client.
+    let api = match ApiClient::connect(&settings) {
+        Ok(a) => a,
         Err(e) => {
             r.fail("kubeconfig", e.to_string());
             return false;
         }
     };
-    match store.server_version() {
+    let cluster = Cluster::new(api.clone());
+    let store = KubeStore::on(api, settings);
+    match cluster.server_version() {
         Ok(v) => r.ok(
             "api",
             format!("{} answers (Kubernetes {v})", store.server()),
@@ -256,7 +260,7 @@ fn check_kubernetes(cfg: &PoolConfig, r: &mut Report) -> bool {
     }
     store.restart_budget();
     let mut usable = true;
-    match store.crd_state() {
+    match cluster.crd_state() {
         Ok(CrdState::Established) => r.ok(
             "crd",
             format!(
@@ -310,7 +314,7 @@ fn check_kubernetes(cfg: &PoolConfig, r: &mut Report) -> bool {
         let mut denied = Vec::new();
         for verb in *verbs {
             store.restart_budget();
-            match store.can_i(verb, group, resource) {
+            match cluster.can_i(verb, group, resource) {
                 Ok(a) if a.allowed => {}
                 Ok(a) => denied.push(if a.reason.is_empty() {
                     verb.to_string()
@@ -344,7 +348,7 @@ fn check_kubernetes(cfg: &PoolConfig, r: &mut Report) -> bool {
         }
     }
     if usable {
-        check_node_scope(&store, r);
+        check_node_scope(&cluster, r);
     }
     usable
 }
@@ -353,9 +357,9 @@ fn check_kubernetes(cfg: &PoolConfig, r: &mut Report) -> bool {
 /// server refuses it a lease of another node. A dry-run asks the server itself, so a policy that
 /// is missing, unbound, in Warn/Audit mode or matching another identity all show as "not
 /// enforced".
-fn check_node_scope(store: &KubeStore, r: &mut Report) {
-    store.restart_budget();
-    let id = match store.who_am_i() {
+fn check_node_scope(cluster: &Cluster, r: &mut Report) {
+    cluster.restart_budget();
+    let id = match cluster.who_am_i() {
         Ok(id) => id,
         Err(e) => {
             return r.fail(
@@ -364,8 +368,8 @@ fn check_node_scope(store: &KubeStore, r: &mut Report) {
             );
         }
     };
-    store.restart_budget();
-    let scope = match store.node_scope() {
+    cluster.restart_budget();
+    let scope = match cluster.node_scope() {
         Ok(s) => s,
         Err(e) => {
             return r.fail(

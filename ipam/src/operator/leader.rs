@@ -17,7 +17,7 @@ use k8s_openapi::api::coordination::v1::LeaseSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use tether_kube_store::cluster::ElectionLease;
-use tether_kube_store::{KubeStore, KubeStoreError, jittered};
+use tether_kube_store::{Cluster, KubeStoreError, jittered};
 
 /// The election's Lease object.
 pub const LEASE_NAME: &str = "tether-controller";
@@ -31,7 +31,7 @@ const RENEW_EVERY: Duration = Duration::from_secs(5);
 /// [`LEASE_DURATION`] (another replica may take over from then on), and gives the Lease up on
 /// `stop` so a successor need not wait.
 pub fn campaign(
-    store: &KubeStore,
+    cluster: &Cluster,
     namespace: &str,
     identity: &str,
     leading: &AtomicBool,
@@ -39,8 +39,8 @@ pub fn campaign(
 ) {
     let mut last_renewed: Option<Instant> = None;
     while !stop.load(Ordering::Relaxed) {
-        store.restart_budget();
-        match try_hold(store, namespace, identity) {
+        cluster.restart_budget();
+        match try_hold(cluster, namespace, identity) {
             Ok(true) => {
                 if !leading.swap(true, Ordering::Relaxed) {
                     log::warn!("controller: {identity} leads (lease {namespace}/{LEASE_NAME})");
@@ -70,17 +70,17 @@ pub fn campaign(
         }
     }
     if leading.swap(false, Ordering::Relaxed) {
-        store.restart_budget();
-        if let Err(e) = give_up(store, namespace, identity) {
+        cluster.restart_budget();
+        if let Err(e) = give_up(cluster, namespace, identity) {
             log::warn!("controller: giving the lease up: {e}");
         }
     }
 }
 
 /// Take the Lease if it is free, expired or already ours; renew it if ours. Whether we hold it.
-fn try_hold(store: &KubeStore, namespace: &str, identity: &str) -> Result<bool, KubeStoreError> {
+fn try_hold(cluster: &Cluster, namespace: &str, identity: &str) -> Result<bool, KubeStoreError> {
     let now = Timestamp::now();
-    let Some(mut lease) = store.election_lease(namespace, LEASE_NAME)? else {
+    let Some(mut lease) = cluster.election_lease(namespace, LEASE_NAME)? else {
         let new = ElectionLease {
             metadata: ObjectMeta {
                 name: Some(LEASE_NAME.into()),
@@ -89,7 +89,7 @@ fn try_hold(store: &KubeStore, namespace: &str, identity: &str) -> Result<bool, 
             },
             spec: Some(spec(identity, now, None)),
         };
-        return Ok(store.write_election_lease(&new, true)?.is_some());
+        return Ok(cluster.write_election_lease(&new, true)?.is_some());
     };
     let current = lease.spec.clone().unwrap_or_default();
     let holder = current.holder_identity.as_deref().unwrap_or_default();
@@ -108,7 +108,7 @@ fn try_hold(store: &KubeStore, namespace: &str, identity: &str) -> Result<bool, 
         ..spec(identity, now, acquired)
     });
     // Conditional on the resourceVersion just read: two candidates cannot both take it.
-    Ok(store.write_election_lease(&lease, false)?.is_some())
+    Ok(cluster.write_election_lease(&lease, false)?.is_some())
 }
 
 fn spec(identity: &str, now: Timestamp, acquired: Option<MicroTime>) -> LeaseSpec {
@@ -122,8 +122,8 @@ fn spec(identity: &str, now: Timestamp, acquired: Option<MicroTime>) -> LeaseSpe
 }
 
 /// Leave the Lease without a holder, if it is still ours.
-fn give_up(store: &KubeStore, namespace: &str, identity: &str) -> Result<(), KubeStoreError> {
-    let Some(mut lease) = store.election_lease(namespace, LEASE_NAME)? else {
+fn give_up(cluster: &Cluster, namespace: &str, identity: &str) -> Result<(), KubeStoreError> {
+    let Some(mut lease) = cluster.election_lease(namespace, LEASE_NAME)? else {
         return Ok(());
     };
     let Some(spec) = lease.spec.as_mut() else {
@@ -134,5 +134,5 @@ fn give_up(store: &KubeStore, namespace: &str, identity: &str) -> Result<(), Kub
     }
     spec.holder_identity = None;
     spec.renew_time = None;
-    store.write_election_lease(&lease, false).map(|_| ())
+    cluster.write_election_lease(&lease, false).map(|_| ())
 }

@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod cli;
 pub mod doctor;
+pub mod kube;
 pub mod leader;
 pub mod metrics;
 pub mod monitor;

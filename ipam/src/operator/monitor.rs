@@ -29,12 +29,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tether_kube_store::{KubeStore, KubeStoreError, NadConfig, PodWarning, Posted};
+use tether_kube_store::{KubeStoreError, NadConfig, PodWarning, Posted};
 use tether_leases::{Allocator, FileStore, Lease, LeaseState, LeaseStore, NoProbe, SystemClock};
 use tether_pool::{PoolConfig, StoreKind};
 
+use crate::operator::kube::Kube;
 use crate::operator::metrics::{PoolGauge, Registry, store_label};
-use crate::operator::options::{self, Options};
+use crate::operator::options::Options;
 use crate::operator::report::{StoreName, now_s};
 
 /// The Event reason of an address conflict.
@@ -48,7 +49,7 @@ type Conflict = (String, IpAddr, String, u64);
 /// The monitor of one node.
 pub struct Monitor {
     node: String,
-    store: Option<KubeStore>,
+    kube: Option<Kube>,
     data_dir: Option<PathBuf>,
     events: bool,
     pools: bool,
@@ -70,13 +71,13 @@ impl Monitor {
     /// From the reconciler's options (node, API access, data dir; `conflict_events`; pools when
     /// metrics are served).
     pub fn new(opts: &Options, registry: Arc<Registry>) -> Result<Monitor, String> {
-        let store = match &opts.kube {
-            Some(s) => Some(KubeStore::connect(options::long_lived(s)).map_err(|e| e.to_string())?),
+        let kube = match &opts.kube {
+            Some(s) => Some(Kube::connect(s)?),
             None => None,
         };
         Ok(Monitor {
             node: opts.node.clone(),
-            store,
+            kube,
             data_dir: opts.data_dir.clone(),
             events: opts.conflict_events,
             pools: opts.metrics_addr.is_some(),
@@ -120,9 +121,9 @@ impl Monitor {
                 }
             }
         };
-        if let Some(s) = self.store.as_ref().filter(|_| !self.controller) {
-            s.restart_budget();
-            match s.list_node(&self.node) {
+        if let Some(k) = self.kube.as_ref().filter(|_| !self.controller) {
+            k.restart_budget();
+            match k.leases.list_node(&self.node) {
                 Ok(ls) => tally(StoreName::Kubernetes, ls),
                 Err(KubeStoreError::CrdMissing { .. }) => {}
                 Err(e) => errors.push(format!("listing the leases of node {}: {e}", self.node)),
@@ -202,10 +203,10 @@ impl Monitor {
                 }),
                 _ => None,
             };
-            let (counted, how) = match (&event, &self.store) {
-                (Some(w), Some(s)) => {
-                    s.restart_budget();
-                    match s.post_pod_event(w) {
+            let (counted, how) = match (&event, &self.kube) {
+                (Some(w), Some(k)) => {
+                    k.restart_budget();
+                    match k.cluster.post_pod_event(w) {
                         Ok(Posted::Created) => {
                             self.registry.event(true);
                             (
@@ -271,12 +272,12 @@ impl Monitor {
         errors: &mut Vec<String>,
     ) -> Option<Vec<PoolGauge>> {
         let reporter = self.registry.pool_reporter();
-        let store = self.store.as_ref()?;
+        let kube = self.kube.as_ref()?;
         if !reporter && file_networks.is_empty() {
             return Some(Vec::new());
         }
-        store.restart_budget();
-        let nads = match store.network_attachment_definitions() {
+        kube.restart_budget();
+        let nads = match kube.cluster.network_attachment_definitions() {
             Ok(Some(n)) => n,
             Ok(None) => {
                 if self.warned.insert("no-nads".into()) {
@@ -299,13 +300,13 @@ impl Monitor {
             let cfg = &nc.cfg;
             let (which, node, usage) = match cfg.store {
                 StoreKind::Kubernetes if reporter => {
-                    store.restart_budget();
+                    kube.restart_budget();
                     (
                         StoreName::Kubernetes,
                         None,
                         Allocator::from_config(
                             cfg,
-                            store as &dyn LeaseStore,
+                            &kube.leases as &dyn LeaseStore,
                             &NoProbe,
                             &SystemClock,
                         )

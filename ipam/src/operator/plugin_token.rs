@@ -11,7 +11,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tether_kube_store::{IssuedToken, KubeSettings, KubeStore};
+use tether_kube_store::{Cluster, IssuedToken, KubeSettings};
 
 /// How long an issued token is valid: how long the plugin keeps working without any agent.
 /// deploy/base/policy.yaml allows at most this.
@@ -20,7 +20,7 @@ pub const LIFETIME: Duration = Duration::from_secs(2 * 3600);
 /// The node-bound token, renewed as time passes.
 pub struct PluginToken {
     api: Option<KubeSettings>,
-    store: Option<KubeStore>,
+    cluster: Option<Cluster>,
     /// (namespace, service account, node) of this agent's own credential.
     identity: Option<(String, String, String)>,
     issued: Option<(IssuedToken, u64)>,
@@ -40,7 +40,7 @@ impl PluginToken {
     pub fn new(api: Option<KubeSettings>) -> PluginToken {
         PluginToken {
             api,
-            store: None,
+            cluster: None,
             identity: None,
             issued: None,
             last_error: None,
@@ -87,17 +87,17 @@ impl PluginToken {
 
     fn issue(&mut self) -> Result<IssuedToken, String> {
         let api = self.api.as_ref().ok_or("no API settings")?;
-        if self.store.is_none() {
-            self.store = Some(KubeStore::connect(api.clone()).map_err(|e| e.to_string())?);
+        if self.cluster.is_none() {
+            self.cluster = Some(Cluster::connect(api).map_err(|e| e.to_string())?);
         }
-        let store = self.store.as_ref().expect("connected above");
-        store.restart_budget();
+        let cluster = self.cluster.as_ref().expect("connected above");
+        cluster.restart_budget();
         if self.identity.is_none() {
-            let me = store.who_am_i().map_err(|e| e.to_string())?;
+            let me = cluster.who_am_i().map_err(|e| e.to_string())?;
             self.identity = Some(own_identity(&me.username, me.node.as_deref())?);
         }
         let (ns, sa, node) = self.identity.as_ref().expect("set above");
-        store
+        cluster
             .request_node_token(ns, sa, node, LIFETIME.as_secs())
             .map_err(|e| e.to_string())
     }

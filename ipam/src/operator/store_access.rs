@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use serde_json::Value;
-use tether_kube_store::{KubeSettings, KubeStore};
+use tether_kube_store::{Cluster, KubeSettings, KubeStore};
 use tether_leases::{FileStore, Lease, LeaseStore};
 use tether_pool::{PoolConfig, StoreKind};
 
@@ -88,8 +88,9 @@ pub enum Backend {
 /// An opened store, the networks it can list, and API access when there is some.
 pub struct OpenStore {
     pub backend: Backend,
-    /// API access next to a file store (from `--kubeconfig` or the config's `kubernetes`).
-    api: Option<KubeStore>,
+    /// API access (to check pods): on the Kubernetes store's client, or next to a file store
+    /// (from `--kubeconfig` or the config's `kubernetes`).
+    cluster: Option<Cluster>,
 }
 
 impl OpenStore {
@@ -117,7 +118,7 @@ impl OpenStore {
             }
             Ok(s)
         };
-        let connect = |s: KubeSettings| KubeStore::connect(s).map_err(|e| e.to_string());
+
         match kind {
             StoreKind::File => {
                 let dir = args
@@ -125,24 +126,25 @@ impl OpenStore {
                     .clone()
                     .or_else(|| cfg.as_ref().map(|c| c.data_dir.clone()))
                     .unwrap_or_else(|| PathBuf::from("/var/lib/cni/tether"));
-                let api = match settings()? {
-                    Some(s) => Some(connect(s)?),
+                let cluster = match settings()? {
+                    Some(s) => Some(Cluster::connect(&s).map_err(|e| e.to_string())?),
                     None => None,
                 };
                 Ok((
                     OpenStore {
                         backend: Backend::File(FileStore::new(dir)),
-                        api,
+                        cluster,
                     },
                     cfg,
                 ))
             }
             StoreKind::Kubernetes => {
                 let s = settings()?.unwrap_or_default();
+                let store = KubeStore::connect(s).map_err(|e| e.to_string())?;
                 Ok((
                     OpenStore {
-                        backend: Backend::Kube(connect(s)?),
-                        api: None,
+                        cluster: Some(Cluster::new(store.api().clone())),
+                        backend: Backend::Kube(store),
                     },
                     cfg,
                 ))
@@ -161,16 +163,14 @@ impl OpenStore {
         }
     }
 
-    /// API access (the Kubernetes store itself, or `--kubeconfig` next to a file store).
-    pub fn api(&self) -> Option<&KubeStore> {
-        let a = match &self.backend {
-            Backend::Kube(k) => Some(k),
-            Backend::File(_) => self.api.as_ref(),
-        };
-        if let Some(k) = a {
-            k.restart_budget();
+    /// API access (on the Kubernetes store's client, or `--kubeconfig` next to a file store),
+    /// with a fresh time budget.
+    pub fn cluster(&self) -> Option<&Cluster> {
+        let c = self.cluster.as_ref();
+        if let Some(c) = c {
+            c.restart_budget();
         }
-        a
+        c
     }
 
     /// Leases of `only`, or of every network.

@@ -521,7 +521,8 @@ impl Cluster {
         std::fs::write(&path, serde_saphyr::to_string(&kc).unwrap()).unwrap();
 
         // The authorizer's caches take a moment: wait until the role's first rule is in force.
-        let store = KubeStore::connect(KubeSettings::with_kubeconfig(&path)).unwrap();
+        let cluster =
+            tether_kube_store::Cluster::connect(&KubeSettings::with_kubeconfig(&path)).unwrap();
         let probe = granted.iter().find_map(|(g, r, vs)| {
             vs.iter()
                 .find(|v| !forbidden.contains(&(**v, *r)))
@@ -529,8 +530,10 @@ impl Cluster {
         });
         if let Some((verb, group, resource)) = probe {
             let ok = wait_until(Duration::from_secs(10), || {
-                store.restart_budget();
-                store.can_i(verb, group, resource).is_ok_and(|a| a.allowed)
+                cluster.restart_budget();
+                cluster
+                    .can_i(verb, group, resource)
+                    .is_ok_and(|a| a.allowed)
             });
             assert!(ok.is_some(), "RBAC for {user} not in force after 10 s");
         }

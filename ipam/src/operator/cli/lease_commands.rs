@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 
 use serde_json::{Value, json};
-use tether_kube_store::KubeStore;
+use tether_kube_store::Cluster;
 use tether_leases::{Lease, LeaseState};
 
 use crate::operator::output::{EXIT_OK, EXIT_REFUSED, Output, print_table};
@@ -114,7 +114,7 @@ pub(super) fn leases(
 }
 
 /// Is the pod holding `lease` alive? `Ok(reason it may be released)` or `Err(reason to refuse)`.
-fn pod_check(lease: &Lease, api: Option<&KubeStore>) -> Result<String, String> {
+fn pod_check(lease: &Lease, api: Option<&Cluster>) -> Result<String, String> {
     let Some(api) = api else {
         return Err(format!(
             "{} is leased to {} (container {}, {}); without API access (--kubeconfig) tether cannot tell whether its pod \
@@ -167,7 +167,7 @@ pub(super) fn release(
     };
     let why = match &lease.state {
         LeaseState::Leased if force => "forced (--force)".to_string(),
-        LeaseState::Leased => match pod_check(lease, open.api()) {
+        LeaseState::Leased => match pod_check(lease, open.cluster()) {
             Ok(why) => why,
             Err(refusal) => {
                 eprintln!("tether: {refusal}");

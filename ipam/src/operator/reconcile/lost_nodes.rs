@@ -5,11 +5,12 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tether_kube_store::{KubeStore, KubeStoreError};
+use tether_kube_store::KubeStoreError;
 use tether_leases::Lease;
 use tether_leases::reclaim::PodIndex;
 
 use super::Reconciler;
+use crate::operator::kube::Kube;
 use crate::operator::report::{PassReport, StoreName, due_at, now_s};
 
 /// FNV-1a, 64 bit: the sweeper is the agent node with the lowest hash (stable across agents
@@ -42,15 +43,15 @@ pub fn sweeper(candidates: &[String]) -> Option<&str> {
 impl Reconciler {
     /// Leases of nodes that run no agent pod (deleted nodes), when this agent is the sweeper.
     /// Records in `r.sweeper` whether it is.
-    pub(super) fn sweep(&self, now: u64, store: &KubeStore, r: &mut PassReport) {
+    pub(super) fn sweep(&self, now: u64, kube: &Kube, r: &mut PassReport) {
         let (ns, sel) = (
             self.opts.agent_namespace.as_str(),
             self.opts.agent_selector.as_str(),
         );
         let missed = "leases of deleted nodes are not reclaimed";
-        store.restart_budget();
+        kube.restart_budget();
         // The live nodes, and the sweeper candidates: the nodes running an agent pod.
-        let live = match store.agent_nodes(ns, sel) {
+        let live = match kube.cluster.agent_nodes(ns, sel) {
             Ok(n) => n,
             Err(e) => {
                 if !self.warned_agents.swap(true, Ordering::Relaxed) {
@@ -81,8 +82,8 @@ impl Reconciler {
             }
         }
         r.swept = true;
-        store.restart_budget();
-        let labels = match store.lease_node_labels() {
+        kube.restart_budget();
+        let labels = match kube.leases.lease_node_labels() {
             Ok(l) => l,
             Err(KubeStoreError::CrdMissing { .. }) => return,
             Err(e) => return r.errors.push(format!("listing the leases' nodes: {e}")),
@@ -95,8 +96,8 @@ impl Reconciler {
             .keys()
             .filter(|l| !l.is_empty() && !live_labels.contains(*l))
         {
-            store.restart_budget();
-            let leases = match store.list_node_label(label) {
+            kube.restart_budget();
+            let leases = match kube.leases.list_node_label(label) {
                 Ok(l) => l,
                 Err(e) => {
                     r.errors.push(format!(
@@ -115,7 +116,7 @@ impl Reconciler {
                 "reconcile: node {label} runs no node-agent pod; judging its {} lease record(s)",
                 leases.len()
             );
-            self.judge(StoreName::Kubernetes, &leases, &pods, now, store, r);
+            self.judge(StoreName::Kubernetes, &leases, &pods, now, kube, r);
             // Pods of a node that is gone still exist until the pod GC controller deletes them
             // (tens of seconds after the node): look again soon rather than a whole interval on.
             if r.confirmed_alive > alive {
@@ -128,11 +129,8 @@ impl Reconciler {
     /// [`silence_check_every`]): see [`Reconciler::reclaim_silent_nodes`].
     pub fn silence_pass(&self) -> PassReport {
         let mut r = PassReport::default();
-        match &self.store {
-            Some(store) if self.opts.controller => {
-                self.reclaim_silent_nodes(now_s(), store, &mut r)
-            }
-            _ => {}
+        if let Some(kube) = self.kube.as_ref().filter(|_| self.opts.controller) {
+            self.reclaim_silent_nodes(now_s(), kube, &mut r)
         }
         r
     }
@@ -151,13 +149,13 @@ impl Reconciler {
     /// its address is released as that pod's own (sticky for its name), cooling down, and every
     /// ADD probes the wire before it hands an address out, so another pod does not get it while
     /// it answers. Where a network does not probe, raise the grace or set it to 0 (off).
-    pub(super) fn reclaim_silent_nodes(&self, now: u64, store: &KubeStore, r: &mut PassReport) {
+    pub(super) fn reclaim_silent_nodes(&self, now: u64, kube: &Kube, r: &mut PassReport) {
         let grace = self.opts.node_lost_grace_s;
         if grace == 0 {
             return;
         }
-        store.restart_budget();
-        let beats = match store.node_heartbeats() {
+        kube.restart_budget();
+        let beats = match kube.cluster.node_heartbeats() {
             Ok(b) => b,
             Err(e) => {
                 return r.errors.push(format!(
@@ -181,8 +179,8 @@ impl Reconciler {
                 continue;
             }
             self.metrics.beat(now_s());
-            store.restart_budget();
-            let health = match store.node_health(node) {
+            kube.restart_budget();
+            let health = match kube.cluster.node_health(node) {
                 // Deleted meanwhile: its pods go with it, and the agent-pod sweep follows.
                 Ok(None) => continue,
                 Ok(Some(h)) => h,
@@ -205,9 +203,9 @@ impl Reconciler {
                 }
                 continue;
             }
-            store.restart_budget();
+            kube.restart_budget();
             let label = tether_kube_store::crd::label_value(node);
-            let leases = match store.list_node_label(&label) {
+            let leases = match kube.leases.list_node_label(&label) {
                 Ok(l) => l,
                 Err(KubeStoreError::CrdMissing { .. }) => return,
                 Err(e) => {
@@ -223,7 +221,7 @@ impl Reconciler {
                     health.ready.as_deref().unwrap_or("no Ready condition")
                 );
             }
-            if self.judge_lost_node(node, silent, &leases, now, store, r) {
+            if self.judge_lost_node(node, silent, &leases, now, kube, r) {
                 done.insert(node.clone(), beat);
             }
         }
@@ -237,7 +235,7 @@ impl Reconciler {
         silent_s: u64,
         leases: &[Lease],
         now: u64,
-        store: &KubeStore,
+        kube: &Kube,
         r: &mut PassReport,
     ) -> bool {
         let mut settled = true;
@@ -252,8 +250,8 @@ impl Reconciler {
                 continue;
             }
             let errors = r.errors.len();
-            if let Some(reason) = self.confirm(lease, ns, name, Some((node, silent_s)), store, r) {
-                self.release(StoreName::Kubernetes, lease, reason, now, store, r);
+            if let Some(reason) = self.confirm(lease, ns, name, Some((node, silent_s)), kube, r) {
+                self.release(StoreName::Kubernetes, lease, reason, now, kube, r);
             }
             settled &= r.errors.len() == errors;
         }

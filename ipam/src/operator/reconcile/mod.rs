@@ -41,7 +41,7 @@
 //! the node-agent DaemonSet: one LIST of the pods in `--agent-namespace` (default `$POD_NAMESPACE`,
 //! else the service account's namespace, else `kube-system`) matching `--agent-selector`
 //! (default `app.kubernetes.io/name=tether`, the DaemonSet's pod label), keeping each pod's
-//! `spec.nodeName` ([`KubeStore::agent_nodes`]). From that one set:
+//! `spec.nodeName` ([`Cluster::agent_nodes`](tether_kube_store::Cluster::agent_nodes)). From that one set:
 //!
 //! - the *sweeper* is the node with the lowest hash among the agent nodes ([`sweeper`]). Every
 //!   agent computes the same one, so one agent does the cluster-wide part (one metadata-only LIST
@@ -93,13 +93,13 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use tether_kube_store::{KubeStore, KubeStoreError};
+use tether_kube_store::KubeStoreError;
 use tether_leases::reclaim::{PodIndex, StaleReason, stale};
 use tether_leases::{FileStore, Lease, LeaseStore, StoreError};
 
+use crate::operator::kube::Kube;
 use crate::operator::metrics::Registry;
 pub use crate::operator::options::Options;
-use crate::operator::options::long_lived;
 pub use crate::operator::report::{PassReport, Released, StoreName, describe};
 use crate::operator::report::{due_at, now_s};
 pub use lost_nodes::{silence_check_every, sweeper};
@@ -123,7 +123,7 @@ enum Trigger {
 /// The reconciler of one node.
 pub struct Reconciler {
     opts: Options,
-    store: Option<KubeStore>,
+    kube: Option<Kube>,
     cache: Arc<Mutex<PodCache>>,
     warned_agents: AtomicBool,
     warned_ready: Mutex<std::collections::HashSet<String>>,
@@ -139,17 +139,17 @@ impl Reconciler {
         if opts.node.trim().is_empty() {
             return Err("no node name: pass --node or set NODE_NAME".into());
         }
-        let store = match &opts.kube {
-            Some(s) => Some(KubeStore::connect(long_lived(s)).map_err(|e| e.to_string())?),
+        let kube = match &opts.kube {
+            Some(s) => Some(Kube::connect(s)?),
             None => None,
         };
-        if opts.controller && store.is_none() {
+        if opts.controller && kube.is_none() {
             return Err(
                 "the controller needs the Kubernetes API: give a kubeconfig, or run it in a pod"
                     .into(),
             );
         }
-        if store.is_none() && opts.data_dir.is_none() {
+        if kube.is_none() && opts.data_dir.is_none() {
             return Err(
                 "nothing to reconcile: give a kubeconfig (or run in a pod) and/or --data-dir"
                     .into(),
@@ -163,7 +163,7 @@ impl Reconciler {
             .unwrap_or_default();
         Ok(Reconciler {
             opts,
-            store,
+            kube,
             cache: Arc::default(),
             warned_agents: AtomicBool::new(false),
             warned_ready: Mutex::default(),
@@ -187,7 +187,7 @@ impl Reconciler {
     }
 
     /// The pods of this node: the watch's cache when it is synced, else a fresh list.
-    fn node_pods(&self, store: &KubeStore) -> Result<PodIndex, KubeStoreError> {
+    fn node_pods(&self, kube: &Kube) -> Result<PodIndex, KubeStoreError> {
         {
             let c = self.cache.lock().unwrap_or_else(|p| p.into_inner());
             if c.synced {
@@ -195,8 +195,8 @@ impl Reconciler {
             }
         }
         let mut pods = PodIndex::new();
-        store.restart_budget();
-        store.visit_pods(Some(&self.pod_selector()), |k| {
+        kube.restart_budget();
+        kube.cluster.visit_pods(Some(&self.pod_selector()), |k| {
             pods.insert((k.namespace, k.name), k.uid);
         })?;
         Ok(pods)
@@ -207,18 +207,18 @@ impl Reconciler {
     pub fn pass(&self, full: bool) -> PassReport {
         let mut r = PassReport::default();
         let now = now_s();
-        let Some(store) = &self.store else {
+        let Some(kube) = &self.kube else {
             r.errors.push(
                 "no Kubernetes API access: pods cannot be seen, so no lease can be judged; give --kubeconfig".into(),
             );
             return r;
         };
         if self.opts.controller {
-            self.sweep(now, store, &mut r);
-            self.reclaim_silent_nodes(now, store, &mut r);
+            self.sweep(now, kube, &mut r);
+            self.reclaim_silent_nodes(now, kube, &mut r);
             return r;
         }
-        let pods = match self.node_pods(store) {
+        let pods = match self.node_pods(kube) {
             Ok(p) => p,
             Err(e) => {
                 r.errors
@@ -227,11 +227,11 @@ impl Reconciler {
             }
         };
         // This node's cluster-wide leases.
-        store.restart_budget();
-        match store.list_node(&self.opts.node) {
+        kube.restart_budget();
+        match kube.leases.list_node(&self.opts.node) {
             Ok(leases) => {
-                self.judge(StoreName::Kubernetes, &leases, &pods, now, store, &mut r);
-                self.prune(&leases, now, store, &mut r);
+                self.judge(StoreName::Kubernetes, &leases, &pods, now, kube, &mut r);
+                self.prune(&leases, now, kube, &mut r);
             }
             Err(KubeStoreError::CrdMissing { .. }) => {
                 log::debug!("the IPLease CRD is not installed: no cluster-wide leases to reconcile")
@@ -249,7 +249,7 @@ impl Reconciler {
                     for n in nets {
                         match fs.list(&n) {
                             Ok(leases) => {
-                                self.judge(StoreName::File, &leases, &pods, now, store, &mut r)
+                                self.judge(StoreName::File, &leases, &pods, now, kube, &mut r)
                             }
                             Err(e) => r
                                 .errors
@@ -265,7 +265,7 @@ impl Reconciler {
         // Only an agent that sweeps (a cluster without the node-scope policy) lists the other
         // nodes: the cluster-wide pool metrics are the controller's.
         if full && self.opts.sweep_dead_nodes {
-            self.sweep(now, store, &mut r);
+            self.sweep(now, kube, &mut r);
         }
         r
     }
@@ -278,7 +278,7 @@ impl Reconciler {
         leases: &[Lease],
         pods: &PodIndex,
         now: u64,
-        store: &KubeStore,
+        kube: &Kube,
         r: &mut PassReport,
     ) {
         r.examined += leases.len();
@@ -302,10 +302,10 @@ impl Reconciler {
             let (Some(ns), Some(name)) = (&lease.pod.namespace, &lease.pod.name) else {
                 continue;
             };
-            let Some(reason) = self.confirm(lease, ns, name, None, store, r) else {
+            let Some(reason) = self.confirm(lease, ns, name, None, kube, r) else {
                 continue;
             };
-            self.release(which, lease, reason, now, store, r);
+            self.release(which, lease, reason, now, kube, r);
         }
     }
 
@@ -313,14 +313,14 @@ impl Reconciler {
     /// (a day): DEL keeps a `Released` record for the cooldown and for sticky re-use and, in
     /// the cluster store, never lists the network to tidy up, so the node's agent does. Each
     /// delete carries the record's uid and resourceVersion: one re-leased since stays.
-    fn prune(&self, leases: &[Lease], now: u64, store: &KubeStore, r: &mut PassReport) {
+    fn prune(&self, leases: &[Lease], now: u64, kube: &Kube, r: &mut PassReport) {
         let retain = tether_leases::Policy::default().retain_released_s;
         for l in leases
             .iter()
             .filter(|l| !l.is_leased() && now.saturating_sub(l.since) >= retain)
         {
-            store.restart_budget();
-            match store.remove(l) {
+            kube.restart_budget();
+            match kube.leases.remove(l) {
                 Ok(Ok(())) => r.pruned += 1,
                 Ok(Err(_)) => r.lost_races += 1,
                 Err(e) => r.errors.push(format!(
@@ -340,14 +340,18 @@ impl Reconciler {
         ns: &str,
         name: &str,
         lost: Option<(&str, u64)>,
-        store: &KubeStore,
+        kube: &Kube,
         r: &mut PassReport,
     ) -> Option<StaleReason> {
-        store.restart_budget();
+        kube.restart_budget();
         // Where the node does not matter, the pod's metadata is enough (a smaller answer).
         let pod = match lost {
-            None => store.pod_uid(ns, name).map(|u| u.map(|uid| (uid, None))),
-            Some(_) => store
+            None => kube
+                .cluster
+                .pod_uid(ns, name)
+                .map(|u| u.map(|uid| (uid, None))),
+            Some(_) => kube
+                .cluster
                 .pod_placement(ns, name)
                 .map(|p| p.map(|p| (p.uid, p.node))),
         };
@@ -384,13 +388,13 @@ impl Reconciler {
         lease: &Lease,
         reason: StaleReason,
         now: u64,
-        store: &KubeStore,
+        kube: &Kube,
         r: &mut PassReport,
     ) {
         let outcome: Result<Result<Lease, tether_leases::Taken>, StoreError> = match which {
             StoreName::Kubernetes => {
-                store.restart_budget();
-                store.release(lease, now)
+                kube.restart_budget();
+                kube.leases.release(lease, now)
             }
             StoreName::File => match &self.opts.data_dir {
                 Some(d) => FileStore::new(d.clone()).release(lease, now),

@@ -7,7 +7,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tether_kube_store::{KubeStore, PodEvent, WatchEnd};
+use tether_kube_store::{Cluster, PodEvent, WatchEnd};
 use tether_leases::reclaim::PodIndex;
 
 use super::silence_check_every;
@@ -29,7 +29,7 @@ impl Reconciler {
         let stop_watch = Arc::new(AtomicBool::new(false));
         let watcher = match &self.opts.kube {
             Some(settings) => {
-                let store = KubeStore::connect(long_lived(settings)).map_err(|e| e.to_string())?;
+                let cluster = Cluster::connect(&long_lived(settings)).map_err(|e| e.to_string())?;
                 let cache = self.cache.clone();
                 // An agent watches its node's pods. The controller watches the node-agent pods'
                 // namespace: a node whose agent pod goes (the node was deleted, or drained) is
@@ -45,7 +45,7 @@ impl Reconciler {
                 Some(
                     std::thread::Builder::new()
                         .name("pod-watch".into())
-                        .spawn(move || watch_loop(&store, &sel, timeout, &cache, &tx, &stop_w))
+                        .spawn(move || watch_loop(&cluster, &sel, timeout, &cache, &tx, &stop_w))
                         .map_err(|e| format!("cannot start the pod watch: {e}"))?,
                 )
             }
@@ -55,13 +55,13 @@ impl Reconciler {
         // The controller passes only while it holds the election Lease (see leader.rs).
         let leading = Arc::new(AtomicBool::new(false));
         if let (true, Some(settings)) = (self.opts.controller, &self.opts.kube) {
-            let store = KubeStore::connect(long_lived(settings)).map_err(|e| e.to_string())?;
+            let cluster = Cluster::connect(&long_lived(settings)).map_err(|e| e.to_string())?;
             let (ns, id) = (self.opts.agent_namespace.clone(), self.opts.node.clone());
             let (lead, stop_e) = (leading.clone(), stop_watch.clone());
             helpers.push(
                 std::thread::Builder::new()
                     .name("election".into())
-                    .spawn(move || leader::campaign(&store, &ns, &id, &lead, &stop_e))
+                    .spawn(move || leader::campaign(&cluster, &ns, &id, &lead, &stop_e))
                     .map_err(|e| format!("cannot start the election: {e}"))?,
             );
         }
@@ -178,7 +178,7 @@ impl Reconciler {
 /// re-list on expiry (410) or error (with backoff). Wakes the pass loop on pod deletions and
 /// after each re-list.
 fn watch_loop(
-    store: &KubeStore,
+    cluster: &Cluster,
     sel: &str,
     timeout: Duration,
     cache: &Mutex<PodCache>,
@@ -204,8 +204,8 @@ fn watch_loop(
     };
     'relist: while keep_going() {
         let mut fresh: PodIndex = HashMap::new();
-        store.restart_budget();
-        let rv = match store.visit_pods(Some(sel), |k| {
+        cluster.restart_budget();
+        let rv = match cluster.visit_pods(Some(sel), |k| {
             fresh.insert((k.namespace, k.name), k.uid);
         }) {
             Ok(rv) => rv,
@@ -227,7 +227,7 @@ fn watch_loop(
         let _ = tx.send(Trigger::Relisted);
         let mut rv = rv;
         while keep_going() {
-            let result = store.watch_pods(Some(sel), &rv, timeout, &keep_going, |ev| {
+            let result = cluster.watch_pods(Some(sel), &rv, timeout, &keep_going, |ev| {
                 let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
                 match ev {
                     PodEvent::Upsert(k) => {

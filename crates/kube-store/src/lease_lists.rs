@@ -1,0 +1,124 @@
+//! The lease store's lists across networks and nodes, for the reconciler, the CLI and the
+//! monitor (the per-pod path never lists but to rebuild a node's journal once; see the crate
+//! docs):
+//!
+//! | call | request |
+//! |---|---|
+//! | [`KubeStore::list_all`] | LIST ipleases (every network) |
+//! | [`KubeStore::list_node`] | LIST ipleases `labelSelector=ipam.tether.dev/node=<node>` |
+//! | [`KubeStore::list_node_label`] | LIST ipleases by a node label value |
+//! | [`KubeStore::lease_node_labels`] | metadata-only LIST ipleases: node label → count |
+//!
+//! Each is one `resourceVersion=0` request served from the API server's watch cache with
+//! `list_from_cache` (the default; etcd 3.4 cannot serve consistent lists from the cache, so a
+//! consistent one reads every IPLease of the cluster), else consistent pages of `page_size`.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use tether_leases::Lease;
+
+use crate::convert::{Lenient, collect_leases};
+use crate::crd::{IPLease, NODE_LABEL, label_value};
+use crate::error::KubeStoreError;
+use crate::listing::ListRequest;
+use crate::store::KubeStore;
+
+/// A lease object reduced to its labels (a metadata-only list).
+#[derive(Deserialize, Default)]
+struct Labels {
+    #[serde(default)]
+    metadata: LabelsMeta,
+}
+
+#[derive(Deserialize, Default)]
+struct LabelsMeta {
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+}
+
+impl KubeStore {
+    /// Every lease of every network, for `tether leases` without `--network`. Malformed
+    /// objects are skipped with a warning.
+    pub fn list_all(&self) -> Result<Vec<Lease>, KubeStoreError> {
+        self.list_selected(None, "LIST of ipleases of every network", |_| true)
+    }
+
+    /// The leases recorded for `node` (label selector on the node label, then `spec.node ==
+    /// node`).
+    pub fn list_node(&self, node: &str) -> Result<Vec<Lease>, KubeStoreError> {
+        let sel = format!("{NODE_LABEL}={}", label_value(node));
+        self.list_selected(
+            Some(&sel),
+            &format!("LIST of ipleases of node {node:?}"),
+            |o| o.spec.node.as_deref() == Some(node),
+        )
+    }
+
+    /// The leases whose node label is `label` (a value from [`KubeStore::lease_node_labels`]),
+    /// whatever their `spec.node`.
+    pub fn list_node_label(&self, label: &str) -> Result<Vec<Lease>, KubeStoreError> {
+        let sel = format!("{NODE_LABEL}={label}");
+        self.list_selected(
+            Some(&sel),
+            &format!("LIST of ipleases with node label {label:?}"),
+            |_| true,
+        )
+    }
+
+    /// One LIST of leases (label `selector`, then `keep`), from the watch cache not older than
+    /// what this store has seen (so it reads its own writes), or in consistent pages.
+    pub(crate) fn list_selected(
+        &self,
+        selector: Option<&str>,
+        what: &str,
+        keep: impl Fn(&IPLease) -> bool,
+    ) -> Result<Vec<Lease>, KubeStoreError> {
+        let mut out = Vec::new();
+        let req = ListRequest {
+            path: &self.path,
+            what,
+            resource: None,
+            labels: selector,
+            fields: None,
+            metadata_only: false,
+            cache: self.api.list_from_cache.then(|| self.cache_list_params()),
+        };
+        self.api.list_each(&req, |items: Vec<Lenient>, fresh| {
+            if fresh {
+                out.clear();
+            }
+            collect_leases(items, &keep, &mut out);
+        })?;
+        Ok(out)
+    }
+
+    /// Node label values of every lease (metadata-only) with their lease counts. Leases
+    /// without a node label are counted under `""`.
+    pub fn lease_node_labels(&self) -> Result<BTreeMap<String, usize>, KubeStoreError> {
+        let mut out = BTreeMap::new();
+        let req = ListRequest {
+            path: &self.path,
+            what: "metadata-only LIST of ipleases",
+            resource: None,
+            labels: None,
+            fields: None,
+            metadata_only: true,
+            cache: self.api.any_cached(),
+        };
+        self.api.list_each(&req, |items: Vec<Labels>, fresh| {
+            if fresh {
+                out.clear();
+            }
+            for item in items {
+                let label = item
+                    .metadata
+                    .labels
+                    .and_then(|mut l| l.remove(NODE_LABEL))
+                    .unwrap_or_default();
+                *out.entry(label).or_insert(0) += 1;
+            }
+        })?;
+        Ok(out)
+    }
+}
