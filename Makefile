@@ -243,9 +243,13 @@ bench:
 fmt:
 	$(CARGO) fmt --all
 
-# The style gate of `make test`: formatting first (cheap), then clippy with warnings as errors.
+# The style gate of `make test`: formatting and the layout rules first (cheap: no import circle
+# between modules, no product file over 600 lines, no per-pod function over 80; see
+# conformance/structure.py), then clippy with warnings as errors.
 clippy:
 	$(CARGO) fmt --all --check
+	python3 conformance/structure.py --self-test
+	python3 conformance/structure.py
 	$(CARGO) fmt --all --check --manifest-path conformance/fuzz/Cargo.toml
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
