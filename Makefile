@@ -221,7 +221,7 @@ bench-kube: build
 # own node credential) with pod churn, node deletion, node silence and a real outage (kube-apiserver
 # killed, etcd kept), on a server of its own (conformance/kube/up.sh: target/bench-agents-k8s,
 # loopback, ports 38443/45790/45800, stopped at the end). `make test` runs the same scenario small
-# (ipam/tests/agents_faults.rs). Options in BENCH_AGENTS_ARGS, e.g. BENCH_AGENTS_ARGS="--nodes 10,100".
+# (ipam/operator/tests/agents_faults.rs). Options in BENCH_AGENTS_ARGS, e.g. BENCH_AGENTS_ARGS="--nodes 10,100".
 BENCH_AGENTS_ARGS ?=
 bench-agents: build
 	TETHER_BIN_DIR=$(CURDIR)/$(STATIC) $(BENCH_BIN) bench-agents $(if $(BENCH_AGENTS_ARGS),-- $(BENCH_AGENTS_ARGS))

@@ -72,7 +72,7 @@ mkdir -p "$(dirname "$PEERS_DIR")"
 
 # The CRD, then the rest of deploy/base (service accounts, RBAC, the node-scope policy, the
 # controller), exactly as an operator installs them. No controller-manager runs here, so the
-# DaemonSet and Deployment stay objects; the node-scope tests (ipam/tests/node_scope.rs) mint
+# DaemonSet and Deployment stay objects; the node-scope tests (ipam/operator/tests/node_scope.rs) mint
 # tokens of their service accounts.
 [ -x "$KUBECTL" ] || { log "no kubectl at $KUBECTL: .ci/deps.sh builds it (conformance/peers/build.sh)"; exit 1; }
 "$KUBECTL" --kubeconfig "$KC" apply -f "$CRD" >&2

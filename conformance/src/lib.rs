@@ -57,7 +57,7 @@ pub mod segment;
 pub use segment::{Capture, LeaseState, Segment, SlowRogue, first_candidates};
 
 // A simulated cluster on a real API server: node-agents as processes, faults, measurements
-// (ipam/tests/agents_faults.rs, src/bin/bench-agents.rs; see fleet/mod.rs).
+// (ipam/operator/tests/agents_faults.rs, src/bin/bench-agents.rs; see fleet/mod.rs).
 pub mod fleet;
 
 // Timing helpers for the benchmark binaries (src/bin/bench-ipam.rs, bench-probe.rs, bench-kube.rs).

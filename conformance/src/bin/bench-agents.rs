@@ -4,7 +4,7 @@
 //! addresses come from real `tether-ipam` ADDs — and one `tether controller`, then pod churn,
 //! node deletion, node silence and a real outage (kube-apiserver killed, etcd kept, started
 //! again). The scenario is conformance/src/fleet/scenario.rs, the one `make test` runs with 10
-//! nodes (ipam/tests/agents_faults.rs).
+//! nodes (ipam/operator/tests/agents_faults.rs).
 //!
 //! Each size gets a fresh control plane from `conformance/kube/up.sh` (kube-apiserver v1.36 + etcd,
 //! `deploy/base` applied, loopback only) in `target/bench-agents-k8s` on ports of its own,

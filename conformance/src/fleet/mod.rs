@@ -1,7 +1,7 @@
 //! A simulated cluster for scale and fault runs of the lease reconciler on a real API server:
 //! nodes as processes (each a `tether node-agent` with its own node's credential), their kubelets'
 //! heartbeats, the `tether controller`, and the faults (pod, node and heartbeat loss, an outage
-//! of the API server). ipam/tests/agents_faults.rs (in `make test`) and
+//! of the API server). ipam/operator/tests/agents_faults.rs (in `make test`) and
 //! src/bin/bench-agents.rs (`make bench-agents`) run the same [`scenario`].
 //!
 //! - [`api`]: the harness's admin client, a timestamping watch of a network's IPLeases, the

@@ -1,5 +1,5 @@
 //! The scale-and-faults scenario of issue 22, on a real API server, with simulated nodes as
-//! processes. `make test` runs it small (ipam/tests/agents_faults.rs, against the run's shared
+//! processes. `make test` runs it small (ipam/operator/tests/agents_faults.rs, against the run's shared
 //! server, the outage through a [`Proxy`]); `make bench-agents` runs it at 10 to 200 nodes on a
 //! server of its own and kills that server for the outage
 //! (conformance/src/bin/bench-agents.rs). Both get the same [`Report`]: the test asserts its

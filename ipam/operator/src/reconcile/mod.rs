@@ -77,9 +77,9 @@
 //! # Metrics and conflict Events
 //!
 //! The reconciler records its passes in a metrics [`Registry`]; whoever runs it starts the
-//! monitor ([`crate::operator::monitor`]: conflict Events on pods, pool and record gauges) and,
-//! with `metrics_addr`, the Prometheus endpoint ([`crate::operator::metrics`]) beside it
-//! ([`crate::operator::observers`]), so the reconciler knows neither. The cluster-wide pools are reported by the
+//! monitor ([`crate::monitor`]: conflict Events on pods, pool and record gauges) and,
+//! with `metrics_addr`, the Prometheus endpoint ([`crate::metrics`]) beside it
+//! ([`crate::observers`]), so the reconciler knows neither. The cluster-wide pools are reported by the
 //! leading controller (its monitor reports nothing else), or, on a cluster without the node-scope
 //! policy, by the agent that is the sweeper: no agent of the shipped DaemonSet reads other nodes.
 
@@ -97,11 +97,11 @@ use tether_kube_store::KubeStoreError;
 use tether_leases::reclaim::{PodIndex, StaleReason, stale};
 use tether_leases::{FileStore, Lease, LeaseStore, StoreError};
 
-use crate::operator::kube::Kube;
-use crate::operator::metrics::Registry;
-pub use crate::operator::options::Options;
-pub use crate::operator::report::{PassReport, Released, StoreName, describe};
-use crate::operator::report::{due_at, now_s};
+use crate::kube::Kube;
+use crate::metrics::Registry;
+pub use crate::options::Options;
+pub use crate::report::{PassReport, Released, StoreName, describe};
+use crate::report::{due_at, now_s};
 pub use lost_nodes::{silence_check_every, sweeper};
 
 /// (namespace, name) → uid of the pods of this node, kept by the watch thread.

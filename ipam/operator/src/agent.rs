@@ -3,16 +3,16 @@
 //! 1. Installs `tether-ipvlan` and `tether-ipam` into the host's CNI bin dir: copy to a temporary name
 //!    in the same directory, fsync, rename — kubelet never executes a half-written file.
 //! 2. Writes the kubeconfig the plugin uses (0600, directory 0700): the CA, and a token bound to
-//!    this node that it asks for and renews ([`crate::operator::plugin_token`]; it outlives this
+//!    this node that it asks for and renews ([`crate::plugin_token`]; it outlives this
 //!    pod), else this pod's own token; rewritten whenever either changes.
-//! 3. Runs the lease reconciler for this node ([`crate::operator::reconcile`]) on its own thread, with the
+//! 3. Runs the lease reconciler for this node ([`crate::reconcile`]) on its own thread, with the
 //!    pod's service account: this node's IPLeases and the file store under `--data-dir`, plus the
 //!    leases of deleted nodes while this agent is the sweeper. The live nodes and the sweeper come
 //!    from the DaemonSet's own pods (`--agent-namespace`, default this pod's namespace;
 //!    `--agent-selector`, default `app.kubernetes.io/name=tether`), so no access to nodes is
 //!    needed. `--once` runs one full pass.
-//! 4. With the reconciler, the monitor ([`crate::operator::monitor`]): a Warning Event on the pod whose ADD
-//!    met an address conflict, and with `--metrics-addr` Prometheus metrics ([`crate::operator::metrics`];
+//! 4. With the reconciler, the monitor ([`crate::monitor`]): a Warning Event on the pod whose ADD
+//!    met an address conflict, and with `--metrics-addr` Prometheus metrics ([`crate::metrics`];
 //!    docs/monitoring.md).
 
 use std::fs::{self, File, OpenOptions};
@@ -23,9 +23,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::operator::observers::Observers;
-use crate::operator::plugin_token::PluginToken;
-use crate::operator::reconcile::{self, Reconciler};
+use crate::observers::Observers;
+use crate::plugin_token::PluginToken;
+use crate::reconcile::{self, Reconciler};
 
 pub const BINARIES: &[&str] = &["tether-ipvlan", "tether-ipam"];
 
@@ -102,7 +102,7 @@ pub fn install_binaries(src: &Path, dst: &Path) -> Result<Vec<String>, String> {
 }
 
 /// A kubeconfig with the token and CA embedded, so the plugin needs no access to the pod's mounts:
-/// `token` (the node-bound one, [`crate::operator::plugin_token`]), else this pod's own.
+/// `token` (the node-bound one, [`crate::plugin_token`]), else this pod's own.
 pub fn kubeconfig(sa: &ServiceAccount, token: Option<&str>) -> Result<String, String> {
     let read = |f: &str| {
         fs::read(sa.dir.join(f)).map_err(|e| format!("reading {}: {e}", sa.dir.join(f).display()))

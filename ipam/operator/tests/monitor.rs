@@ -9,36 +9,29 @@ mod reconcile_support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use reconcile_support::*;
 use serde_json::{Value, json};
-use tether_ipam::operator::observers::Observers;
-use tether_ipam::operator::reconcile::{Options, Reconciler};
 use tether_kube_store::KubeStore;
 use tether_leases::{
     AddRequest, Allocator, FileStore, LeaseState, LeaseStore, PodRef, ScriptedProber, SystemClock,
     start_offset,
 };
+use tether_operator::observers::Observers;
+use tether_operator::reconcile::{Options, Reconciler};
 use tether_pool::PoolConfig;
 
 const ROGUE: &str = "02:00:00:00:00:99";
-
-fn peers_dir() -> PathBuf {
-    std::env::var_os("TETHER_PEERS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/peers"))
-}
 
 /// Multus' NAD CRD, created unless the server has it, and Established.
 fn nad_crd(env: &Env) {
     let crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
     let name = "network-attachment-definitions.k8s.cni.cncf.io";
     if env.get_json(crds, Some(name)).is_err() {
-        let path = peers_dir().join("nad-crd.yaml");
+        let path = tether_conformance::paths::peers_dir().join("nad-crd.yaml");
         let text =
             std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let crd: Value = serde_saphyr::from_str(&text).unwrap();
@@ -423,7 +416,7 @@ fn file_store_pools_are_per_node_and_their_conflicts_are_events_too() {
         "ipam": {"type": "tether-ipam", "range": "10.79.0.0/29", "dataDir": data}}]});
     let _nad = nad(&env, ns, "local", &conf);
     let cfg = PoolConfig::from_value(
-        &tether_ipam::operator::monitor::tether_ipam_configs(&conf.to_string(), "local")[0],
+        &tether_operator::monitor::tether_ipam_configs(&conf.to_string(), "local")[0],
     )
     .unwrap();
     let fs = FileStore::new(data.clone());

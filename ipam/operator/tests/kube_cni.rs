@@ -28,11 +28,7 @@ fn call_as(node: Option<&str>, verb: &str, cid: &str, conf: &Value) -> (i32, Val
         ),
     ];
     env.extend(node.map(|n| ("NODE_NAME", n.to_string())));
-    run_ipam(
-        std::path::Path::new(env!("CARGO_BIN_EXE_tether-ipam")),
-        &env,
-        conf,
-    )
+    run_ipam(&ipam_bin(), &env, conf)
 }
 
 fn conf(kubeconfig: &std::path::Path, timeout_s: u64, network: &str) -> Value {
@@ -148,9 +144,8 @@ fn gc_on_one_node_releases_only_that_nodes_stale_leases() {
     std::fs::create_dir_all(&netconf).unwrap();
     let list = json!({"cniVersion": "1.1.0", "name": net, "plugins": [{"type": "tether-ipam", "ipam": ipam("node-a")}]});
     std::fs::write(netconf.join(format!("{net}.conflist")), list.to_string()).unwrap();
-    let plugin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_tether-ipam"))
-        .parent()
-        .unwrap();
+    let ipam = ipam_bin();
+    let plugin_dir = ipam.parent().unwrap();
     let out = Command::new(&cnitool)
         .args(["gc", net, "/run/netns/unused"])
         .env("NETCONFPATH", &netconf)
@@ -208,7 +203,7 @@ fn a_sandbox_re_created_while_the_api_server_is_away_keeps_its_address() {
     let (up, down) = (conf_with(&env.kubeconfig), conf_with(&away));
     let sandbox = |verb: &str, cid: &str, pod: &str, uid: &str, c: &Value| {
         run_ipam(
-            std::path::Path::new(env!("CARGO_BIN_EXE_tether-ipam")),
+            &ipam_bin(),
             &[
                 ("CNI_COMMAND", verb.to_string()),
                 ("CNI_CONTAINERID", cid.to_string()),

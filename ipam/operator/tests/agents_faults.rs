@@ -25,7 +25,7 @@ const SILENCE_MARGIN: Duration = Duration::from_secs(30);
 const RECOVERY: Duration = Duration::from_secs(30);
 
 /// What an agent may cost per minute, from what it does for its own node only (the module docs
-/// of ipam/src/operator/reconcile.rs and monitor.rs): the monitor's two rounds a minute each
+/// of ipam/operator/src/reconcile/ and monitor.rs): the monitor's two rounds a minute each
 /// LIST this node's leases and the NADs (4 requests, 2 × its records read), the pod watch
 /// renewed and bookmarked about once a minute, and for each pod of its node deleted a pass (a
 /// LIST of its leases, a GET of the pod, the release: 3 requests, its records read again, plus
@@ -72,7 +72,7 @@ fn ten_nodes_reclaim_in_time_recover_from_an_outage_and_read_only_their_own_pods
         kubeconfig: &env.kubeconfig,
         bins: Bins {
             tether: env!("CARGO_BIN_EXE_tether").into(),
-            tether_ipam: env!("CARGO_BIN_EXE_tether-ipam").into(),
+            tether_ipam: ipam_bin(),
         },
         dir: env.dir.path(),
         prefix: &env.id,

@@ -13,11 +13,11 @@ use serde_json::{Value, json};
 use tether_kube_store::KubeSettings;
 use tether_pool::{PoolConfig, StoreKind};
 
-use crate::operator::doctor;
-use crate::operator::options;
-use crate::operator::output::{EXIT_FAILED, EXIT_OK, EXIT_USAGE, Output};
-use crate::operator::reconcile;
-use crate::operator::store_access::{StoreArgs, read_network_config};
+use crate::doctor;
+use crate::options;
+use crate::output::{EXIT_FAILED, EXIT_OK, EXIT_USAGE, Output};
+use crate::reconcile;
+use crate::store_access::{StoreArgs, read_network_config};
 
 mod lease_commands;
 pub use lease_commands::{age, lease_json};
@@ -273,7 +273,7 @@ impl ReconcileArgs {
         o.metrics_addr = self
             .metrics_addr
             .as_deref()
-            .map(crate::operator::metrics::parse_listen_addr)
+            .map(crate::metrics::parse_listen_addr)
             .transpose()?;
         if self.monitor_interval_s == 0 {
             return Err("--monitor-interval-s must be at least 1".into());
@@ -334,7 +334,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
         } => {
             tether_cni::logging::install("tether");
             // Before any thread exists: they all inherit the blocked signals.
-            let stop = (!once).then(crate::operator::termination::stop_flag);
+            let stop = (!once).then(crate::termination::stop_flag);
             // The plugin's node-bound token is asked for with this pod's own credential.
             let mut plugin_token_api = match kubeconfig.clone() {
                 Some(p) => Some(KubeSettings::with_kubeconfig(p)),
@@ -362,7 +362,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
             ) {
                 p.traffic = k.traffic.clone();
             }
-            let opts = crate::operator::agent::AgentOptions {
+            let opts = crate::agent::AgentOptions {
                 source_dir,
                 cni_bin_dir,
                 kubeconfig_out,
@@ -372,7 +372,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
                 reconcile,
                 once,
             };
-            crate::operator::agent::run(&opts, stop.unwrap_or_default(), || {}).map(|()| EXIT_OK)
+            crate::agent::run(&opts, stop.unwrap_or_default(), || {}).map(|()| EXIT_OK)
         }
         Cmd::Reconcile {
             kubeconfig,
@@ -498,7 +498,7 @@ pub fn validate_warnings(cfg: &PoolConfig, node_local: bool) -> Vec<String> {
 
 fn run_reconcile(opts: reconcile::Options, once: bool, output: Output) -> Result<i32, String> {
     // Before any thread exists (the reconciler's store starts some): they inherit the blocked signals.
-    let stop = (!once).then(crate::operator::termination::stop_flag);
+    let stop = (!once).then(crate::termination::stop_flag);
     let r = reconcile::Reconciler::new(opts)?;
     if once {
         let report = r.pass(true);

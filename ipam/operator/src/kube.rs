@@ -4,7 +4,7 @@
 
 use tether_kube_store::{ApiClient, Cluster, KubeSettings, KubeStore};
 
-use crate::operator::options::long_lived;
+use crate::options::long_lived;
 
 /// The lease store and the cluster reader over one client.
 pub struct Kube {

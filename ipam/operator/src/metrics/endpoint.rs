@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::Registry;
-use crate::operator::report::now_s;
+use crate::report::now_s;
 
 /// Serve `registry` on `listener` until `stop`: `GET /metrics`, `GET /healthz` (anything else: 404). One
 /// connection at a time, each bounded by a 5 s timeout: a scrape every few seconds is the load.
@@ -105,7 +105,7 @@ pub fn start(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operator::metrics::STALL_S;
+    use crate::metrics::STALL_S;
 
     #[test]
     fn listen_addresses() {

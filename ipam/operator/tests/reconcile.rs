@@ -14,9 +14,9 @@ use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use reconcile_support::*;
-use tether_ipam::operator::reconcile::{Options, Reconciler, StoreName, sweeper};
 use tether_leases::reclaim::StaleReason;
 use tether_leases::{FileStore, LeaseStore};
+use tether_operator::reconcile::{Options, Reconciler, StoreName, sweeper};
 
 const OLD: u64 = 3600; // seconds: well past any grace period
 
@@ -515,7 +515,7 @@ fn sweep_setup(env: &Env) -> Sweep {
 }
 
 /// The released addresses of `net` in these reports.
-fn released_in(net: &str, r: &tether_ipam::operator::reconcile::PassReport) -> Vec<String> {
+fn released_in(net: &str, r: &tether_operator::reconcile::PassReport) -> Vec<String> {
     r.released
         .iter()
         .filter(|x| x.lease.network == net)

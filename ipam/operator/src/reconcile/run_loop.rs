@@ -12,9 +12,9 @@ use tether_leases::reclaim::PodIndex;
 
 use super::silence_check_every;
 use super::{PodCache, Reconciler, Trigger};
-use crate::operator::leader;
-use crate::operator::options::long_lived;
-use crate::operator::report::{PassReport, log_report, now_s};
+use crate::leader;
+use crate::options::long_lived;
+use crate::report::{PassReport, log_report, now_s};
 
 impl Reconciler {
     /// Run until `stop` is set: the pod watch on its own thread, a pass after each pod deletion

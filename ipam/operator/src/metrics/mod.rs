@@ -1,5 +1,5 @@
 //! The node-agent's Prometheus metrics: a registry the reconciler and the monitor
-//! ([`crate::operator::monitor`]) fill, rendered in the text exposition format (0.0.4) by a small HTTP
+//! ([`crate::monitor`]) fill, rendered in the text exposition format (0.0.4) by a small HTTP
 //! server on its own thread (`GET /metrics`). Hand-written: a dozen metric families do not need
 //! a metrics crate, and the agent stays one small static binary. docs/monitoring.md lists them.
 
@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tether_kube_store::ApiTraffic;
 use tether_leases::RangeStatus;
 
-use crate::operator::report::{PassReport, StoreName};
+use crate::report::{PassReport, StoreName};
 
 mod endpoint;
 pub use endpoint::{parse_listen_addr, serve, start};

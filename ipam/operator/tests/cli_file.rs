@@ -304,7 +304,7 @@ fn validate_version_help_and_usage() {
 /// The per-pod plugin takes no operator commands: a person typing one gets told where it went.
 #[test]
 fn the_plugin_binary_points_operator_commands_to_tether() {
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_tether-ipam"))
+    let o = std::process::Command::new(ipam_bin())
         .args(["leases", "--data-dir", "/nonexistent"])
         .env_remove("CNI_COMMAND")
         .output()

@@ -33,10 +33,10 @@ use tether_kube_store::{KubeStoreError, NadConfig, PodWarning, Posted};
 use tether_leases::{Allocator, FileStore, Lease, LeaseState, LeaseStore, NoProbe, SystemClock};
 use tether_pool::{PoolConfig, StoreKind};
 
-use crate::operator::kube::Kube;
-use crate::operator::metrics::{PoolGauge, Registry, store_label};
-use crate::operator::options::Options;
-use crate::operator::report::{StoreName, now_s};
+use crate::kube::Kube;
+use crate::metrics::{PoolGauge, Registry, store_label};
+use crate::options::Options;
+use crate::report::{StoreName, now_s};
 
 /// The Event reason of an address conflict.
 pub const CONFLICT_REASON: &str = "AddressConflict";

@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 use tether_kube_store::Cluster;
 use tether_leases::{Lease, LeaseState};
 
-use crate::operator::output::{EXIT_OK, EXIT_REFUSED, Output, print_table};
-use crate::operator::store_access::{OpenStore, StoreArgs};
+use crate::output::{EXIT_OK, EXIT_REFUSED, Output, print_table};
+use crate::store_access::{OpenStore, StoreArgs};
 
 pub(super) fn now() -> u64 {
     std::time::SystemTime::now()

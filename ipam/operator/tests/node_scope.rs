@@ -308,7 +308,7 @@ fn a_deleted_nodes_pods_collected_together_are_reclaimed_within_seconds() {
     c["ipam"]["kubernetes"] = json!({"kubeconfig": b.kubeconfig, "timeout_s": 10});
     c["ipam"]["dataDir"] = json!(b.dir);
     let (code, r) = run_ipam(
-        Path::new(env!("CARGO_BIN_EXE_tether-ipam")),
+        &ipam_bin(),
         &[
             ("CNI_COMMAND", "ADD".to_string()),
             ("CNI_CONTAINERID", "ctr-worker".to_string()),

@@ -3,16 +3,16 @@
 //! and `tether reconcile`/`tether controller` start them next to [`Reconciler::run`], so the
 //! reconciler knows neither.
 //!
-//! [`Reconciler::run`]: crate::operator::reconcile::Reconciler::run
+//! [`Reconciler::run`]: crate::reconcile::Reconciler::run
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
-use crate::operator::metrics::{self, Registry};
-use crate::operator::monitor::Monitor;
-use crate::operator::options::Options;
+use crate::metrics::{self, Registry};
+use crate::monitor::Monitor;
+use crate::options::Options;
 
 /// The running observers; [`Observers::stop`] ends them.
 pub struct Observers {

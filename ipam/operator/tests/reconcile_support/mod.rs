@@ -196,8 +196,8 @@ impl Env {
     /// Options of the reconciler of `node` on this server, reacting to pod events within 50 ms.
     /// No dead-node sweep: a sweep judges the leases of the whole cluster, which tests running at
     /// the same time share (the sweep tests turn it on).
-    pub fn reconciler_options(&self, node: &str) -> tether_ipam::operator::reconcile::Options {
-        let mut o = tether_ipam::operator::reconcile::Options::new(node);
+    pub fn reconciler_options(&self, node: &str) -> tether_operator::reconcile::Options {
+        let mut o = tether_operator::reconcile::Options::new(node);
         o.kube = Some(self.settings());
         o.debounce = Duration::from_millis(50);
         o.agent_namespace = self.agent_ns().to_string();
@@ -616,8 +616,20 @@ pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Durati
     None
 }
 
-/// Run the operator binary `tether` as a person would (no CNI_COMMAND, no in-cluster variables).
-/// Runs tether-ipam (`CARGO_BIN_EXE_tether-ipam`, from the test crate) as a runtime would: `env`
+/// The plugin binary `tether-ipam`, built beside `tether` (a package of its own, so cargo names
+/// only `tether` to these tests; `cargo test --workspace`, `make unit` and `make test` build every
+/// binary of the workspace).
+pub fn ipam_bin() -> PathBuf {
+    let p = Path::new(env!("CARGO_BIN_EXE_tether")).with_file_name("tether-ipam");
+    assert!(
+        p.is_file(),
+        "{} is not built: build the workspace's binaries first (cargo build --workspace --bins)",
+        p.display()
+    );
+    p
+}
+
+/// Runs tether-ipam ([`ipam_bin`]) as a runtime would: `env`
 /// only (the caller's environment is cleared), `conf` on stdin. Returns the exit code and the
 /// JSON on stdout (Null when empty).
 pub fn run_ipam(ipam: &Path, env: &[(&str, String)], conf: &Value) -> (i32, Value) {
@@ -671,7 +683,7 @@ pub fn call_on_node(
     conf["ipam"]["kubernetes"] = json!({"kubeconfig": node.kubeconfig, "timeout_s": 10});
     conf["ipam"]["dataDir"] = json!(node.dir);
     run_ipam(
-        Path::new(env!("CARGO_BIN_EXE_tether-ipam")),
+        &ipam_bin(),
         &[
             ("CNI_COMMAND", verb.to_string()),
             ("CNI_CONTAINERID", format!("ctr-{sandbox}")),
@@ -689,6 +701,7 @@ pub fn call_on_node(
     )
 }
 
+/// Run the operator binary `tether` as a person would (no CNI_COMMAND, no in-cluster variables).
 pub fn tether(args: &[&str]) -> Output {
     tether_env(args, &[])
 }

@@ -10,8 +10,8 @@ use tether_leases::Lease;
 use tether_leases::reclaim::PodIndex;
 
 use super::Reconciler;
-use crate::operator::kube::Kube;
-use crate::operator::report::{PassReport, StoreName, due_at, now_s};
+use crate::kube::Kube;
+use crate::report::{PassReport, StoreName, due_at, now_s};
 
 /// FNV-1a, 64 bit: the sweeper is the agent node with the lowest hash (stable across agents
 /// and releases, independent of name order).

@@ -13,7 +13,7 @@ pub const DEFAULT_GRACE_S: u64 = 120;
 pub const DEFAULT_INTERVAL_S: u64 = 600;
 /// Default grace of a silent node (no kubelet heartbeat, not `Ready`) before the controller
 /// releases the leases of its pods: detected within
-/// [`silence_check_every`](crate::operator::reconcile::silence_check_every) more, so a silent
+/// [`silence_check_every`](crate::reconcile::silence_check_every) more, so a silent
 /// node's addresses are back within 5 minutes.
 pub const DEFAULT_NODE_LOST_GRACE_S: u64 = 240;
 /// The shortest node-lost grace accepted: above the node lifecycle controller's own
@@ -73,7 +73,7 @@ pub struct Options {
     /// Controller only: release the leases of pods bound to a node that has not renewed its
     /// heartbeat Lease (`kube-node-lease`) for this long and is not `Ready` (the node stopped
     /// reporting without being deleted). 0: never. See
-    /// [`Reconciler::silence_pass`](crate::operator::reconcile::Reconciler::silence_pass).
+    /// [`Reconciler::silence_pass`](crate::reconcile::Reconciler::silence_pass).
     pub node_lost_grace_s: u64,
     /// Namespace of the node-agent's pods (`--agent-namespace`).
     pub agent_namespace: String,

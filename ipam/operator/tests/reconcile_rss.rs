@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! TETHER_TEST_KUBECONFIG=$(conformance/kube/up.sh) \
-//!   cargo test --release -p tether-ipam --test reconcile_rss -- --ignored --nocapture
+//!   cargo test --release -p tether-operator --test reconcile_rss -- --ignored --nocapture
 //! ```
 //!
 //! and read the `RSS` lines. It fails above `TETHER_RSS_LIMIT_MIB` (default 64).
@@ -96,7 +96,7 @@ fn measure(tag: &str, pods_on_me: usize, nodes: usize) {
             .unwrap()
             .unwrap();
     }
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tether-ipam"))
+    let mut child = Command::new(ipam_bin())
         .args([
             "reconcile",
             "--kubeconfig",
@@ -114,7 +114,7 @@ fn measure(tag: &str, pods_on_me: usize, nodes: usize) {
         .unwrap();
     let pid = child.id();
     // The first full pass: releases (stale of this node) + the sweep (this node is the sweeper?).
-    let sweeper = tether_ipam::operator::reconcile::sweeper(&node_names)
+    let sweeper = tether_operator::reconcile::sweeper(&node_names)
         .unwrap()
         .to_string();
     let stale_mine = (0..pods_on_me.min(2000)).filter(|i| i % 4 == 0).count();

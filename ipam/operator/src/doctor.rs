@@ -168,7 +168,7 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
         ProbeConfig::Enabled {
             timeout_ms,
             attempts,
-        } => crate::plugin::prober::budget(timeout_ms, attempts),
+        } => tether_ipam::plugin::prober::budget(timeout_ms, attempts),
         ProbeConfig::Disabled => ProbeBudget::default(),
     };
     let held: Vec<IpAddr> = leases
