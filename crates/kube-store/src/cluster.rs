@@ -24,17 +24,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::TryStreamExt;
 /// The coordination.k8s.io/v1 Lease that elects the active `tether controller`.
 pub use k8s_openapi::api::coordination::v1::Lease as ElectionLease;
+use kube::core::Request;
 use kube::core::params::{GetParams, WatchParams};
-use kube::core::{Request, WatchEvent};
 use serde::Deserialize;
 
-use crate::api::{ApiClient, Verb, failure_code};
+use crate::api::{ApiClient, Verb};
 use crate::error::KubeStoreError;
 use crate::listing::ListRequest;
 use crate::settings::KubeSettings;
+use crate::watching::{Change, Versioned, WatchEnd, WatchRequest};
 
 /// The few metadata fields tether reads from pods and leases.
 #[derive(Deserialize, Clone, Debug, Default)]
@@ -98,19 +98,6 @@ pub enum PodEvent {
     Upsert(PodKey),
     /// The pod was deleted.
     Deleted(PodKey),
-}
-
-/// How a pod watch ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WatchEnd {
-    /// The server closed it (its timeout) or the caller stopped it; resume from this
-    /// resourceVersion.
-    Closed {
-        /// Last resourceVersion seen.
-        resource_version: String,
-    },
-    /// `410 Gone`/`Expired`: the resourceVersion is too old; list again.
-    Expired,
 }
 
 /// What the operator asks the API server beyond the leases: pods, nodes, NADs, Events, the
@@ -257,50 +244,29 @@ impl Cluster {
         let req = Request::new("/api/v1/pods")
             .watch_metadata(&wp, resource_version)
             .map_err(|e| self.api.protocol(what, e.to_string()))?;
-        self.api
-            .counter(Verb::List)
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (client, rt, traffic) = self.api.unbudgeted();
-        traffic.record("watch", None);
-        let mut rv = resource_version.to_string();
-        let outcome: Result<WatchEnd, kube::Error> = rt.block_on(async {
-            let deadline = tokio::time::sleep(timeout + Duration::from_secs(15));
-            tokio::pin!(deadline);
-            let mut tick = tokio::time::interval(Duration::from_millis(200));
-            let stream = tokio::select! {
-                s = client.request_events::<LiteObject>(req) => s?,
-                _ = &mut deadline => return Ok(WatchEnd::Closed { resource_version: rv.clone() }),
-            };
-            tokio::pin!(stream);
-            loop {
-                tokio::select! {
-                    ev = stream.try_next() => match ev? {
-                        None => return Ok(WatchEnd::Closed { resource_version: rv.clone() }),
-                        Some(WatchEvent::Added(o)) | Some(WatchEvent::Modified(o)) => {
-                            if let Some(v) = o.metadata_rv() { rv = v; }
-                            if let Some(k) = PodKey::from_meta(o.metadata) { f(PodEvent::Upsert(k)); }
-                        }
-                        Some(WatchEvent::Deleted(o)) => {
-                            if let Some(v) = o.metadata_rv() { rv = v; }
-                            if let Some(k) = PodKey::from_meta(o.metadata) { f(PodEvent::Deleted(k)); }
-                        }
-                        Some(WatchEvent::Bookmark(b)) => rv = b.metadata.resource_version,
-                        Some(WatchEvent::Error(s)) if s.code == 410 => return Ok(WatchEnd::Expired),
-                        Some(WatchEvent::Error(s)) => return Err(kube::Error::Api(s)),
-                    },
-                    _ = tick.tick() => if !keep_going() {
-                        return Ok(WatchEnd::Closed { resource_version: rv.clone() });
-                    },
-                    _ = &mut deadline => return Ok(WatchEnd::Closed { resource_version: rv.clone() }),
+        let w = WatchRequest {
+            req,
+            what,
+            resource: Some("pods"),
+        };
+        self.api.watch_each(
+            w,
+            resource_version,
+            timeout,
+            keep_going,
+            |c: Change<LiteObject>| match c {
+                Change::Upsert(o) => {
+                    if let Some(k) = PodKey::from_meta(o.metadata) {
+                        f(PodEvent::Upsert(k))
+                    }
                 }
-            }
-        });
-        traffic.record_failure("watch", outcome.as_ref().err().and_then(failure_code));
-        match outcome {
-            Ok(end) => Ok(end),
-            Err(kube::Error::Api(s)) if s.code == 410 => Ok(WatchEnd::Expired),
-            Err(e) => Err(self.api.map_other("watch", "pods", what, e)),
-        }
+                Change::Deleted(o) => {
+                    if let Some(k) = PodKey::from_meta(o.metadata) {
+                        f(PodEvent::Deleted(k))
+                    }
+                }
+            },
+        )
     }
 
     /// The distinct names of the nodes that run a pod of `namespace` matching `label_selector`
@@ -341,8 +307,8 @@ impl Cluster {
     }
 }
 
-impl LiteObject {
-    fn metadata_rv(&self) -> Option<String> {
+impl Versioned for LiteObject {
+    fn resource_version(&self) -> Option<String> {
         self.metadata.resource_version.clone()
     }
 }

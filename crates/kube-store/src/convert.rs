@@ -188,12 +188,24 @@ pub(crate) fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de
     Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone, Debug)]
 #[serde(untagged)]
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Lenient {
     Ok(IPLease),
     Bad(Value),
+}
+
+impl crate::watching::Versioned for Lenient {
+    fn resource_version(&self) -> Option<String> {
+        match self {
+            Lenient::Ok(o) => o.metadata.resource_version.clone(),
+            Lenient::Bad(v) => v
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+        }
+    }
 }
 
 /// Decode one page of a lease LIST into `out`: objects `keep` accepts become leases; malformed

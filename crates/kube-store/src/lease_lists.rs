@@ -8,13 +8,17 @@
 //! | [`KubeStore::list_node`] | LIST ipleases `labelSelector=ipam.tether.dev/node=<node>` |
 //! | [`KubeStore::list_node_label`] | LIST ipleases by a node label value |
 //! | [`KubeStore::lease_node_labels`] | metadata-only LIST ipleases: node label → count |
+//! | [`KubeStore::list_node_at`], [`KubeStore::watch_node`] | this node's leases and their changes (the node-agent's lease service keeps them) |
 //!
 //! Each is one `resourceVersion=0` request served from the API server's watch cache with
 //! `list_from_cache` (the default; etcd 3.4 cannot serve consistent lists from the cache, so a
 //! consistent one reads every IPLease of the cluster), else consistent pages of `page_size`.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use kube::core::Request;
+use kube::core::params::WatchParams;
 use serde::Deserialize;
 use tether_leases::Lease;
 
@@ -23,6 +27,7 @@ use crate::crd::{IPLease, NODE_LABEL, label_value};
 use crate::error::KubeStoreError;
 use crate::listing::ListRequest;
 use crate::store::KubeStore;
+use crate::watching::{Change, WatchEnd, WatchRequest};
 
 /// A lease object reduced to its labels (a metadata-only list).
 #[derive(Deserialize, Default)]
@@ -55,6 +60,63 @@ impl KubeStore {
         )
     }
 
+    /// [`KubeStore::list_node`], with the list's resourceVersion to watch from.
+    pub fn list_node_at(&self, node: &str) -> Result<(Vec<Lease>, String), KubeStoreError> {
+        let sel = format!("{NODE_LABEL}={}", label_value(node));
+        self.list_selected_at(
+            Some(&sel),
+            &format!("LIST of ipleases of node {node:?}"),
+            |o| o.spec.node.as_deref() == Some(node),
+        )
+    }
+
+    /// Watch the leases of `node` (its node label) from `resource_version` (of
+    /// [`KubeStore::list_node_at`]), calling `f` per change, for at most `timeout` or until
+    /// `keep_going()` turns false. A lease another node takes over leaves the selection: it
+    /// arrives as [`Change::Deleted`]. Malformed objects are skipped with a warning.
+    pub fn watch_node(
+        &self,
+        node: &str,
+        resource_version: &str,
+        timeout: Duration,
+        keep_going: &dyn Fn() -> bool,
+        mut f: impl FnMut(Change<Lease>),
+    ) -> Result<WatchEnd, KubeStoreError> {
+        let what = format!("WATCH of ipleases of node {node:?}");
+        let wp = WatchParams::default()
+            .timeout(timeout.as_secs().clamp(1, 3600) as u32)
+            .labels(&format!("{NODE_LABEL}={}", label_value(node)));
+        let req = Request::new(&self.path)
+            .watch(&wp, resource_version)
+            .map_err(|e| self.api.protocol(&what, e.to_string()))?;
+        let w = WatchRequest {
+            req,
+            what: &what,
+            resource: None,
+        };
+        self.api.watch_each(
+            w,
+            resource_version,
+            timeout,
+            keep_going,
+            |c: Change<Lenient>| {
+                let (item, deleted) = match c {
+                    Change::Upsert(i) => (i, false),
+                    Change::Deleted(i) => (i, true),
+                };
+                let mut one = Vec::with_capacity(1);
+                collect_leases(vec![item], |_| true, &mut one);
+                for l in one {
+                    f(if deleted {
+                        Change::Deleted(self.seen(l))
+                    } else {
+                        Change::Upsert(self.seen(l))
+                    });
+                }
+            },
+        )
+    }
+
     /// The leases whose node label is `label` (a value from [`KubeStore::lease_node_labels`]),
     /// whatever their `spec.node`.
     pub fn list_node_label(&self, label: &str) -> Result<Vec<Lease>, KubeStoreError> {
@@ -74,6 +136,16 @@ impl KubeStore {
         what: &str,
         keep: impl Fn(&IPLease) -> bool,
     ) -> Result<Vec<Lease>, KubeStoreError> {
+        self.list_selected_at(selector, what, keep).map(|(l, _)| l)
+    }
+
+    /// [`KubeStore::list_selected`] and the list's resourceVersion.
+    fn list_selected_at(
+        &self,
+        selector: Option<&str>,
+        what: &str,
+        keep: impl Fn(&IPLease) -> bool,
+    ) -> Result<(Vec<Lease>, String), KubeStoreError> {
         let mut out = Vec::new();
         let req = ListRequest {
             path: &self.path,
@@ -84,13 +156,13 @@ impl KubeStore {
             metadata_only: false,
             cache: self.api.list_from_cache.then(|| self.cache_list_params()),
         };
-        self.api.list_each(&req, |items: Vec<Lenient>, fresh| {
+        let rv = self.api.list_each(&req, |items: Vec<Lenient>, fresh| {
             if fresh {
                 out.clear();
             }
             collect_leases(items, &keep, &mut out);
         })?;
-        Ok(out)
+        Ok((out, rv))
     }
 
     /// Node label values of every lease (metadata-only) with their lease counts. Leases

@@ -59,11 +59,12 @@ pub mod settings;
 pub mod store;
 pub mod token_claims;
 pub mod traffic;
+pub mod watching;
 
 pub use access::{Access, CrdState, Identity, NodeScope};
 pub use api::{ApiClient, RequestCounts};
 pub use backoff::jittered;
-pub use cluster::{Cluster, PodEvent, PodKey, WatchEnd};
+pub use cluster::{Cluster, PodEvent, PodKey};
 pub use crd::{IPLease, IPLeaseSpec, LeasePhase, PodInfo, Quarantine, crd_yaml, object_name};
 pub use credentials::check_credentials;
 pub use error::{CredentialSource, KubeStoreError};
@@ -73,3 +74,4 @@ pub use nodes::{NODE_LEASE_NAMESPACE, NodeHealth, PodPlacement};
 pub use settings::{DEFAULT_PAGE_SIZE, DEFAULT_TIMEOUT, KubeSettings};
 pub use store::KubeStore;
 pub use traffic::ApiTraffic;
+pub use watching::{Change, WatchEnd};

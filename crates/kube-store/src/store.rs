@@ -121,6 +121,12 @@ impl KubeStore {
         self.api.remaining()
     }
 
+    /// Remember the resourceVersion of a record read (see `seen_rv`).
+    pub(crate) fn seen(&self, l: Lease) -> Lease {
+        self.saw(&l);
+        l
+    }
+
     /// Remember the resourceVersion of a record read or written (see `seen_rv`).
     fn saw(&self, l: &Lease) -> Lease {
         if let Some(rv) = l

@@ -109,7 +109,12 @@ impl LeaseStore for Node {
     fn claim(&self, new: Lease, expected: Option<&Lease>) -> CasResult<Lease> {
         self.reach()?;
         self.writes.set(self.writes.get() + 1);
-        self.cluster.claim(new, expected)
+        let r = self.cluster.claim(new, expected);
+        // The Kubernetes store reads the record a lost write met (409 → GET): count it.
+        if let Ok(Err(Taken { current: Some(_) })) = &r {
+            self.gets.set(self.gets.get() + 1);
+        }
+        r
     }
     fn remove(&self, expected: &Lease) -> Result<Result<(), Taken>, StoreError> {
         self.reach()?;
@@ -171,8 +176,8 @@ fn add_del_check_cost_single_records_and_never_a_list() {
     let got = a.add(&req).unwrap();
     assert_eq!(
         n.counts(),
-        (0, 1, 1),
-        "uncontended ADD: one read, one create"
+        (0, 0, 1),
+        "uncontended ADD: one create, no read"
     );
     let start = range("10.0.0.0/16")
         .nth(walk_start(&req, 0) % range("10.0.0.0/16").usable_count())
@@ -337,7 +342,34 @@ fn sandbox_recreate_and_sticky_without_a_list() {
         .add(&req_on(&nb, "c3", pod("ns", "train-0", "u2")))
         .unwrap();
     assert_eq!(back[0].address, first, "sticky across nodes");
-    assert_eq!(nb.counts(), (0, 1, 1));
+    // The CREATE meets its record (409), the read shows it is train-0's, the UPDATE takes it.
+    assert_eq!(nb.counts(), (0, 1, 2));
+}
+
+#[test]
+fn a_free_candidate_is_created_at_once_and_a_busy_walk_reads_first() {
+    let (c, d) = (TempDir::new("pm-busy-c"), TempDir::new("pm-busy-d"));
+    let n = Node::new(&c, &d, "a");
+    let clock = FakeClock::new(1_000_000);
+    let a = alloc(&n, "10.0.0.0/24", &NoProbe, &clock);
+    let r = range("10.0.0.0/24");
+    let req = req_on(&n, "c1", pod("ns", "train-5", "u1"));
+    let start = walk_start(&req, 0) % r.usable_count();
+    // Other pods hold the first three candidates of train-5's walk.
+    for k in 0..3 {
+        let at = r.nth((start + k) % r.usable_count()).unwrap().to_string();
+        a.add(&with_requested(
+            req_on(&n, &format!("s{k}"), pod("ns", &format!("squat-{k}"), "u")),
+            &[&at],
+        ))
+        .unwrap();
+    }
+    n.reset();
+    let got = a.add(&req).unwrap()[0].address;
+    assert_eq!(got, r.nth((start + 3) % r.usable_count()).unwrap());
+    // The first CREATE is refused (and its record read); the walk is busy from there: the next
+    // two are read (one request each, not two), the fourth is read free and created.
+    assert_eq!(n.counts(), (0, 4, 2));
 }
 
 #[test]

@@ -446,6 +446,27 @@ impl TrustedDir {
         Ok(out)
     }
 
+    /// `name` in this directory as a path that goes through this very handle
+    /// (`/proc/self/fd/<fd>/<name>`), for what can only be reached by path: a unix socket's
+    /// `connect` and `bind`. Whatever is swapped in the path later, it is this directory.
+    pub fn pinned_path(&self, name: &str) -> Result<PathBuf, TrustError> {
+        check_name(name, &self.path.join(name))?;
+        use std::os::fd::AsRawFd;
+        Ok(PathBuf::from(format!(
+            "/proc/self/fd/{}/{name}",
+            self.fd.as_raw_fd()
+        )))
+    }
+
+    /// Is `name` a unix socket owned by root or by us (not following a symlink)?
+    pub fn is_trusted_socket(&self, name: &str) -> bool {
+        let me = geteuid().as_raw();
+        nix::sys::stat::fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok_and(|st| {
+            SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFSOCK
+                && (st.st_uid == 0 || st.st_uid == me)
+        })
+    }
+
     /// Is `name` a regular file (not following a symlink)?
     pub fn is_file(&self, name: &str) -> bool {
         nix::sys::stat::fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok_and(|st| {

@@ -14,6 +14,9 @@
 //! 4. With the reconciler, the monitor ([`crate::monitor`]): a Warning Event on the pod whose ADD
 //!    met an address conflict, and with `--metrics-addr` Prometheus metrics ([`crate::metrics`];
 //!    docs/monitoring.md).
+//! 5. The lease service ([`tether_lease_service::server`]) on `--lease-socket`, once the plugin's
+//!    kubeconfig is written: the plugins' lease-store requests on one kept connection, with the
+//!    plugin's own credential. Stopped first on SIGTERM, so plugins go on directly.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -22,6 +25,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+use tether_lease_service::{LeaseService, ServiceOptions};
 
 use crate::observers::Observers;
 use crate::plugin_token::PluginToken;
@@ -179,6 +184,8 @@ pub struct AgentOptions {
     pub plugin_token_api: Option<tether_kube_store::KubeSettings>,
     /// The reconciler to run (`None`: `--no-reconcile`).
     pub reconcile: Option<reconcile::Options>,
+    /// Where to serve the lease service (`None`: `--no-lease-service`).
+    pub lease_socket: Option<PathBuf>,
     /// Stop after the first pass (tests, and `kubectl debug` style checks).
     pub once: bool,
 }
@@ -203,6 +210,7 @@ pub fn run(
     let sa = ServiceAccount::in_cluster(opts.service_account_dir.clone())?;
     let mut reconciler: Option<std::thread::JoinHandle<()>> = None;
     let mut plugin_token = PluginToken::new(opts.plugin_token_api.clone());
+    let mut service: Option<LeaseService> = None;
     loop {
         let token = plugin_token.current();
         match write_kubeconfig(&sa, token.as_deref(), &opts.kubeconfig_out) {
@@ -210,6 +218,10 @@ pub fn run(
             Ok(false) => {}
             // Keep the old kubeconfig: a transient read error must not break the plugin.
             Err(e) => log::error!("refreshing the kubeconfig: {e}"),
+        }
+        if let (None, Some(socket)) = (&service, &opts.lease_socket) {
+            // Retried every refresh while it cannot start: the plugins go direct meanwhile.
+            service = start_service(socket, &opts.kubeconfig_out);
         }
         if let Some(ro) = &opts.reconcile {
             if opts.once {
@@ -251,6 +263,10 @@ pub fn run(
         let until = Instant::now() + opts.refresh;
         while Instant::now() < until {
             if stop.load(Ordering::Relaxed) {
+                // The socket goes first: every plugin from now on goes direct.
+                if let Some(s) = service.take() {
+                    s.stop(Duration::from_secs(5));
+                }
                 if let Some(h) = reconciler {
                     let _ = h.join();
                 }
@@ -260,6 +276,28 @@ pub fn run(
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+}
+
+/// The lease service for the plugins' kubeconfig, or `None` (logged) when it cannot start now.
+fn start_service(socket: &Path, kubeconfig: &Path) -> Option<LeaseService> {
+    let node = std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty());
+    let opts = ServiceOptions::new(socket.to_path_buf(), kubeconfig.to_path_buf(), node);
+    LeaseService::start(opts)
+        .map_err(|e| {
+            log::error!("the lease service is off for now (plugins go straight to the API): {e}")
+        })
+        .ok()
+}
+
+/// `tether lease-service`: the service alone until `stop`.
+pub fn serve_leases(opts: ServiceOptions, stop: &AtomicBool) -> Result<(), String> {
+    let service = LeaseService::start(opts)?;
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    service.stop(Duration::from_secs(5));
+    log::warn!("stopped");
+    Ok(())
 }
 
 #[cfg(test)]

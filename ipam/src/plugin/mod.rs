@@ -12,6 +12,7 @@ pub mod requests;
 use tether_cni::result::IpConfig;
 use tether_cni::{Added, CniError, CniResult, MasterKeys, Plugin, Request, code};
 use tether_kube_store::{KubeSettings, KubeStore, KubeStoreError};
+use tether_lease_service::{ServedStore, open_served, socket_path};
 
 /// The node journal of the Kubernetes store, under `dataDir`.
 pub const JOURNAL_DIR: &str = "journal";
@@ -86,10 +87,23 @@ pub enum Store {
     File(FileStore),
     /// One per CNI call: its time budget (`kubernetes.timeout_s`) covers the whole call.
     Kube(Box<KubeStore>),
+    /// The cluster store through the node-agent's lease service (one kept connection), going on
+    /// directly by itself when the agent does not answer; same budget.
+    Served(Box<ServedStore>),
+}
+
+/// May a call use the node-agent's lease service? STATUS may not: it tells the runtime whether
+/// this plugin can serve an ADD by itself, which is the direct path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// Through the node-agent when it answers.
+    AgentFirst,
+    /// Straight to the API server.
+    Direct,
 }
 
 impl Store {
-    pub fn open(cfg: &PoolConfig) -> Result<Store, CniError> {
+    pub fn open(cfg: &PoolConfig, path: Path) -> Result<Store, CniError> {
         // Both stores keep files under dataDir (state, or the node journal): checked first, so a
         // directory someone else could write is refused (code 7) before anything is read.
         let files = FileStore::new(cfg.data_dir.clone());
@@ -110,7 +124,14 @@ impl Store {
                 let mut s = KubeSettings::from_pool_config(cfg).map_err(kube_error)?;
                 s.node = node_name();
                 s.journal_dir = Some(cfg.data_dir.join(JOURNAL_DIR));
-                Store::Kube(Box::new(KubeStore::connect(s).map_err(kube_error)?))
+                let served = match (path, socket_path()) {
+                    (Path::AgentFirst, Some(socket)) => open_served(&socket, &s),
+                    _ => None,
+                };
+                match served {
+                    Some(served) => Store::Served(Box::new(served)),
+                    None => Store::Kube(Box::new(KubeStore::connect(s).map_err(kube_error)?)),
+                }
             }
         })
     }
@@ -120,6 +141,7 @@ impl Store {
     pub fn node(&self) -> Option<String> {
         match self {
             Store::Kube(s) => s.node().map(str::to_string).or_else(node_name),
+            Store::Served(s) => Some(s.node().to_string()),
             Store::File(_) => node_name(),
         }
     }
@@ -128,6 +150,7 @@ impl Store {
         match self {
             Store::File(s) => s,
             Store::Kube(s) => s.as_ref(),
+            Store::Served(s) => s.as_ref(),
         }
     }
 }
@@ -141,26 +164,38 @@ struct Context {
 impl Drop for Context {
     /// What this call cost the API server (`RUST_LOG=debug`), to see that ADD and DEL stay O(1).
     fn drop(&mut self) {
-        if let Store::Kube(k) = &self.store {
-            let c = k.requests();
-            log::debug!(
-                "{} API request(s): {} list, {} get, {} create, {} update, {} delete",
-                c.total(),
-                c.list,
-                c.get,
-                c.create,
-                c.update,
-                c.delete
-            );
+        match &self.store {
+            Store::Kube(k) => {
+                let c = k.requests();
+                log::debug!(
+                    "{} API request(s): {} list, {} get, {} create, {} update, {} delete",
+                    c.total(),
+                    c.list,
+                    c.get,
+                    c.create,
+                    c.update,
+                    c.delete
+                );
+            }
+            Store::Served(s) => {
+                let (served, direct) = s.traffic();
+                log::debug!(
+                    "{served} request(s) through the node-agent{}",
+                    direct.map_or(String::new(), |n| format!(
+                        ", then {n} API request(s) directly"
+                    ))
+                );
+            }
+            Store::File(_) => {}
         }
     }
 }
 
 impl Context {
-    fn new(req: &Request) -> Result<Context, CniError> {
+    fn new(req: &Request, path: Path) -> Result<Context, CniError> {
         // The keys the runtime's parse already holds: GC's attachment list is not parsed again.
         let cfg = PoolConfig::from_top(&req.conf.value).map_err(config_error)?;
-        let store = Store::open(&cfg)?;
+        let store = Store::open(&cfg, path)?;
         Ok(Context { cfg, store })
     }
 
@@ -220,7 +255,7 @@ impl Plugin for Ipam {
     }
 
     fn add(&self, req: &Request) -> Result<Added, CniError> {
-        let ctx = Context::new(req)?;
+        let ctx = Context::new(req, Path::AgentFirst)?;
         let add = AddRequest {
             container_id: req.env.container_id().to_string(),
             ifname: req.env.ifname().to_string(),
@@ -256,7 +291,7 @@ impl Plugin for Ipam {
     }
 
     fn del(&self, req: &Request) -> Result<(), CniError> {
-        let ctx = match Context::new(req) {
+        let ctx = match Context::new(req, Path::AgentFirst) {
             Ok(c) => c,
             // An ADD under this configuration fails the same way before it leases anything, and
             // the runtime replays the configuration of the ADD (Multus from its cache), so no
@@ -278,7 +313,7 @@ impl Plugin for Ipam {
     }
 
     fn check(&self, req: &Request) -> Result<(), CniError> {
-        let ctx = Context::new(req)?;
+        let ctx = Context::new(req, Path::AgentFirst)?;
         ctx.allocator(&NoProbe)
             .check(req.env.container_id(), req.env.ifname())
             .map(|_| ())
@@ -287,7 +322,7 @@ impl Plugin for Ipam {
 
     fn status(&self, req: &Request) -> Result<(), CniError> {
         let not_ready = |msg: String| CniError::new(code::NOT_AVAILABLE, msg);
-        let ctx = Context::new(req).map_err(|e| not_ready(e.msg))?;
+        let ctx = Context::new(req, Path::Direct).map_err(|e| not_ready(e.msg))?;
         if let Store::Kube(k) = &ctx.store {
             k.ready().map_err(|e| not_ready(e.to_string()))?;
         }
@@ -305,7 +340,7 @@ impl Plugin for Ipam {
     }
 
     fn gc(&self, req: &Request) -> Result<(), CniError> {
-        let ctx = Context::new(req)?;
+        let ctx = Context::new(req, Path::AgentFirst)?;
         // Without the list every lease would look stale; refuse rather than release them all.
         let listed = req.conf.valid_attachments.as_deref().ok_or_else(|| {
             CniError::invalid_config("GC needs cni.dev/valid-attachments (an empty list releases every lease of the network)")

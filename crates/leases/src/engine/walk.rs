@@ -43,6 +43,18 @@ impl Conflicts {
     }
 }
 
+/// What creating a candidate first came to.
+// One per candidate, consumed at once.
+#[allow(clippy::large_enum_variant)]
+enum Touched {
+    /// Created: ours.
+    Got(Lease),
+    /// Created, but the probe found it in use (now quarantined).
+    InUse(String),
+    /// Someone's record (or none, gone since): what it is now.
+    Held(Option<Lease>),
+}
+
 /// What an existing record of the range is to a new ADD: free to take, blocked (leased or
 /// quarantined), or cooling down (taken only when nothing else is free).
 #[derive(PartialEq, Eq)]
@@ -58,8 +70,11 @@ impl Allocator<'_> {
     ///
     /// Candidates come in an order derived from the pod's identity ([`walk_start`]), so a pod
     /// that comes back (a StatefulSet pod on any node) meets its previous address early. Each
-    /// candidate is read once: no record → claim it at once; this pod's own `Released` record
-    /// (same namespace/name and ifname) → claim it (sticky); leased, quarantined → skip;
+    /// candidate is created at once while none was taken (a conditional CREATE: one request
+    /// when nobody holds it; see `touch`), read first after that: no record → it is ours at
+    /// once; this pod's own
+    /// `Released` record (same namespace/name and ifname) → claim it (sticky); leased,
+    /// quarantined → skip;
     /// released by another pod within the cooldown → keep for last. A record released by
     /// another pod longer ago is free, but the walk goes on for up to
     /// [`Policy::sticky_horizon`] more reads looking for an address nobody had or this pod's
@@ -86,6 +101,7 @@ impl Allocator<'_> {
         let mut cooling: Vec<Lease> = Vec::new();
         let mut conflicts = Conflicts::default();
         let mut whole = true;
+        let mut busy = false;
         for cand in range.candidates(walk_start(req, i)) {
             if !free.is_empty() && reads >= self.policy.sticky_horizon {
                 whole = false;
@@ -95,7 +111,15 @@ impl Allocator<'_> {
                 return Ok(None);
             }
             reads += 1;
-            let expected = match self.load(call, cand)? {
+            let current = match self.touch(i, req, cand, &mut busy, call)? {
+                Touched::Got(l) => return Ok(Some(l)),
+                Touched::InUse(mac) => {
+                    conflicts.add(self, range, cand, mac)?;
+                    continue;
+                }
+                Touched::Held(current) => current,
+            };
+            let expected = match current {
                 None => None,
                 Some(l)
                     if matches!(l.state, LeaseState::Released { .. })
@@ -145,6 +169,34 @@ impl Allocator<'_> {
         }
         // Every candidate of the range was read: the view holds the whole range.
         Err(self.no_address(i, conflicts, &call.view))
+    }
+
+    /// A candidate not seen yet in this call is created at once (a conditional CREATE: one
+    /// request when nobody holds it, where reading it first would cost two); a taken one is what
+    /// the refused CREATE showed (the store reads it after the 409), and makes the walk `busy`:
+    /// the range is full around here, so the next candidates are read first (one request each to
+    /// skip them, not two). One seen before in this call is read again.
+    fn touch(
+        &self,
+        i: usize,
+        req: &AddRequest,
+        cand: IpAddr,
+        busy: &mut bool,
+        call: &mut Call<'_>,
+    ) -> Result<Touched, AllocError> {
+        if *busy || call.seen.contains(&cand) {
+            return Ok(Touched::Held(self.load(call, cand)?));
+        }
+        let prefix = self.ranges[i].prefix_len();
+        let new = self.new_lease(req, cand, prefix, i, self.clock.now());
+        Ok(match self.claim(i, new, None, true, call)? {
+            Claimed::Got(l) => Touched::Got(l),
+            Claimed::InUse(mac) => Touched::InUse(mac),
+            Claimed::Lost => {
+                *busy = true;
+                Touched::Held(call.view.get(&cand).cloned())
+            }
+        })
     }
 
     pub(super) fn take_from_pool(

@@ -11,17 +11,20 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use serde_json::{Value, json};
 use tether_kube_store::KubeSettings;
-use tether_pool::{PoolConfig, StoreKind};
+use tether_lease_service::ServiceOptions;
 
 use crate::doctor;
 use crate::options;
 use crate::output::{EXIT_FAILED, EXIT_OK, EXIT_USAGE, Output};
 use crate::reconcile;
-use crate::store_access::{StoreArgs, read_network_config};
+use crate::store_access::StoreArgs;
 
 mod lease_commands;
+mod validate;
 pub use lease_commands::{age, lease_json};
 use lease_commands::{leases, now, release};
+use validate::validate;
+pub use validate::validate_warnings;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -115,9 +118,31 @@ enum Cmd {
         /// Do not run the lease reconciler.
         #[arg(long)]
         no_reconcile: bool,
+        /// Serve the plugins' lease-store requests on this root-only socket (one kept API
+        /// connection, a watch of this node's leases); a plugin goes on directly whenever it
+        /// does not answer.
+        #[arg(long, default_value = tether_lease_service::DEFAULT_SOCKET)]
+        lease_socket: PathBuf,
+        /// Do not run the lease service: every plugin call goes straight to the API server.
+        #[arg(long)]
+        no_lease_service: bool,
         /// One pass, then exit.
         #[arg(long)]
         once: bool,
+    },
+    /// Serve the plugins' lease-store requests, alone (what the node-agent runs beside its other
+    /// jobs): for a node without the DaemonSet, or a benchmark. Runs until SIGTERM.
+    LeaseService {
+        /// The plugins' kubeconfig, as their network configs name it (its credential, bound to
+        /// this node, is the one the requests are sent with).
+        #[arg(long)]
+        kubeconfig: PathBuf,
+        /// Where to listen.
+        #[arg(long, default_value = tether_lease_service::DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// This node's name when the credential is not bound to a node (default: NODE_NAME).
+        #[arg(long)]
+        node: Option<String>,
     },
     /// Release leases whose pod is gone or replaced (never a live one): event-driven from a pod
     /// watch plus a periodic full pass. What the node-agent runs; see the reconcile module docs.
@@ -330,6 +355,8 @@ pub fn run(args: Vec<OsString>) -> i32 {
             reconcile,
             kubeconfig,
             no_reconcile,
+            lease_socket,
+            no_lease_service,
             once,
         } => {
             tether_cni::logging::install("tether");
@@ -370,9 +397,21 @@ pub fn run(args: Vec<OsString>) -> i32 {
                 refresh: std::time::Duration::from_secs(refresh_s),
                 plugin_token_api,
                 reconcile,
+                lease_socket: (!no_lease_service && !once).then_some(lease_socket),
                 once,
             };
             crate::agent::run(&opts, stop.unwrap_or_default(), || {}).map(|()| EXIT_OK)
+        }
+        Cmd::LeaseService {
+            kubeconfig,
+            socket,
+            node,
+        } => {
+            tether_cni::logging::install("tether");
+            let stop = crate::termination::stop_flag();
+            let node = node.or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()));
+            crate::agent::serve_leases(ServiceOptions::new(socket, kubeconfig, node), &stop)
+                .map(|()| EXIT_OK)
         }
         Cmd::Reconcile {
             kubeconfig,
@@ -451,49 +490,6 @@ pub fn run(args: Vec<OsString>) -> i32 {
             EXIT_FAILED
         }
     }
-}
-
-fn validate(path: &PathBuf, node_local: bool, strict: bool) -> Result<i32, String> {
-    let cfg = PoolConfig::from_value(&read_network_config(path)?).map_err(|e| e.to_string())?;
-    let ranges: Vec<String> = cfg
-        .ranges
-        .iter()
-        .map(|r| format!("{r} ({} usable)", r.usable_count()))
-        .collect();
-    println!(
-        "network {}: {}; {:?} store",
-        cfg.network_name,
-        ranges.join(", "),
-        cfg.store
-    );
-    let warnings = validate_warnings(&cfg, node_local);
-    for w in &warnings {
-        eprintln!("tether: warning: {w}");
-    }
-    Ok(if strict && !warnings.is_empty() {
-        EXIT_FAILED
-    } else {
-        EXIT_OK
-    })
-}
-
-/// What `validate` warns about in a config that parses.
-pub fn validate_warnings(cfg: &PoolConfig, node_local: bool) -> Vec<String> {
-    let mut out = Vec::new();
-    if cfg.store == StoreKind::File && !node_local {
-        let ranges: Vec<String> = cfg.ranges.iter().map(ToString::to_string).collect();
-        out.push(format!(
-            "network {} keeps its leases in the node-local file store (\"store\": \"file\", the default without \
-             \"kubernetes\"), so every node that attaches a pod to it hands out {} on its own: two nodes can give \
-             the same address to two pods, and only the ARP/NDP probe stands between them (two nodes probing the \
-             same address at the same moment both hear silence). A NAD is used on every node: give it the cluster \
-             store (\"kubernetes\": {{\"kubeconfig\": \"/etc/cni/net.d/tether.d/tether.kubeconfig\"}}). The file \
-             store is right only for a range that belongs to one node (pass --node-local to say so).",
-            cfg.network_name,
-            ranges.join(", "),
-        ));
-    }
-    out
 }
 
 fn run_reconcile(opts: reconcile::Options, once: bool, output: Output) -> Result<i32, String> {

@@ -1,0 +1,490 @@
+//! The node-agent's side: [`LeaseService`], a root-only unix socket in front of one long-lived
+//! [`KubeStore`] (one kept connection to the API server, the plugin's own node-bound credential)
+//! and this node's leases kept by a watch ([`NodeLeases`]).
+//!
+//! It serves a plugin only when the plugin's configuration names the same store (the kubeconfig
+//! the agent writes for the plugins, the same server and reading rules): a request through it is
+//! the request the plugin would have sent, as the same identity, so the API server's node-scope
+//! policy holds it to this node exactly as before. Only root may connect (the socket is 0600 in a
+//! 0700 directory, and each peer's uid is checked). Stopping removes the socket first, then
+//! refuses what is still asked on open connections, so every plugin goes on directly.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use tether_kube_store::{Change, KubeSettings, KubeStore, WatchEnd, jittered};
+use tether_leases::{LeaseStore, StoreError};
+use tether_trusted_fs::{Place, TrustedDir};
+
+use crate::node_cache::NodeLeases;
+use crate::protocol::{
+    MAX_REQUEST, PROTOCOL, Reply, Request, StoreIdentity, peer_uid, read_frame, write_frame,
+};
+
+/// How long the service gives one request against the API server: less than the plugin waits
+/// for its answer ([`crate::client::ANSWER_WAIT`]), so a slow API server is reported to the
+/// plugin (which then tries directly) rather than left unanswered.
+pub const REQUEST_BUDGET: Duration = Duration::from_millis(2500);
+
+/// How the service runs.
+#[derive(Debug, Clone)]
+pub struct ServiceOptions {
+    /// Where to listen (a root-only directory is made for it).
+    pub socket: PathBuf,
+    /// The store it serves: the plugins' kubeconfig (with its node-bound token), as NADs name it.
+    pub settings: KubeSettings,
+    /// Connections served at once; more are refused (their plugins go on directly).
+    pub max_connections: usize,
+}
+
+impl ServiceOptions {
+    /// Serve the store of the plugins' `kubeconfig` on `socket`, as `node` when the
+    /// credential is not bound to one: the settings the plugin's own configuration gives
+    /// (`kubernetes.kubeconfig` alone), each request within [`REQUEST_BUDGET`], writes named
+    /// after the plugin (they are its writes).
+    pub fn new(socket: PathBuf, kubeconfig: PathBuf, node: Option<String>) -> ServiceOptions {
+        let mut settings = KubeSettings::with_kubeconfig(kubeconfig);
+        settings.timeout = REQUEST_BUDGET;
+        settings.node = node;
+        ServiceOptions {
+            socket,
+            settings,
+            max_connections: 256,
+        }
+    }
+}
+
+/// What the service has done, for logs and metrics.
+#[derive(Debug, Default)]
+pub struct ServiceStats {
+    /// Connections welcomed.
+    pub welcomed: AtomicU64,
+    /// Connections refused (another store, protocol, busy, stopping).
+    pub refused: AtomicU64,
+    /// Requests answered.
+    pub requests: AtomicU64,
+    /// Requests answered from this node's leases, without the API.
+    pub from_cache: AtomicU64,
+}
+
+struct Shared {
+    identity: StoreIdentity,
+    node: String,
+    settings: KubeSettings,
+    store: RwLock<(Arc<KubeStore>, Option<SystemTime>)>,
+    cache: NodeLeases,
+    stopping: AtomicBool,
+    open: AtomicUsize,
+    max_connections: usize,
+    stats: ServiceStats,
+}
+
+/// A running service; [`LeaseService::stop`] (or drop) ends it.
+pub struct LeaseService {
+    shared: Arc<Shared>,
+    socket: PathBuf,
+    threads: Vec<JoinHandle<()>>,
+}
+
+fn mtime(p: Option<&Path>) -> Option<SystemTime> {
+    p.and_then(|p| std::fs::metadata(p).ok())
+        .and_then(|m| m.modified().ok())
+}
+
+/// The same file, however it is written (`/var/run/…` for `/run/…`).
+fn same_path(a: &Path, b: &Path) -> bool {
+    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    canon(a) == canon(b)
+}
+
+impl LeaseService {
+    /// Connect the store, bind the socket, start the watch of this node's leases and the accept
+    /// loop. Needs a kubeconfig whose credential names a node (the node-agent's plugin
+    /// kubeconfig), or `settings.node`.
+    pub fn start(opts: ServiceOptions) -> Result<LeaseService, String> {
+        let kubeconfig = opts.settings.kubeconfig.clone().ok_or(
+            "the lease service serves the plugins' kubeconfig: give its path (--kubeconfig)",
+        )?;
+        let store = KubeStore::connect(opts.settings.clone()).map_err(|e| e.to_string())?;
+        let node = store.node().map(str::to_string).ok_or(
+            "the lease service needs the node's name: a credential bound to the node, or NODE_NAME",
+        )?;
+        let listener = bind(&opts.socket)?;
+        let shared = Arc::new(Shared {
+            identity: crate::client::identity(&opts.settings),
+            node,
+            settings: opts.settings.clone(),
+            store: RwLock::new((Arc::new(store), mtime(Some(&kubeconfig)))),
+            cache: NodeLeases::default(),
+            stopping: AtomicBool::new(false),
+            open: AtomicUsize::new(0),
+            max_connections: opts.max_connections.max(1),
+            stats: ServiceStats::default(),
+        });
+        let mut threads = Vec::new();
+        let sh = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("lease-watch".into())
+                .spawn(move || sh.keep_node_leases())
+                .map_err(|e| format!("cannot start the lease watch: {e}"))?,
+        );
+        let sh = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("lease-service".into())
+                .spawn(move || sh.accept_loop(listener))
+                .map_err(|e| format!("cannot start the lease service: {e}"))?,
+        );
+        log::info!(
+            "lease service on {} for node {} ({})",
+            opts.socket.display(),
+            shared.node,
+            kubeconfig.display()
+        );
+        Ok(LeaseService {
+            shared,
+            socket: opts.socket,
+            threads,
+        })
+    }
+
+    /// What it has done so far.
+    pub fn stats(&self) -> &ServiceStats {
+        &self.shared.stats
+    }
+
+    /// Has this node's lease list been read (and the watch since kept it)?
+    pub fn is_synced(&self) -> bool {
+        self.shared.cache.is_synced()
+    }
+
+    /// Stop: the socket goes first (new plugins go direct), then requests on open connections
+    /// are refused (theirs go on directly); waits up to `grace` for the connections to end.
+    pub fn stop(mut self, grace: Duration) {
+        self.halt(grace);
+    }
+
+    fn halt(&mut self, grace: Duration) {
+        if self.shared.stopping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let _ = std::fs::remove_file(&self.socket);
+        let until = Instant::now() + grace;
+        while self.shared.open.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for LeaseService {
+    fn drop(&mut self) {
+        self.halt(Duration::from_secs(2));
+    }
+}
+
+/// A root-only directory for the socket (0700, made when missing), the socket in it (0600),
+/// replacing a stale one.
+fn bind(socket: &Path) -> Result<UnixListener, String> {
+    let (Some(dir), Some(name)) = (socket.parent(), socket.file_name().and_then(|n| n.to_str()))
+    else {
+        return Err(format!("{} names no socket", socket.display()));
+    };
+    let dir = TrustedDir::open("the lease service socket", dir, Place::State, true)
+        .map_err(|e| e.to_string())?;
+    if dir.is_trusted_socket(name) {
+        dir.remove(name).map_err(|e| e.to_string())?;
+    }
+    let pinned = dir.pinned_path(name).map_err(|e| e.to_string())?;
+    let listener =
+        UnixListener::bind(&pinned).map_err(|e| format!("binding {}: {e}", socket.display()))?;
+    let cname = std::ffi::CString::new(name).map_err(|e| e.to_string())?;
+    // SAFETY: the directory fd is open (owned by `dir`), `cname` is a valid C string.
+    let rc = unsafe {
+        libc::fchmodat(
+            std::os::fd::AsFd::as_fd(&dir).as_raw_fd(),
+            cname.as_ptr(),
+            0o600,
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(format!(
+            "chmod {}: {}",
+            socket.display(),
+            io::Error::last_os_error()
+        ));
+    }
+    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    Ok(listener)
+}
+
+fn failure(e: StoreError) -> Reply {
+    Reply::Failed {
+        transient: e.is_transient(),
+        message: e.to_string(),
+    }
+}
+
+/// How long a connection may sit between two requests (a CNI call sends them back to back).
+const IDLE: Duration = Duration::from_secs(30);
+
+impl Shared {
+    fn accept_loop(self: Arc<Shared>, listener: UnixListener) {
+        while !self.stopping.load(Ordering::SeqCst) {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    self.open.fetch_add(1, Ordering::SeqCst);
+                    let sh = self.clone();
+                    let spawned =
+                        std::thread::Builder::new()
+                            .name("lease-conn".into())
+                            .spawn(move || {
+                                sh.serve(stream);
+                                sh.open.fetch_sub(1, Ordering::SeqCst);
+                            });
+                    if let Err(e) = spawned {
+                        self.open.fetch_sub(1, Ordering::SeqCst);
+                        log::warn!("lease service: cannot serve a connection: {e}");
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    poll_readable(&listener, Duration::from_millis(200));
+                }
+                Err(e) => {
+                    log::warn!("lease service: accept: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+    }
+
+    /// One plugin's connection: a hello, then its requests, each answered in turn.
+    fn serve(&self, mut s: UnixStream) {
+        let _ = s.set_nonblocking(false);
+        let me = // SAFETY: geteuid has no preconditions and cannot fail.
+            unsafe { libc::geteuid() };
+        match peer_uid(&s) {
+            Ok(uid) if uid == 0 || uid == me => {}
+            other => {
+                log::warn!("lease service: refusing a peer of uid {other:?} (root only)");
+                return;
+            }
+        }
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
+        let Ok(Some(hello)) = read_frame::<Request>(&mut s, MAX_REQUEST) else {
+            return;
+        };
+        let welcome = self.welcome(&hello);
+        let welcomed = matches!(welcome, Reply::Welcome { .. });
+        let counter = if welcomed {
+            &self.stats.welcomed
+        } else {
+            &self.stats.refused
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if write_frame(&mut s, &welcome).is_err() || !welcomed {
+            return;
+        }
+        let _ = s.set_read_timeout(Some(IDLE));
+        while let Ok(Some(req)) = read_frame::<Request>(&mut s, MAX_REQUEST) {
+            let reply = if self.stopping.load(Ordering::SeqCst) {
+                Reply::Refused {
+                    reason: "the node-agent is stopping".into(),
+                }
+            } else {
+                self.answer(req)
+            };
+            self.stats.requests.fetch_add(1, Ordering::Relaxed);
+            if write_frame(&mut s, &reply).is_err() {
+                return;
+            }
+        }
+    }
+
+    fn welcome(&self, hello: &Request) -> Reply {
+        let refused = |reason: String| Reply::Refused { reason };
+        let Request::Hello { protocol, store } = hello else {
+            return refused("a connection starts with a hello".into());
+        };
+        if self.stopping.load(Ordering::SeqCst) {
+            return refused("the node-agent is stopping".into());
+        }
+        if *protocol != PROTOCOL {
+            return refused(format!("protocol {protocol}, this agent speaks {PROTOCOL}"));
+        }
+        if self.open.load(Ordering::SeqCst) > self.max_connections {
+            return refused(format!("{} connections open", self.max_connections));
+        }
+        let mine = &self.identity;
+        let same_kubeconfig = match (&store.kubeconfig, &mine.kubeconfig) {
+            (Some(a), Some(b)) => same_path(a, b),
+            _ => false,
+        };
+        if !same_kubeconfig
+            || store.api_root != mine.api_root
+            || store.list_from_cache != mine.list_from_cache
+            || store.page_size != mine.page_size
+            || store.group != mine.group
+        {
+            return refused(format!(
+                "this agent serves the store of {:?}, not {:?}",
+                mine.kubeconfig, store.kubeconfig
+            ));
+        }
+        Reply::Welcome {
+            node: self.node.clone(),
+        }
+    }
+
+    /// The store, connected again when the kubeconfig changed (the agent renews its token).
+    fn store(&self) -> Arc<KubeStore> {
+        let path = self.settings.kubeconfig.as_deref();
+        let now = mtime(path);
+        {
+            let g = self.store.read().unwrap_or_else(|p| p.into_inner());
+            if g.1 == now {
+                return g.0.clone();
+            }
+        }
+        let mut g = self.store.write().unwrap_or_else(|p| p.into_inner());
+        if g.1 != now {
+            match KubeStore::connect(self.settings.clone()) {
+                Ok(k) => {
+                    log::info!("lease service: the plugins' kubeconfig changed; connected again");
+                    *g = (Arc::new(k), now);
+                }
+                Err(e) => log::warn!("lease service: reading the changed kubeconfig: {e}"),
+            }
+        }
+        g.0.clone()
+    }
+
+    fn answer(&self, req: Request) -> Reply {
+        let store = self.store();
+        store.restart_budget();
+        let cached = |r: Reply| {
+            self.stats.from_cache.fetch_add(1, Ordering::Relaxed);
+            r
+        };
+        match req {
+            Request::Hello { .. } => Reply::Refused {
+                reason: "already welcomed".into(),
+            },
+            Request::Get { network, address } => match self.cache.get(&network, address) {
+                Some(l) => cached(Reply::Record { lease: Some(l) }),
+                None => match store.get(&network, address) {
+                    Ok(lease) => Reply::Record { lease },
+                    Err(e) => failure(e),
+                },
+            },
+            Request::Claim { new, expected } => match store.claim(new, expected.as_ref()) {
+                Ok(Ok(lease)) => {
+                    if lease.node.as_deref() == Some(self.node.as_str()) {
+                        self.cache.apply(Change::Upsert(lease.clone()));
+                    }
+                    Reply::Written { lease }
+                }
+                Ok(Err(t)) => Reply::Taken { current: t.current },
+                Err(e) => failure(e),
+            },
+            Request::Remove { expected } => match store.remove(&expected) {
+                Ok(Ok(())) => {
+                    self.cache.apply(Change::Deleted(expected));
+                    Reply::Removed
+                }
+                Ok(Err(t)) => Reply::Taken { current: t.current },
+                Err(e) => failure(e),
+            },
+            Request::List { network } => match store.list(&network) {
+                Ok(leases) => Reply::Records { leases },
+                Err(e) => failure(e),
+            },
+            Request::ListNode { network } => match self.cache.of_network(&network) {
+                Some(leases) => cached(Reply::Records { leases }),
+                None => match store.list_network_node(&network, &self.node) {
+                    Ok(leases) => Reply::Records { leases },
+                    Err(e) => failure(e.into()),
+                },
+            },
+            Request::ByPod { network, pod } => match store.by_pod(&network, &pod) {
+                Ok(leases) => Reply::Records {
+                    leases: leases.unwrap_or_default(),
+                },
+                Err(e) => failure(e),
+            },
+        }
+    }
+
+    /// List this node's leases, then watch them; list again after an expired watch, with
+    /// back-off after a failure (answers go to the API meanwhile).
+    fn keep_node_leases(&self) {
+        let stop = || self.stopping.load(Ordering::SeqCst);
+        let mut backoff = Duration::from_secs(1);
+        while !stop() {
+            let store = self.store();
+            store.restart_budget();
+            let mut rv = match store.list_node_at(&self.node) {
+                Ok((leases, rv)) => {
+                    self.cache.replace_all(leases);
+                    backoff = Duration::from_secs(1);
+                    rv
+                }
+                Err(e) => {
+                    self.cache.unsynced();
+                    log::warn!("lease service: listing this node's leases: {e}");
+                    sleep_unless(&stop, jittered(backoff));
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    continue;
+                }
+            };
+            let keep_going = || !stop();
+            loop {
+                match store.watch_node(
+                    &self.node,
+                    &rv,
+                    Duration::from_secs(300),
+                    &keep_going,
+                    |c| self.cache.apply(c),
+                ) {
+                    Ok(WatchEnd::Closed { resource_version }) if !stop() => rv = resource_version,
+                    Ok(_) => break,
+                    Err(e) => {
+                        self.cache.unsynced();
+                        log::warn!("lease service: watching this node's leases: {e}");
+                        sleep_unless(&stop, jittered(backoff));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn sleep_unless(stop: &dyn Fn() -> bool, d: Duration) {
+    let until = Instant::now() + d;
+    while !stop() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Wait until `l` can accept, at most `d`.
+fn poll_readable(l: &UnixListener, d: Duration) {
+    let mut fds = libc::pollfd {
+        fd: l.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the listener's open fd.
+    unsafe { libc::poll(&mut fds, 1, d.as_millis() as libc::c_int) };
+}
