@@ -1,6 +1,7 @@
 //! Black-box harness for driving the tether binaries the way runtimes do.
 //!
 //! - [`cmd`]: run a command, capture stdout/stderr/status ([`cmd::CmdOutput`]).
+//! - [`cpu`]: CPU time of reaped children and of processes by pid (what a call costs).
 //! - [`paths`]: repo root, target dir, `target/libcni-driver`, reference
 //!   plugins, unique names, [`paths::TempDir`].
 //! - [`netns`]: named network namespaces with a Drop guard ([`netns::NetNs`]),
@@ -17,6 +18,7 @@
 //! when the kernel cannot create ipvlan links.
 
 pub mod cmd;
+pub mod cpu;
 pub mod lab;
 pub mod libcni;
 pub mod netns;

@@ -318,17 +318,20 @@ impl Env {
     /// watch cache may lag behind what another store just wrote.
     pub fn state(&self, network: &str, addr: &str) -> Option<LeaseState> {
         let a: IpAddr = addr.parse().unwrap();
+        self.leases(network)
+            .into_iter()
+            .find(|l| l.address == a)
+            .map(|l| l.state)
+    }
+
+    /// Every record of `network`, from a consistent list.
+    pub fn leases(&self, network: &str) -> Vec<Lease> {
         let store = KubeStore::connect(KubeSettings {
             list_from_cache: false,
             ..self.settings()
         })
         .unwrap();
-        store
-            .list(network)
-            .unwrap()
-            .into_iter()
-            .find(|l| l.address == a)
-            .map(|l| l.state)
+        store.list(network).unwrap()
     }
 
     /// The IPLease objects of `network` as the API server returns them (real server only).
@@ -671,9 +674,21 @@ pub fn first_address(r: &Value) -> String {
 
 /// tether-ipam on `node` (its credential and data directory) for the sandbox `ctr-<sandbox>` of
 /// pod `train/<pod>` (uid `uid-<sandbox>`), with a NODE_NAME that lies: the leases must name the
-/// node the credential is bound to.
+/// node the credential is bound to. Straight to the API server (no lease service).
 pub fn call_on_node(
     node: &Node,
+    verb: &str,
+    pod: &str,
+    sandbox: &str,
+    conf: &Value,
+) -> (i32, Value) {
+    call_through(node, None, verb, pod, sandbox, conf)
+}
+
+/// [`call_on_node`], through the lease service on `socket` when given.
+pub fn call_through(
+    node: &Node,
+    socket: Option<&Path>,
     verb: &str,
     pod: &str,
     sandbox: &str,
@@ -696,6 +711,10 @@ pub fn call_on_node(
                 ),
             ),
             ("NODE_NAME", "not-the-node".to_string()),
+            (
+                "TETHER_LEASE_SOCKET",
+                socket.map(|p| p.display().to_string()).unwrap_or_default(),
+            ),
         ],
         &conf,
     )
