@@ -9,21 +9,22 @@
 //! | [`KubeStore::list_node_label`] | LIST ipleases by a node label value |
 //! | [`KubeStore::lease_node_labels`] | metadata-only LIST ipleases: node label → count |
 //! | [`KubeStore::list_node_at`], [`KubeStore::watch_node`] | this node's leases and their changes (the node-agent's lease service keeps them) |
+//! | [`KubeStore::by_pods`] | LIST ipleases of a network naming some pods (the pod label), from the cache |
 //!
 //! Each is one `resourceVersion=0` request served from the API server's watch cache with
 //! `list_from_cache` (the default; etcd 3.4 cannot serve consistent lists from the cache, so a
 //! consistent one reads every IPLease of the cluster), else consistent pages of `page_size`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use kube::core::Request;
 use kube::core::params::WatchParams;
 use serde::Deserialize;
-use tether_leases::Lease;
+use tether_leases::{Lease, PodRef};
 
 use crate::convert::{Lenient, collect_leases};
-use crate::crd::{IPLease, NODE_LABEL, label_value};
+use crate::crd::{IPLease, NODE_LABEL, POD_LABEL, label_value, network_selector, pod_label_value};
 use crate::error::KubeStoreError;
 use crate::listing::ListRequest;
 use crate::store::KubeStore;
@@ -115,6 +116,49 @@ impl KubeStore {
                 }
             },
         )
+    }
+
+    /// The records of `network` naming any of `pods` (namespace and name; pods without both name
+    /// nothing): one LIST with the network's label and the pods' labels (`in (...)` for several),
+    /// from the watch cache (see [`POD_LABEL`]). The lease service asks once for the pods of ADDs
+    /// that arrive together. Records written before the label existed are not in it; the
+    /// engine's walk still finds those.
+    pub fn by_pods(&self, network: &str, pods: &[PodRef]) -> Result<Vec<Lease>, KubeStoreError> {
+        let named: BTreeSet<(&str, &str)> = pods
+            .iter()
+            .filter_map(|p| Some((p.namespace.as_deref()?, p.name.as_deref()?)))
+            .collect();
+        if named.is_empty() {
+            return Ok(Vec::new());
+        }
+        let values: BTreeSet<String> = named
+            .iter()
+            .map(|(ns, name)| pod_label_value(ns, name))
+            .collect();
+        let pod_sel = match values.len() {
+            1 => format!("{POD_LABEL}={}", values.iter().next().expect("one")),
+            _ => format!(
+                "{POD_LABEL} in ({})",
+                values.into_iter().collect::<Vec<_>>().join(",")
+            ),
+        };
+        let sel = format!("{},{pod_sel}", network_selector(network));
+        let what = match named.iter().next() {
+            Some((ns, name)) if named.len() == 1 => {
+                format!("LIST of ipleases of network {network:?} naming pod {ns}/{name}")
+            }
+            _ => format!(
+                "LIST of ipleases of network {network:?} naming {} pods",
+                named.len()
+            ),
+        };
+        self.list_selected(Some(&sel), &what, |o| {
+            o.spec.network == network
+                && o.spec.pod.as_ref().is_some_and(|p| {
+                    matches!((p.namespace.as_deref(), p.name.as_deref()),
+                        (Some(ns), Some(name)) if named.contains(&(ns, name)))
+                })
+        })
     }
 
     /// The leases whose node label is `label` (a value from [`KubeStore::lease_node_labels`]),

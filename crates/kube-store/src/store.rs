@@ -16,8 +16,7 @@ use tether_leases::{
 use crate::api::{ApiClient, RequestCounts, Verb};
 use crate::convert::{from_object, split_version, to_object};
 use crate::crd::{
-    IPLease, NODE_LABEL, PLURAL, POD_LABEL, VERSION, label_value, network_selector, object_name,
-    pod_label_value,
+    IPLease, NODE_LABEL, PLURAL, VERSION, label_value, network_selector, object_name,
 };
 use crate::error::{CredentialSource, KubeStoreError};
 use crate::settings::KubeSettings;
@@ -404,29 +403,9 @@ impl LeaseStore for KubeStore {
         }
     }
 
-    /// One LIST with the network's and the pod's label selectors, from the watch cache (see
-    /// [`POD_LABEL`]): the records of any node that name this pod. Records written before the
-    /// label existed are not in it; the engine's walk still finds those.
+    /// [`KubeStore::by_pods`] for one pod: the records of any node that name it.
     fn by_pod(&self, network: &str, pod: &PodRef) -> Result<Option<Vec<Lease>>, StoreError> {
-        let (Some(ns), Some(name)) = (&pod.namespace, &pod.name) else {
-            return Ok(Some(Vec::new()));
-        };
-        let sel = format!(
-            "{},{POD_LABEL}={}",
-            network_selector(network),
-            pod_label_value(ns, name)
-        );
-        Ok(Some(self.list_selected(
-            Some(&sel),
-            &format!("LIST of ipleases of network {network:?} naming pod {ns}/{name}"),
-            |o| {
-                o.spec.network == network
-                    && o.spec.pod.as_ref().is_some_and(|p| {
-                        p.namespace.as_deref() == Some(ns.as_str())
-                            && p.name.as_deref() == Some(name.as_str())
-                    })
-            },
-        )?))
+        Ok(Some(self.by_pods(network, std::slice::from_ref(pod))?))
     }
 
     /// This node's leases of `network` (GC must not judge other nodes' attachments: they are

@@ -11,6 +11,7 @@
 
 pub mod client;
 pub mod node_cache;
+pub mod pod_lookups;
 pub mod protocol;
 pub mod server;
 

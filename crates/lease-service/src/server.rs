@@ -23,6 +23,7 @@ use tether_leases::{LeaseStore, StoreError};
 use tether_trusted_fs::{Place, TrustedDir};
 
 use crate::node_cache::NodeLeases;
+use crate::pod_lookups::PodLookups;
 use crate::protocol::{
     MAX_REQUEST, PROTOCOL, Reply, Request, StoreIdentity, peer_uid, read_frame, write_frame,
 };
@@ -73,12 +74,20 @@ pub struct ServiceStats {
     pub from_cache: AtomicU64,
 }
 
+impl LeaseService {
+    /// Pod-label LISTs sent (several ADDs' lookups share one under load).
+    pub fn pod_lists(&self) -> u64 {
+        self.shared.pods.lists()
+    }
+}
+
 struct Shared {
     identity: StoreIdentity,
     node: String,
     settings: KubeSettings,
     store: RwLock<(Arc<KubeStore>, Option<SystemTime>)>,
     cache: NodeLeases,
+    pods: PodLookups,
     stopping: AtomicBool,
     open: AtomicUsize,
     max_connections: usize,
@@ -122,6 +131,7 @@ impl LeaseService {
             settings: opts.settings.clone(),
             store: RwLock::new((Arc::new(store), mtime(Some(&kubeconfig)))),
             cache: NodeLeases::default(),
+            pods: PodLookups::default(),
             stopping: AtomicBool::new(false),
             open: AtomicUsize::new(0),
             max_connections: opts.max_connections.max(1),
@@ -417,10 +427,8 @@ impl Shared {
                     Err(e) => failure(e.into()),
                 },
             },
-            Request::ByPod { network, pod } => match store.by_pod(&network, &pod) {
-                Ok(leases) => Reply::Records {
-                    leases: leases.unwrap_or_default(),
-                },
+            Request::ByPod { network, pod } => match self.pods.lookup(&store, &network, pod) {
+                Ok(leases) => Reply::Records { leases },
                 Err(e) => failure(e),
             },
         }
