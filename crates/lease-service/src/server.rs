@@ -98,6 +98,9 @@ struct Shared {
 pub struct LeaseService {
     shared: Arc<Shared>,
     socket: PathBuf,
+    /// The socket file this service made (device, inode): a newer service may have replaced it
+    /// (a DaemonSet rolling with surge), and stopping must not remove that one.
+    made: (u64, u64),
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -125,6 +128,7 @@ impl LeaseService {
             "the lease service needs the node's name: a credential bound to the node, or NODE_NAME",
         )?;
         let listener = bind(&opts.socket)?;
+        let made = file_id(&opts.socket).ok_or("the socket vanished as it was made")?;
         let shared = Arc::new(Shared {
             identity: crate::client::identity(&opts.settings),
             node,
@@ -161,6 +165,7 @@ impl LeaseService {
         Ok(LeaseService {
             shared,
             socket: opts.socket,
+            made,
             threads,
         })
     }
@@ -185,7 +190,9 @@ impl LeaseService {
         if self.shared.stopping.swap(true, Ordering::SeqCst) {
             return;
         }
-        let _ = std::fs::remove_file(&self.socket);
+        if file_id(&self.socket) == Some(self.made) {
+            let _ = std::fs::remove_file(&self.socket);
+        }
         let until = Instant::now() + grace;
         while self.shared.open.load(Ordering::SeqCst) > 0 && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(20));
@@ -200,6 +207,14 @@ impl Drop for LeaseService {
     fn drop(&mut self) {
         self.halt(Duration::from_secs(2));
     }
+}
+
+/// (device, inode) of the file at `p`, not following a symlink.
+fn file_id(p: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 /// A root-only directory for the socket (0700, made when missing), the socket in it (0600),

@@ -28,8 +28,10 @@
 //! `engine::offline`). `.pending` exists while any entry has such work left; every call that
 //! reaches the store finishes it first.
 
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use tether_trusted_fs::{Open, Place, TrustError, TrustedDir};
 
@@ -75,10 +77,18 @@ impl From<JournalError> for StoreError {
     }
 }
 
+/// A network's directory and the names of its entries.
+type Listing = (Arc<TrustedDir>, Vec<String>);
+
 /// The journal in a directory of this node (`<dataDir>/journal`).
+///
+/// A network's directory, once opened and checked (walked from `/`, see tether-trusted-fs), is
+/// kept while it exists: one CNI call asks a dozen times, and each walk is a dozen system calls,
+/// where checking that the kept one was not removed is one. The handle pins what was checked.
 #[derive(Debug, Clone)]
 pub struct FileJournal {
     dir: PathBuf,
+    opened: Arc<Mutex<HashMap<String, Arc<TrustedDir>>>>,
 }
 
 fn hash_hex(parts: &[&str]) -> String {
@@ -109,7 +119,10 @@ const LOCK: &str = ".lock";
 impl FileJournal {
     /// A journal under `dir` (created on first write, 0700).
     pub fn new(dir: impl Into<PathBuf>) -> FileJournal {
-        FileJournal { dir: dir.into() }
+        FileJournal {
+            dir: dir.into(),
+            opened: Arc::default(),
+        }
     }
 
     /// The journal's directory.
@@ -132,8 +145,21 @@ impl FileJournal {
     }
 
     /// The network's directory, checked (created 0700 with `create`); `None` when it does not
-    /// exist and `create` is off.
-    fn net(&self, network: &str, create: bool) -> Result<Option<TrustedDir>, JournalError> {
+    /// exist and `create` is off. Kept once opened.
+    fn net(&self, network: &str, create: bool) -> Result<Option<Arc<TrustedDir>>, JournalError> {
+        let lock = || self.opened.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(d) = lock().get(network).filter(|d| d.exists()) {
+            return Ok(Some(d.clone()));
+        }
+        let Some(d) = self.open_net(network, create)? else {
+            return Ok(None);
+        };
+        let d = Arc::new(d);
+        lock().insert(network.to_string(), d.clone());
+        Ok(Some(d))
+    }
+
+    fn open_net(&self, network: &str, create: bool) -> Result<Option<TrustedDir>, JournalError> {
         let missing = |e: &TrustError| matches!(e, TrustError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound);
         let root = match TrustedDir::open(
             "ipam.dataDir (its journal/)",
@@ -245,7 +271,7 @@ impl FileJournal {
     }
 
     /// The network's directory and its entry file names (none when it does not exist).
-    fn names(&self, network: &str) -> Result<Option<(TrustedDir, Vec<String>)>, JournalError> {
+    fn names(&self, network: &str) -> Result<Option<Listing>, JournalError> {
         let Some(d) = self.net(network, false)? else {
             return Ok(None);
         };

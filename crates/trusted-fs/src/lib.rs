@@ -467,6 +467,11 @@ impl TrustedDir {
         })
     }
 
+    /// Does the directory still exist (it was not removed since it was opened)?
+    pub fn exists(&self) -> bool {
+        fstat(&self.fd).is_ok_and(|st| st.st_nlink > 0)
+    }
+
     /// Is `name` a regular file (not following a symlink)?
     pub fn is_file(&self, name: &str) -> bool {
         nix::sys::stat::fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok_and(|st| {

@@ -1,0 +1,70 @@
+//! The service's own life, without an API server (it sends nothing until asked; its watch of
+//! the node's leases retries in the background): the socket it makes, the one it leaves alone.
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tether_lease_service::client::{Link, identity};
+use tether_lease_service::{LeaseService, ServiceOptions};
+
+fn dir(tag: &str) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("tether-lease-svc-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&p);
+    std::fs::DirBuilder::new().mode(0o700).create(&p).unwrap();
+    p
+}
+
+/// A kubeconfig for a server that is not there (nothing is asked of it here).
+fn kubeconfig(d: &std::path::Path) -> PathBuf {
+    let p = d.join("kubeconfig");
+    std::fs::write(
+        &p,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:9\n    insecure-skip-tls-verify: true\n\
+         users:\n- name: u\n  user:\n    token: x\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n",
+    )
+    .unwrap();
+    p
+}
+
+#[test]
+fn the_socket_is_roots_alone_and_a_stopping_service_leaves_its_successors_socket() {
+    let d = dir("succession");
+    let kc = kubeconfig(&d);
+    let socket = d.join("run/leases.sock");
+    let opts = ServiceOptions::new(socket.clone(), kc.clone(), Some("gpu-1".into()));
+    let old = LeaseService::start(opts.clone()).unwrap();
+    let meta = std::fs::metadata(&socket).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let dir_mode = std::fs::metadata(d.join("run"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(
+        dir_mode & 0o777,
+        0o700,
+        "a directory made for the socket is root's alone"
+    );
+    let mut settings = tether_kube_store::KubeSettings::with_kubeconfig(&kc);
+    settings.node = Some("gpu-1".into());
+    let link = Link::open(&socket, &identity(&settings), Duration::from_secs(2)).unwrap();
+    assert_eq!(link.node(), "gpu-1");
+    drop(link);
+
+    // A new agent starts while the old one is still stopping (a roll with surge).
+    let new = LeaseService::start(opts).unwrap();
+    old.stop(Duration::from_secs(1));
+    assert!(
+        socket.exists(),
+        "the old service left its successor's socket"
+    );
+    let link = Link::open(&socket, &identity(&settings), Duration::from_secs(2)).unwrap();
+    assert_eq!(link.node(), "gpu-1", "and the successor answers on it");
+    drop(link);
+    new.stop(Duration::from_secs(1));
+    assert!(
+        !socket.exists(),
+        "a stopped service takes its own socket away"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
