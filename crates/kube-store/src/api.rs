@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures_util::AsyncBufReadExt;
 use kube::Client;
 use kube::core::params::PostParams;
 use serde::de::DeserializeOwned;
@@ -290,16 +291,31 @@ impl ApiClient {
         what: &str,
         req: http::Request<Vec<u8>>,
     ) -> Result<T, kube::Error> {
+        self.send_at_most(verb, what, req, None)
+    }
+
+    /// [`ApiClient::send`], giving up on an answer longer than `max_bytes` (without holding
+    /// more of it than that).
+    pub(crate) fn send_at_most<T: DeserializeOwned>(
+        &self,
+        verb: Verb,
+        what: &str,
+        req: http::Request<Vec<u8>>,
+        max_bytes: Option<usize>,
+    ) -> Result<T, kube::Error> {
         self.counter(verb).fetch_add(1, Ordering::Relaxed);
         let client = self.client.as_ref().expect("the client lives until drop");
         // A LIST's items are counted (objects read); its path names the resource.
         let list_path = (verb == Verb::List).then(|| req.uri().path().to_string());
         let answer = async {
-            let text = client.request_text(req).await?;
+            let body = match max_bytes {
+                None => client.request_text(req).await?.into_bytes(),
+                Some(max) => self.read_at_most(client, req, what, max).await?,
+            };
             if let Some(path) = &list_path {
-                self.traffic.record_objects(path, list_items(&text));
+                self.traffic.record_objects(path, list_items(&body));
             }
-            serde_json::from_str::<T>(&text).map_err(kube::Error::SerdeError)
+            serde_json::from_slice::<T>(&body).map_err(kube::Error::SerdeError)
         };
         let r = match self.within(what, answer) {
             Ok(r) => r,
@@ -308,6 +324,35 @@ impl ApiClient {
         self.traffic
             .record(verb.rbac(), r.as_ref().err().and_then(failure_code));
         r
+    }
+
+    async fn read_at_most(
+        &self,
+        client: &Client,
+        req: http::Request<Vec<u8>>,
+        what: &str,
+        max: usize,
+    ) -> Result<Vec<u8>, kube::Error> {
+        let mut answer = std::pin::pin!(client.request_stream(req).await?);
+        let mut body = Vec::new();
+        loop {
+            let chunk = answer.fill_buf().await.map_err(kube::Error::ReadEvents)?;
+            if chunk.is_empty() {
+                return Ok(body);
+            }
+            if body.len() + chunk.len() > max {
+                return Err(kube::Error::Service(Box::new(Budget(
+                    KubeStoreError::TooLarge {
+                        server: self.server.clone(),
+                        what: what.to_string(),
+                        limit: max,
+                    },
+                ))));
+            }
+            body.extend_from_slice(chunk);
+            let n = chunk.len();
+            answer.as_mut().consume_unpin(n);
+        }
     }
 
     pub(crate) fn protocol(&self, what: &str, detail: String) -> KubeStoreError {
@@ -430,13 +475,18 @@ pub(crate) fn failure_code(e: &kube::Error) -> Option<String> {
     Some(match e {
         kube::Error::Api(s) if matches!(s.code, 404 | 409 | 410) => return None,
         kube::Error::Api(s) => s.code.to_string(),
-        kube::Error::Service(b) if b.is::<Budget>() => "timeout".to_string(),
+        kube::Error::Service(b) => match b.downcast_ref::<Budget>() {
+            Some(Budget(KubeStoreError::TooLarge { .. })) => "too_large".to_string(),
+            Some(_) => "timeout".to_string(),
+            None => "network".to_string(),
+        },
         kube::Error::SerdeError(_) => "decode".to_string(),
         _ => "network".to_string(),
     })
 }
 
-/// The budget ran out (carried through `kube::Error::Service`).
+/// The budget of time (or of an answer's length) ran out (carried through
+/// `kube::Error::Service`).
 #[derive(Debug)]
 pub(crate) struct Budget(pub(crate) KubeStoreError);
 

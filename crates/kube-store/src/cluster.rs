@@ -215,6 +215,7 @@ impl Cluster {
             fields: field_selector,
             metadata_only: true,
             cache: field_selector.and(self.api.any_cached()),
+            max_bytes: None,
         };
         // A restarted list visits pods again: `f` only ever learns that a pod exists.
         self.api.list_each(&req, |items: Vec<LiteObject>, _| {
@@ -290,6 +291,7 @@ impl Cluster {
             labels: Some(label_selector).filter(|s| !s.is_empty()),
             fields: None,
             metadata_only: false,
+            max_bytes: None,
             cache: self.api.any_cached(),
         };
         self.api.list_each(&req, |items: Vec<NodeOfPod>, fresh| {

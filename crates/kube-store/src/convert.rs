@@ -188,22 +188,44 @@ pub(crate) fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de
     Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
 }
 
-#[derive(Deserialize, Clone, Debug)]
-#[serde(untagged)]
+/// One object of a lease LIST or WATCH. Each is parsed by itself, so a malformed one (someone
+/// else's write) is skipped rather than failing the list, and its managedFields are dropped as it
+/// is parsed: nothing here reads them, and they are a third of an object (the node-agent lists
+/// whole networks).
+#[derive(Clone, Debug)]
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Lenient {
     Ok(IPLease),
-    Bad(Value),
+    Bad {
+        name: Option<String>,
+        resource_version: Option<String>,
+    },
+}
+
+impl<'de> Deserialize<'de> for Lenient {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Lenient, D::Error> {
+        let mut v = Value::deserialize(d)?;
+        if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("managedFields");
+        }
+        let text = |v: &Value, at: &str| v.pointer(at).and_then(Value::as_str).map(str::to_string);
+        Ok(match IPLease::deserialize(&v) {
+            Ok(o) => Lenient::Ok(o),
+            Err(_) => Lenient::Bad {
+                name: text(&v, "/metadata/name"),
+                resource_version: text(&v, "/metadata/resourceVersion"),
+            },
+        })
+    }
 }
 
 impl crate::watching::Versioned for Lenient {
     fn resource_version(&self) -> Option<String> {
         match self {
             Lenient::Ok(o) => o.metadata.resource_version.clone(),
-            Lenient::Bad(v) => v
-                .pointer("/metadata/resourceVersion")
-                .and_then(Value::as_str)
-                .map(str::to_string),
+            Lenient::Bad {
+                resource_version, ..
+            } => resource_version.clone(),
         }
     }
 }
@@ -222,11 +244,9 @@ pub(crate) fn collect_leases(
                 Err(e) => log::warn!("{e}"),
             },
             Lenient::Ok(_) => {}
-            Lenient::Bad(v) => log::warn!(
+            Lenient::Bad { name, .. } => log::warn!(
                 "ignoring malformed IPLease {}",
-                v.pointer("/metadata/name")
-                    .and_then(Value::as_str)
-                    .unwrap_or("?")
+                name.as_deref().unwrap_or("?")
             ),
         }
     }

@@ -207,6 +207,18 @@ pub enum KubeStoreError {
         /// What was wrong.
         detail: String,
     },
+    /// An answer longer than the reader keeps in memory (the node-agent's list of a network).
+    #[error(
+        "the answer of the Kubernetes API at {server} to {what} is longer than {limit} bytes, more than is kept in memory"
+    )]
+    TooLarge {
+        /// API server URL.
+        server: String,
+        /// The request.
+        what: String,
+        /// The most bytes read.
+        limit: usize,
+    },
     /// A lease cannot be represented as an IPLease (e.g. a time beyond year 9999).
     #[error("cannot store the lease of {address} in network {network}: {detail}")]
     Unrepresentable {

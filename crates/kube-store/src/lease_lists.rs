@@ -8,14 +8,14 @@
 //! | [`KubeStore::list_node`] | LIST ipleases `labelSelector=ipam.tether.dev/node=<node>` |
 //! | [`KubeStore::list_node_label`] | LIST ipleases by a node label value |
 //! | [`KubeStore::lease_node_labels`] | metadata-only LIST ipleases: node label → count |
-//! | [`KubeStore::list_node_at`], [`KubeStore::watch_node`] | this node's leases and their changes (the node-agent's lease service keeps them) |
-//! | [`KubeStore::by_pods`] | LIST ipleases of a network naming some pods (the pod label), from the cache |
+//! | [`KubeStore::list_network_at`], [`KubeStore::watch_network`] | a network's records and their changes (the node-agent's lease service keeps them) |
+//! | [`KubeStore::by_pod_label`] | LIST ipleases of a network naming a pod (the pod label), from the cache |
 //!
 //! Each is one `resourceVersion=0` request served from the API server's watch cache with
 //! `list_from_cache` (the default; etcd 3.4 cannot serve consistent lists from the cache, so a
 //! consistent one reads every IPLease of the cluster), else consistent pages of `page_size`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kube::core::Request;
@@ -61,32 +61,38 @@ impl KubeStore {
         )
     }
 
-    /// [`KubeStore::list_node`], with the list's resourceVersion to watch from.
-    pub fn list_node_at(&self, node: &str) -> Result<(Vec<Lease>, String), KubeStoreError> {
-        let sel = format!("{NODE_LABEL}={}", label_value(node));
+    /// Every record of `network` (its label, then `spec.network`) with the list's
+    /// resourceVersion, to watch from. An answer (a page) longer than `max_bytes` is
+    /// [`KubeStoreError::TooLarge`], read no further.
+    pub fn list_network_at(
+        &self,
+        network: &str,
+        max_bytes: usize,
+    ) -> Result<(Vec<Lease>, String), KubeStoreError> {
         self.list_selected_at(
-            Some(&sel),
-            &format!("LIST of ipleases of node {node:?}"),
-            |o| o.spec.node.as_deref() == Some(node),
+            Some(&network_selector(network)),
+            &format!("LIST of ipleases of network {network:?}"),
+            |o| o.spec.network == network,
+            Some(max_bytes),
         )
     }
 
-    /// Watch the leases of `node` (its node label) from `resource_version` (of
-    /// [`KubeStore::list_node_at`]), calling `f` per change, for at most `timeout` or until
-    /// `keep_going()` turns false. A lease another node takes over leaves the selection: it
-    /// arrives as [`Change::Deleted`]. Malformed objects are skipped with a warning.
-    pub fn watch_node(
+    /// Watch the records of `network` from `resource_version` (of
+    /// [`KubeStore::list_network_at`]), calling `f` per change, for at most `timeout` or until
+    /// `keep_going()` turns false. Malformed objects, and objects of another network under its
+    /// label, are skipped.
+    pub fn watch_network(
         &self,
-        node: &str,
+        network: &str,
         resource_version: &str,
         timeout: Duration,
         keep_going: &dyn Fn() -> bool,
         mut f: impl FnMut(Change<Lease>),
     ) -> Result<WatchEnd, KubeStoreError> {
-        let what = format!("WATCH of ipleases of node {node:?}");
+        let what = format!("WATCH of ipleases of network {network:?}");
         let wp = WatchParams::default()
             .timeout(timeout.as_secs().clamp(1, 3600) as u32)
-            .labels(&format!("{NODE_LABEL}={}", label_value(node)));
+            .labels(&network_selector(network));
         let req = Request::new(&self.path)
             .watch(&wp, resource_version)
             .map_err(|e| self.api.protocol(&what, e.to_string()))?;
@@ -106,7 +112,7 @@ impl KubeStore {
                     Change::Deleted(i) => (i, true),
                 };
                 let mut one = Vec::with_capacity(1);
-                collect_leases(vec![item], |_| true, &mut one);
+                collect_leases(vec![item], |o| o.spec.network == network, &mut one);
                 for l in one {
                     f(if deleted {
                         Change::Deleted(self.seen(l))
@@ -118,45 +124,25 @@ impl KubeStore {
         )
     }
 
-    /// The records of `network` naming any of `pods` (namespace and name; pods without both name
-    /// nothing): one LIST with the network's label and the pods' labels (`in (...)` for several),
-    /// from the watch cache (see [`POD_LABEL`]). The lease service asks once for the pods of ADDs
-    /// that arrive together. Records written before the label existed are not in it; the
-    /// engine's walk still finds those.
-    pub fn by_pods(&self, network: &str, pods: &[PodRef]) -> Result<Vec<Lease>, KubeStoreError> {
-        let named: BTreeSet<(&str, &str)> = pods
-            .iter()
-            .filter_map(|p| Some((p.namespace.as_deref()?, p.name.as_deref()?)))
-            .collect();
-        if named.is_empty() {
+    /// The records of `network` naming `pod` (namespace and name; a pod without both names
+    /// nothing): one LIST with the network's label and the pod's label, from the watch cache (see
+    /// [`POD_LABEL`]). The API server scans every record of the group for it, so the node-agent
+    /// answers it from the network's kept records instead. Records written before the label
+    /// existed are not in it; the engine's walk still finds those.
+    pub fn by_pod_label(&self, network: &str, pod: &PodRef) -> Result<Vec<Lease>, KubeStoreError> {
+        let (Some(ns), Some(name)) = (pod.namespace.as_deref(), pod.name.as_deref()) else {
             return Ok(Vec::new());
-        }
-        let values: BTreeSet<String> = named
-            .iter()
-            .map(|(ns, name)| pod_label_value(ns, name))
-            .collect();
-        let pod_sel = match values.len() {
-            1 => format!("{POD_LABEL}={}", values.iter().next().expect("one")),
-            _ => format!(
-                "{POD_LABEL} in ({})",
-                values.into_iter().collect::<Vec<_>>().join(",")
-            ),
         };
-        let sel = format!("{},{pod_sel}", network_selector(network));
-        let what = match named.iter().next() {
-            Some((ns, name)) if named.len() == 1 => {
-                format!("LIST of ipleases of network {network:?} naming pod {ns}/{name}")
-            }
-            _ => format!(
-                "LIST of ipleases of network {network:?} naming {} pods",
-                named.len()
-            ),
-        };
+        let sel = format!(
+            "{},{POD_LABEL}={}",
+            network_selector(network),
+            pod_label_value(ns, name)
+        );
+        let what = format!("LIST of ipleases of network {network:?} naming pod {ns}/{name}");
         self.list_selected(Some(&sel), &what, |o| {
             o.spec.network == network
                 && o.spec.pod.as_ref().is_some_and(|p| {
-                    matches!((p.namespace.as_deref(), p.name.as_deref()),
-                        (Some(ns), Some(name)) if named.contains(&(ns, name)))
+                    p.namespace.as_deref() == Some(ns) && p.name.as_deref() == Some(name)
                 })
         })
     }
@@ -180,15 +166,18 @@ impl KubeStore {
         what: &str,
         keep: impl Fn(&IPLease) -> bool,
     ) -> Result<Vec<Lease>, KubeStoreError> {
-        self.list_selected_at(selector, what, keep).map(|(l, _)| l)
+        self.list_selected_at(selector, what, keep, None)
+            .map(|(l, _)| l)
     }
 
-    /// [`KubeStore::list_selected`] and the list's resourceVersion.
+    /// [`KubeStore::list_selected`] and the list's resourceVersion; no answer (page) longer than
+    /// `max_bytes`.
     fn list_selected_at(
         &self,
         selector: Option<&str>,
         what: &str,
         keep: impl Fn(&IPLease) -> bool,
+        max_bytes: Option<usize>,
     ) -> Result<(Vec<Lease>, String), KubeStoreError> {
         let mut out = Vec::new();
         let req = ListRequest {
@@ -199,6 +188,7 @@ impl KubeStore {
             fields: None,
             metadata_only: false,
             cache: self.api.list_from_cache.then(|| self.cache_list_params()),
+            max_bytes,
         };
         let rv = self.api.list_each(&req, |items: Vec<Lenient>, fresh| {
             if fresh {
@@ -221,6 +211,7 @@ impl KubeStore {
             fields: None,
             metadata_only: true,
             cache: self.api.any_cached(),
+            max_bytes: None,
         };
         self.api.list_each(&req, |items: Vec<Labels>, fresh| {
             if fresh {

@@ -45,6 +45,8 @@ pub(crate) struct ListRequest<'a> {
     pub(crate) metadata_only: bool,
     /// From the watch cache at these parameters' resourceVersion; `None`: consistent pages.
     pub(crate) cache: Option<ListParams>,
+    /// The longest answer (page) read; `None`: any.
+    pub(crate) max_bytes: Option<usize>,
 }
 
 /// How many times an expired continue token (410) starts a paginated list over.
@@ -86,7 +88,7 @@ impl ApiClient {
                 r.list(&lp)
             }
             .map_err(|e| self.protocol(req.what, e.to_string()))?;
-            match self.send::<Page<T>>(Verb::List, req.what, r) {
+            match self.send_at_most::<Page<T>>(Verb::List, req.what, r, req.max_bytes) {
                 Ok(p) => {
                     page(p.items, std::mem::take(&mut fresh));
                     match p.metadata.continue_ {

@@ -127,6 +127,7 @@ impl Cluster {
             fields: None,
             metadata_only: false,
             cache: self.api().any_cached(),
+            max_bytes: None,
         };
         self.api().list_each(&req, |items: Vec<Heartbeat>, fresh| {
             if fresh {

@@ -403,9 +403,9 @@ impl LeaseStore for KubeStore {
         }
     }
 
-    /// [`KubeStore::by_pods`] for one pod: the records of any node that name it.
+    /// [`KubeStore::by_pod_label`]: the records of any node that name the pod.
     fn by_pod(&self, network: &str, pod: &PodRef) -> Result<Option<Vec<Lease>>, StoreError> {
-        Ok(Some(self.by_pods(network, std::slice::from_ref(pod))?))
+        Ok(Some(self.by_pod_label(network, pod)?))
     }
 
     /// This node's leases of `network` (GC must not judge other nodes' attachments: they are

@@ -48,7 +48,8 @@ impl ApiTraffic {
             .collect()
     }
 
-    /// Failed API requests by (verb, code): the HTTP status, or `timeout`, `network`, `decode`.
+    /// Failed API requests by (verb, code): the HTTP status, or `timeout`, `network`, `decode`,
+    /// `too_large` (an answer longer than its reader keeps).
     /// Answers that are outcomes, not failures (404 absent, 409 lost race or already exists, 410
     /// expired), are not counted.
     pub fn errors(&self) -> Vec<(&'static str, String, u64)> {
@@ -106,7 +107,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// The number of `items` of a LIST answer, without building them (the caller parses the answer
 /// into its own type).
-pub(crate) fn list_items(text: &str) -> u64 {
+pub(crate) fn list_items(body: &[u8]) -> u64 {
     struct Count(u64);
     impl<'de> serde::Deserialize<'de> for Count {
         fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Count, D::Error> {
@@ -138,7 +139,7 @@ pub(crate) fn list_items(text: &str) -> u64 {
         #[serde(default)]
         items: Option<Count>,
     }
-    serde_json::from_str::<Items>(text)
+    serde_json::from_slice::<Items>(body)
         .ok()
         .and_then(|l| l.items)
         .map_or(0, |c| c.0)
@@ -246,14 +247,14 @@ mod tests {
     fn list_items_are_counted_by_resource() {
         assert_eq!(
             list_items(
-                r#"{"kind":"PodList","metadata":{"resourceVersion":"7"},"items":[{"a":[1,{"b":2}]},{}]}"#
+                br#"{"kind":"PodList","metadata":{"resourceVersion":"7"},"items":[{"a":[1,{"b":2}]},{}]}"#
             ),
             2
         );
         // A metadata-only list with no items says null; a Status or garbage counts nothing.
-        assert_eq!(list_items(r#"{"items":null}"#), 0);
-        assert_eq!(list_items(r#"{"kind":"Status","code":500}"#), 0);
-        assert_eq!(list_items("not json"), 0);
+        assert_eq!(list_items(br#"{"items":null}"#), 0);
+        assert_eq!(list_items(br#"{"kind":"Status","code":500}"#), 0);
+        assert_eq!(list_items(b"not json"), 0);
         let t = ApiTraffic::default();
         t.record_objects("/api/v1/namespaces/kube-system/pods", 3);
         t.record_objects("/api/v1/pods/", 1);

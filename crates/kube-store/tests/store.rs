@@ -183,6 +183,38 @@ fn pagination_and_cache_lists() {
     assert_eq!(cached.requests().list, 1);
 }
 
+/// The node-agent keeps whole networks in memory: a list longer than it would hold is given up
+/// as it is read (`TooLarge`, counted as such), not read to the end.
+#[test]
+#[ignore = "needs a real API server: make test starts one (../shared/peers)"]
+fn a_network_list_is_read_up_to_a_length() {
+    let env = Env::new("long");
+    let store = env.store();
+    for i in 1..=10 {
+        let l = lease(&env.network, &format!("10.4.0.{i}"), &format!("c{i}"));
+        store.claim(l, None).unwrap().unwrap();
+    }
+    let (all, rv) = store.list_network_at(&env.network, 1 << 20).unwrap();
+    assert_eq!(all.len(), 10);
+    assert!(!rv.is_empty());
+    // Ten records are several kilobytes of JSON.
+    let e = store.list_network_at(&env.network, 4096).unwrap_err();
+    assert!(
+        matches!(e, KubeStoreError::TooLarge { limit: 4096, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("longer than 4096 bytes"), "{e}");
+    let too_large = store
+        .settings()
+        .traffic
+        .errors()
+        .into_iter()
+        .filter(|(_, code, _)| code == "too_large")
+        .map(|(_, _, n)| n)
+        .sum::<u64>();
+    assert_eq!(too_large, 1);
+}
+
 #[test]
 #[ignore = "needs a real API server: make test starts one (../shared/peers)"]
 fn networks_are_separate_and_any_name_works() {

@@ -10,8 +10,8 @@
 //! as the same node-bound identity ([`protocol`]).
 
 pub mod client;
-pub mod node_cache;
-pub mod pod_lookups;
+pub mod network_cache;
+
 pub mod protocol;
 pub mod server;
 

@@ -1,6 +1,6 @@
 //! The node-agent's side: [`LeaseService`], a root-only unix socket in front of one long-lived
 //! [`KubeStore`] (one kept connection to the API server, the plugin's own node-bound credential)
-//! and this node's leases kept by a watch ([`NodeLeases`]).
+//! and the records of each network its plugins use, kept by a watch ([`NetworkLeases`]).
 //!
 //! It serves a plugin only when the plugin's configuration names the same store (the kubeconfig
 //! the agent writes for the plugins, the same server and reading rules): a request through it is
@@ -14,16 +14,18 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use tether_kube_store::{Change, KubeSettings, KubeStore, WatchEnd, jittered};
+use tether_kube_store::{
+    Change, KubeSettings, KubeStore, KubeStoreError, RequestCounts, WatchEnd, jittered,
+};
 use tether_leases::{LeaseStore, StoreError};
 use tether_trusted_fs::{Place, TrustedDir};
 
-use crate::node_cache::NodeLeases;
-use crate::pod_lookups::PodLookups;
+use crate::network_cache::{MAX_LIST_BYTES, NetworkLeases, Networks, Standing};
+
 use crate::protocol::{
     MAX_REQUEST, PROTOCOL, Reply, Request, StoreIdentity, peer_uid, read_frame, write_frame,
 };
@@ -70,15 +72,8 @@ pub struct ServiceStats {
     pub refused: AtomicU64,
     /// Requests answered.
     pub requests: AtomicU64,
-    /// Requests answered from this node's leases, without the API.
+    /// Requests answered from a kept network's records, without the API.
     pub from_cache: AtomicU64,
-}
-
-impl LeaseService {
-    /// Pod-label LISTs sent (several ADDs' lookups share one under load).
-    pub fn pod_lists(&self) -> u64 {
-        self.shared.pods.lists()
-    }
 }
 
 struct Shared {
@@ -86,8 +81,11 @@ struct Shared {
     node: String,
     settings: KubeSettings,
     store: RwLock<(Arc<KubeStore>, Option<SystemTime>)>,
-    cache: NodeLeases,
-    pods: PodLookups,
+    networks: Networks,
+    /// Held while a network is listed (one at a time).
+    listing: Mutex<()>,
+    /// The networks' watch threads, started as plugins first ask about each.
+    watchers: Mutex<Vec<JoinHandle<()>>>,
     stopping: AtomicBool,
     open: AtomicUsize,
     max_connections: usize,
@@ -116,8 +114,8 @@ fn same_path(a: &Path, b: &Path) -> bool {
 }
 
 impl LeaseService {
-    /// Connect the store, bind the socket, start the watch of this node's leases and the accept
-    /// loop. Needs a kubeconfig whose credential names a node (the node-agent's plugin
+    /// Connect the store, bind the socket, start the accept loop (each network is watched from
+    /// its first request on). Needs a kubeconfig whose credential names a node (the node-agent's plugin
     /// kubeconfig), or `settings.node`.
     pub fn start(opts: ServiceOptions) -> Result<LeaseService, String> {
         let kubeconfig = opts.settings.kubeconfig.clone().ok_or(
@@ -134,21 +132,15 @@ impl LeaseService {
             node,
             settings: opts.settings.clone(),
             store: RwLock::new((Arc::new(store), mtime(Some(&kubeconfig)))),
-            cache: NodeLeases::default(),
-            pods: PodLookups::default(),
+            networks: Networks::default(),
+            listing: Mutex::default(),
+            watchers: Mutex::default(),
             stopping: AtomicBool::new(false),
             open: AtomicUsize::new(0),
             max_connections: opts.max_connections.max(1),
             stats: ServiceStats::default(),
         });
         let mut threads = Vec::new();
-        let sh = shared.clone();
-        threads.push(
-            std::thread::Builder::new()
-                .name("lease-watch".into())
-                .spawn(move || sh.keep_node_leases())
-                .map_err(|e| format!("cannot start the lease watch: {e}"))?,
-        );
         let sh = shared.clone();
         threads.push(
             std::thread::Builder::new()
@@ -175,9 +167,17 @@ impl LeaseService {
         &self.shared.stats
     }
 
-    /// Has this node's lease list been read (and the watch since kept it)?
-    pub fn is_synced(&self) -> bool {
-        self.shared.cache.is_synced()
+    /// Is `network` kept (its list read, its watch running), waiting up to `wait` for it? Asking
+    /// starts keeping it.
+    pub fn keeps(&self, network: &str, wait: Duration) -> bool {
+        self.shared
+            .network(network)
+            .is_some_and(|c| c.standing(wait) == Standing::Synced)
+    }
+
+    /// API requests its client has sent (its lists and watches included).
+    pub fn api_requests(&self) -> RequestCounts {
+        self.shared.store().requests()
     }
 
     /// Stop: the socket goes first (new plugins go direct), then requests on open connections
@@ -197,7 +197,14 @@ impl LeaseService {
         while self.shared.open.load(Ordering::SeqCst) > 0 && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(20));
         }
-        for t in self.threads.drain(..) {
+        let watchers = std::mem::take(
+            &mut *self
+                .shared
+                .watchers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        for t in self.threads.drain(..).chain(watchers) {
             let _ = t.join();
         }
     }
@@ -294,7 +301,7 @@ impl Shared {
     }
 
     /// One plugin's connection: a hello, then its requests, each answered in turn.
-    fn serve(&self, mut s: UnixStream) {
+    fn serve(self: &Arc<Self>, mut s: UnixStream) {
         let _ = s.set_nonblocking(false);
         let me = // SAFETY: geteuid has no preconditions and cannot fail.
             unsafe { libc::geteuid() };
@@ -395,96 +402,174 @@ impl Shared {
         g.0.clone()
     }
 
-    fn answer(&self, req: Request) -> Reply {
+    /// `network`'s cache, its watch started on the first ask; `None` once stopping.
+    fn network(self: &Arc<Self>, network: &str) -> Option<Arc<NetworkLeases>> {
+        if self.stopping.load(Ordering::SeqCst) {
+            return None;
+        }
+        let (cache, new) = self.networks.entry(network);
+        if new {
+            let (sh, net, c) = (self.clone(), network.to_string(), cache.clone());
+            let spawned = std::thread::Builder::new()
+                .name("lease-watch".into())
+                .spawn(move || sh.keep_network(&net, &c));
+            match spawned {
+                Ok(h) => self
+                    .watchers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(h),
+                Err(e) => {
+                    log::warn!("lease service: cannot watch network {network}: {e}");
+                    cache.unsynced();
+                }
+            }
+        }
+        Some(cache)
+    }
+
+    /// `network`'s cache when it can answer: its first list waited for (a node's first ADD in
+    /// a network), no longer.
+    fn kept(self: &Arc<Self>, network: &str) -> Option<Arc<NetworkLeases>> {
+        self.network(network)
+            .filter(|c| c.standing(WARM_UP) == Standing::Synced)
+    }
+
+    fn answer(self: &Arc<Self>, req: Request) -> Reply {
         let store = self.store();
         store.restart_budget();
         let cached = |r: Reply| {
             self.stats.from_cache.fetch_add(1, Ordering::Relaxed);
             r
         };
+        let kept = |network: &str| self.kept(network);
         match req {
             Request::Hello { .. } => Reply::Refused {
                 reason: "already welcomed".into(),
             },
-            Request::Get { network, address } => match self.cache.get(&network, address) {
-                Some(l) => cached(Reply::Record { lease: Some(l) }),
-                None => match store.get(&network, address) {
-                    Ok(lease) => Reply::Record { lease },
-                    Err(e) => failure(e),
-                },
-            },
-            Request::Claim { new, expected } => match store.claim(new, expected.as_ref()) {
-                Ok(Ok(lease)) => {
-                    if lease.node.as_deref() == Some(self.node.as_str()) {
-                        self.cache.apply(Change::Upsert(lease.clone()));
-                    }
-                    Reply::Written { lease }
+            Request::Get { network, address } => {
+                match kept(&network).and_then(|c| c.get(address)) {
+                    Some(lease) => cached(Reply::Record { lease }),
+                    None => match store.get(&network, address) {
+                        Ok(lease) => Reply::Record { lease },
+                        Err(e) => failure(e),
+                    },
                 }
-                Ok(Err(t)) => Reply::Taken { current: t.current },
-                Err(e) => failure(e),
-            },
+            }
+            Request::Claim { new, expected } => {
+                let network = new.network.clone();
+                match store.claim(new, expected.as_ref()) {
+                    Ok(Ok(lease)) => {
+                        if let Some(c) = self.network(&network) {
+                            c.apply(Change::Upsert(lease.clone()));
+                        }
+                        Reply::Written { lease }
+                    }
+                    Ok(Err(t)) => Reply::Taken { current: t.current },
+                    Err(e) => failure(e),
+                }
+            }
             Request::Remove { expected } => match store.remove(&expected) {
                 Ok(Ok(())) => {
-                    self.cache.apply(Change::Deleted(expected));
+                    if let Some(c) = self.network(&expected.network) {
+                        c.apply(Change::Deleted(expected));
+                    }
                     Reply::Removed
                 }
                 Ok(Err(t)) => Reply::Taken { current: t.current },
                 Err(e) => failure(e),
             },
-            Request::List { network } => match store.list(&network) {
-                Ok(leases) => Reply::Records { leases },
-                Err(e) => failure(e),
-            },
-            Request::ListNode { network } => match self.cache.of_network(&network) {
+            Request::List { network } => {
+                let all = kept(&network).and_then(|c| c.of_network());
+                match all {
+                    Some(leases) => cached(Reply::Records { leases }),
+                    None => match store.list(&network) {
+                        Ok(leases) => Reply::Records { leases },
+                        Err(e) => failure(e),
+                    },
+                }
+            }
+            Request::ListNode { network } => {
+                match kept(&network).and_then(|c| c.of_node(&self.node)) {
+                    Some(leases) => cached(Reply::Records { leases }),
+                    None => match store.list_network_node(&network, &self.node) {
+                        Ok(leases) => Reply::Records { leases },
+                        Err(e) => failure(e.into()),
+                    },
+                }
+            }
+            Request::ByPod { network, pod } => match kept(&network).and_then(|c| c.by_pod(&pod)) {
                 Some(leases) => cached(Reply::Records { leases }),
-                None => match store.list_network_node(&network, &self.node) {
-                    Ok(leases) => Reply::Records { leases },
-                    Err(e) => failure(e.into()),
+                None => match store.by_pod(&network, &pod) {
+                    Ok(leases) => Reply::Records {
+                        leases: leases.unwrap_or_default(),
+                    },
+                    Err(e) => failure(e),
                 },
-            },
-            Request::ByPod { network, pod } => match self.pods.lookup(&store, &network, pod) {
-                Ok(leases) => Reply::Records { leases },
-                Err(e) => failure(e),
             },
         }
     }
 
-    /// List this node's leases, then watch them; list again after an expired watch, with
-    /// back-off after a failure (answers go to the API meanwhile).
-    fn keep_node_leases(&self) {
+    /// List `network`'s records, then watch them; list again after an expired watch, with
+    /// back-off after a failure (answers go to the API meanwhile). A network too big to keep is
+    /// left alone. One network is listed at a time: a list's answer is the largest thing the
+    /// service holds.
+    fn keep_network(&self, network: &str, cache: &NetworkLeases) {
         let stop = || self.stopping.load(Ordering::SeqCst);
+        let too_big = |why: &dyn std::fmt::Display| {
+            log::warn!(
+                "lease service: network {network} is not kept in memory ({why}); its plugins' requests go to the API server"
+            );
+        };
         let mut backoff = Duration::from_secs(1);
         while !stop() {
             let store = self.store();
             store.restart_budget();
-            let mut rv = match store.list_node_at(&self.node) {
+            let listed = {
+                let _one = self.listing.lock().unwrap_or_else(|p| p.into_inner());
+                store.list_network_at(network, MAX_LIST_BYTES)
+            };
+            let mut rv = match listed {
                 Ok((leases, rv)) => {
-                    self.cache.replace_all(leases);
+                    let (n, room) = (leases.len(), self.networks.room(network));
+                    cache.replace_all(leases, room);
+                    if cache.standing(Duration::ZERO) != Standing::Synced {
+                        too_big(&format_args!("{n} records, room for {room}"));
+                        return;
+                    }
                     backoff = Duration::from_secs(1);
                     rv
                 }
+                Err(e @ KubeStoreError::TooLarge { .. }) => {
+                    cache.unsynced();
+                    too_big(&e);
+                    return;
+                }
                 Err(e) => {
-                    self.cache.unsynced();
-                    log::warn!("lease service: listing this node's leases: {e}");
+                    cache.unsynced();
+                    log::warn!("lease service: listing network {network}: {e}");
                     sleep_unless(&stop, jittered(backoff));
                     backoff = (backoff * 2).min(Duration::from_secs(30));
                     continue;
                 }
             };
-            let keep_going = || !stop();
+            // Until stopping, or the network grows past its room (then listed again).
+            let keep_going = || !stop() && cache.standing(Duration::ZERO) == Standing::Synced;
             loop {
-                match store.watch_node(
-                    &self.node,
+                match store.watch_network(
+                    network,
                     &rv,
                     Duration::from_secs(300),
                     &keep_going,
-                    |c| self.cache.apply(c),
+                    |c| cache.apply(c),
                 ) {
-                    Ok(WatchEnd::Closed { resource_version }) if !stop() => rv = resource_version,
+                    Ok(WatchEnd::Closed { resource_version }) if keep_going() => {
+                        rv = resource_version
+                    }
                     Ok(_) => break,
                     Err(e) => {
-                        self.cache.unsynced();
-                        log::warn!("lease service: watching this node's leases: {e}");
+                        cache.unsynced();
+                        log::warn!("lease service: watching network {network}: {e}");
                         sleep_unless(&stop, jittered(backoff));
                         break;
                     }
@@ -493,6 +578,9 @@ impl Shared {
         }
     }
 }
+
+/// How long a node's first request about a network waits for the network's first list.
+const WARM_UP: Duration = Duration::from_secs(2);
 
 fn sleep_unless(stop: &dyn Fn() -> bool, d: Duration) {
     let until = Instant::now() + d;

@@ -26,14 +26,11 @@ fn conf(network: &str) -> Value {
                     "store": "kubernetes"}})
 }
 
-/// A service for `node` on a socket in its directory, started and synced.
+/// A service for `node` on a socket in its directory.
 fn service(node: &Node) -> (LeaseService, PathBuf) {
     let socket = node.dir.join("run/leases.sock");
     let opts = ServiceOptions::new(socket.clone(), node.kubeconfig.clone(), None);
-    let svc = LeaseService::start(opts).unwrap();
-    let synced = wait_until(Duration::from_secs(20), || svc.is_synced());
-    assert!(synced.is_some(), "the service read this node's leases");
-    (svc, socket)
+    (LeaseService::start(opts).unwrap(), socket)
 }
 
 fn leased_to(env: &Env, network: &str, addr: &str) -> Option<(LeaseState, Option<String>)> {
@@ -62,14 +59,28 @@ fn add_check_and_del_go_through_the_service_as_the_nodes_own_credential() {
     );
     let st = svc.stats();
     assert_eq!(st.welcomed.load(Ordering::Relaxed), 1);
-    let served = st.requests.load(Ordering::Relaxed);
     assert!(
-        served >= 2,
-        "the pod-label LIST and the CREATE at least: {served}"
+        svc.keeps(net, Duration::ZERO),
+        "the network is kept by a watch now"
     );
+    // The node's first ADD in the network: the journal's rebuild and the pod's records came from
+    // the network's list (one LIST and one WATCH for the node, not per ADD), the address from
+    // one CREATE.
+    let api = svc.api_requests();
+    assert_eq!((api.create, api.get), (1, 0), "{api:?}");
+    assert!(api.list <= 2, "the network's LIST and its WATCH: {api:?}");
     assert!(
-        st.from_cache.load(Ordering::Relaxed) >= 1,
-        "the node journal's rebuild came from the service's watch, not the API"
+        st.from_cache.load(Ordering::Relaxed) >= 2,
+        "the journal's rebuild and the pod's records answered from memory"
+    );
+    // A second pod: one request.
+    let before = svc.api_requests();
+    let (code, r1) = call_through(&n, Some(&socket), "ADD", "p9", "s9", &c);
+    assert_eq!(code, 0, "{r1}");
+    assert_eq!(
+        (svc.api_requests() - before).total(),
+        1,
+        "a free address: one CREATE"
     );
 
     let mut check = c.clone();
@@ -82,19 +93,21 @@ fn add_check_and_del_go_through_the_service_as_the_nodes_own_credential() {
         leased_to(&env, net, &addr),
         Some((LeaseState::Released { .. }, _))
     ));
-    assert_eq!(st.welcomed.load(Ordering::Relaxed), 3, "ADD, CHECK and DEL");
+    assert_eq!(
+        st.welcomed.load(Ordering::Relaxed),
+        4,
+        "two ADDs, CHECK and DEL"
+    );
     // The same pod back: its address (sticky), through the service.
     let (code, again) = call_through(&n, Some(&socket), "ADD", "p0", "s1", &c);
     assert_eq!((code, first_address(&again)), (0, addr.clone()), "{again}");
 
     // Stopped: the socket is gone, the plugin goes straight to the API server.
-    let before = st.requests.load(Ordering::Relaxed);
     svc.stop(Duration::from_secs(2));
     assert!(!socket.exists());
     let (code, r2) = call_through(&n, Some(&socket), "ADD", "p1", "s2", &c);
     assert_eq!(code, 0, "{r2}");
     assert_ne!(first_address(&r2), addr);
-    let _ = before;
 }
 
 #[test]
@@ -304,63 +317,58 @@ fn adds_running_while_the_service_stops_or_is_killed_all_succeed_once() {
 
 #[test]
 #[ignore = "needs a real API server: make test starts one (../shared/peers)"]
-fn adds_arriving_together_share_one_pod_lookup_and_each_finds_its_own_address() {
+fn returning_pods_at_once_each_get_their_address_back_from_memory() {
     let env = Env::real("svc-batch");
     let n = node(&env, "svc-d");
     let net = env.name("svc-batch-net");
     let (svc, socket) = service(&n);
     let c = conf(net);
     let pods = 16;
+    let call = |verb: &str, k: usize, sandbox: &str| {
+        let (code, r) = call_through(
+            &n,
+            Some(&socket),
+            verb,
+            &format!("p{k}"),
+            &format!("{sandbox}{k}"),
+            &c,
+        );
+        assert_eq!(code, 0, "{verb} p{k}: {r}");
+        r
+    };
     // Each pod gets an address and lets it go (Released, kept for it).
-    let mut first = Vec::new();
-    for k in 0..pods {
-        let (code, r) = call_through(
-            &n,
-            Some(&socket),
-            "ADD",
-            &format!("p{k}"),
-            &format!("a{k}"),
-            &c,
-        );
-        assert_eq!(code, 0, "{r}");
-        first.push(first_address(&r));
-        let (code, r) = call_through(
-            &n,
-            Some(&socket),
-            "DEL",
-            &format!("p{k}"),
-            &format!("a{k}"),
-            &c,
-        );
-        assert_eq!(code, 0, "{r}");
-    }
-    let before = svc.pod_lists();
-    // The same pods come back all at once, as new sandboxes.
+    let first: Vec<String> = (0..pods)
+        .map(|k| {
+            let r = call("ADD", k, "a");
+            call("DEL", k, "a");
+            first_address(&r)
+        })
+        .collect();
+    let (api, cached) = (
+        svc.api_requests(),
+        svc.stats().from_cache.load(Ordering::Relaxed),
+    );
+    // The same pods come back all at once, as new sandboxes: each finds its record in the
+    // network's kept records (no pod-label LIST, which costs the API server a scan of every
+    // record of the group) and takes it back with one UPDATE.
     let again: Vec<String> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..pods)
-            .map(|k| {
-                let (n, c, socket) = (&n, &c, &socket);
-                s.spawn(move || {
-                    let (code, r) = call_through(
-                        n,
-                        Some(socket),
-                        "ADD",
-                        &format!("p{k}"),
-                        &format!("b{k}"),
-                        c,
-                    );
-                    assert_eq!(code, 0, "{r}");
-                    first_address(&r)
-                })
-            })
+            .map(|k| s.spawn(move || first_address(&call("ADD", k, "b"))))
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(again, first, "every pod its own address back");
-    let lists = svc.pod_lists() - before;
-    eprintln!("{pods} ADDs at once: {lists} pod-label LISTs");
+    let sent = svc.api_requests() - api;
+    eprintln!("{pods} returning pods at once: {sent:?}");
+    assert_eq!(sent.list, 0, "no LIST for a returning pod: {sent:?}");
+    assert_eq!(
+        (sent.update, sent.create, sent.total()),
+        (pods as u64, 0, pods as u64),
+        "one UPDATE each, nothing else: {sent:?}"
+    );
+    let from_memory = svc.stats().from_cache.load(Ordering::Relaxed) - cached;
     assert!(
-        lists >= 1 && lists < pods as u64,
-        "{lists} LISTs for {pods} ADDs"
+        from_memory >= pods as u64,
+        "each pod's lookup answered from memory: {from_memory} answers"
     );
 }
