@@ -74,6 +74,8 @@ pub struct ServiceStats {
     pub requests: AtomicU64,
     /// Requests answered from a kept network's records, without the API.
     pub from_cache: AtomicU64,
+    /// Worker threads started (an idle one takes the next connection).
+    pub workers: AtomicU64,
 }
 
 struct Shared {
@@ -88,6 +90,8 @@ struct Shared {
     watchers: Mutex<Vec<JoinHandle<()>>>,
     stopping: AtomicBool,
     open: AtomicUsize,
+    /// Workers waiting for a connection.
+    idle: AtomicUsize,
     max_connections: usize,
     stats: ServiceStats,
 }
@@ -137,6 +141,7 @@ impl LeaseService {
             watchers: Mutex::default(),
             stopping: AtomicBool::new(false),
             open: AtomicUsize::new(0),
+            idle: AtomicUsize::new(0),
             max_connections: opts.max_connections.max(1),
             stats: ServiceStats::default(),
         });
@@ -270,20 +275,37 @@ fn failure(e: StoreError) -> Reply {
 /// How long a connection may sit between two requests (a CNI call sends them back to back).
 const IDLE: Duration = Duration::from_secs(30);
 
+/// How long a worker waits for another connection before it ends.
+const IDLE_WORKER: Duration = Duration::from_secs(60);
+
+/// Count one out of `n` unless it is zero.
+fn take_one(n: &AtomicUsize) -> bool {
+    n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1))
+        .is_ok()
+}
+
 impl Shared {
     fn accept_loop(self: Arc<Shared>, listener: UnixListener) {
+        // Connections go to idle workers when there are some (a thread per CNI call would cost
+        // the node a thread's creation and teardown, stack mappings included, every call).
+        let (tx, rx) = std::sync::mpsc::channel::<UnixStream>();
+        let rx = Arc::new(Mutex::new(rx));
         while !self.stopping.load(Ordering::SeqCst) {
             match listener.accept() {
                 Ok((stream, _)) => {
                     self.open.fetch_add(1, Ordering::SeqCst);
-                    let sh = self.clone();
-                    let spawned =
-                        std::thread::Builder::new()
-                            .name("lease-conn".into())
-                            .spawn(move || {
-                                sh.serve(stream);
-                                sh.open.fetch_sub(1, Ordering::SeqCst);
-                            });
+                    if take_one(&self.idle) {
+                        // An idle worker was counted: one of them takes it.
+                        let _ = tx.send(stream);
+                        continue;
+                    }
+                    let (sh, rx) = (self.clone(), rx.clone());
+                    let spawned = std::thread::Builder::new()
+                        .name("lease-conn".into())
+                        .spawn(move || sh.work(stream, &rx));
+                    if spawned.is_ok() {
+                        self.stats.workers.fetch_add(1, Ordering::Relaxed);
+                    }
                     if let Err(e) = spawned {
                         self.open.fetch_sub(1, Ordering::SeqCst);
                         log::warn!("lease service: cannot serve a connection: {e}");
@@ -297,6 +319,33 @@ impl Shared {
                     std::thread::sleep(Duration::from_millis(50));
                 }
             }
+        }
+    }
+
+    /// A worker: serve `first`, then each connection handed over while it is idle; end after
+    /// [`IDLE_WORKER`] without one, or when the accept loop has ended.
+    fn work(
+        self: &Arc<Self>,
+        first: UnixStream,
+        rx: &Mutex<std::sync::mpsc::Receiver<UnixStream>>,
+    ) {
+        let mut stream = first;
+        loop {
+            self.serve(stream);
+            self.open.fetch_sub(1, Ordering::SeqCst);
+            self.idle.fetch_add(1, Ordering::SeqCst);
+            stream = loop {
+                let next = rx
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .recv_timeout(IDLE_WORKER);
+                match next {
+                    Ok(s) => break s,
+                    // Counted out by the accept loop meanwhile: a connection is on its way.
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) if !take_one(&self.idle) => {}
+                    Err(_) => return,
+                }
+            };
         }
     }
 

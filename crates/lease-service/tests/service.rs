@@ -1,5 +1,6 @@
 //! The service's own life, without an API server (it sends nothing until asked; its watch of
-//! the node's leases retries in the background): the socket it makes, the one it leaves alone.
+//! a network is started only when a plugin asks about one): the socket it makes, the one it leaves
+//! alone, the workers that serve its connections.
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::PathBuf;
@@ -66,5 +67,43 @@ fn the_socket_is_roots_alone_and_a_stopping_service_leaves_its_successors_socket
         !socket.exists(),
         "a stopped service takes its own socket away"
     );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn connections_one_after_another_reuse_one_worker_and_at_once_get_one_each() {
+    let d = dir("workers");
+    let kc = kubeconfig(&d);
+    let socket = d.join("run/leases.sock");
+    let svc = LeaseService::start(ServiceOptions::new(
+        socket.clone(),
+        kc.clone(),
+        Some("gpu-1".into()),
+    ))
+    .unwrap();
+    let mut settings = tether_kube_store::KubeSettings::with_kubeconfig(&kc);
+    settings.node = Some("gpu-1".into());
+    let open = || Link::open(&socket, &identity(&settings), Duration::from_secs(2)).unwrap();
+    let workers = || {
+        svc.stats()
+            .workers
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    // One CNI call after another (each its own connection): the same worker takes them.
+    for _ in 0..20 {
+        drop(open());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(workers(), 1, "one worker for calls one after another");
+    // Eight calls at once: eight connections served together.
+    let links: Vec<Link> = (0..8).map(|_| open()).collect();
+    assert_eq!(links.len(), 8);
+    assert!(
+        (8..=9).contains(&workers()),
+        "{} workers for 8 calls at once",
+        workers()
+    );
+    drop(links);
+    svc.stop(Duration::from_secs(1));
     let _ = std::fs::remove_dir_all(&d);
 }
