@@ -10,7 +10,8 @@
 #   3. A StatefulSet of two trainers (net1 from the pool, net2 compute) and one fixed-address pod
 #      (net1 10.20.30.240, net2) reach Running; net1/net2 are l2 ipvlan links with the right
 #      addresses; the pods ping each other over net2 and the gateway over net1; each address is
-#      Leased to its pod on this node; Multus' network-status lists them.
+#      Leased to its pod on this node; Multus' network-status lists them; the ADDs went through
+#      the node-agent's lease service (its metrics).
 #   4. A StatefulSet pod deleted: the kubelet's DEL releases its leases; its replacement (same name,
 #      new UID) gets the same two addresses.
 #   5. A sandbox that dies (its process killed): the kubelet re-creates it (DEL, then ADD with a new
@@ -89,6 +90,16 @@ for p in trainer-0 trainer-1 login; do
   done
 done
 pass "each address Leased to its pod (name, namespace, UID, interface) on $E2E_NODE; network-status lists net1 and net2 of each"
+
+# Those six ADDs went through the node-agent's lease service (the NADs name the kubeconfig it
+# writes), and the networks are kept by its watch: its metrics (hostNetwork, port 9464) say so.
+agent_ip=$(K -n kube-system get pod "$(agent_pod)" -o jsonpath='{.status.podIP}')
+metrics=$(curl -fsS --max-time 10 "http://$agent_ip:9464/metrics") || fail "cannot read the node-agent's metrics on $agent_ip:9464"
+welcomed=$(awk '/^tether_lease_service_connections_total\{outcome="welcomed"\}/ {print $2}' <<<"$metrics")
+synced=$(grep -c '^tether_lease_service_network_records{.*standing="synced"}' <<<"$metrics" || true)
+[ "${welcomed:-0}" -ge 6 ] && [ "$synced" -ge 2 ] ||
+  fail "the plugins did not go through the node-agent: $welcomed calls welcomed, $synced networks kept; $(grep '^tether_lease_service' <<<"$metrics")"
+pass "the plugins' lease requests went through the node-agent ($welcomed calls welcomed; $synced networks kept by its watch)"
 
 # ---- 4. a StatefulSet pod deleted and re-created keeps its addresses ---------------------------
 old_uid=$(pod_uid trainer-1)

@@ -143,6 +143,10 @@ impl Agent {
                 "--metrics-addr",
                 "127.0.0.1:0",
             ])
+            // Its lease service on a socket of its own, not the host's /run/tether (the
+            // harness's ADDs go straight to the API: what is measured here is the reconciler).
+            .arg("--lease-socket")
+            .arg(s.dir.join("run/leases.sock"))
             .args([
                 "--grace-s",
                 &s.grace_s.to_string(),

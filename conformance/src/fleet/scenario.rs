@@ -447,6 +447,7 @@ impl<'a> Fleet<'a> {
                 .env("CNI_IFNAME", "net1")
                 .env("CNI_PATH", "/nonexistent")
                 .env("NODE_NAME", &self.nodes[i].name)
+                .env("TETHER_LEASE_SOCKET", "")
                 .env(
                     "CNI_ARGS",
                     format!(

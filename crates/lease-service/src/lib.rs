@@ -3,7 +3,7 @@
 //! A CNI plugin is a fresh process per call: on the direct path every ADD pays a kubeconfig
 //! parse, a TLS handshake with the API server and the authentication of a new connection, on
 //! both sides, for one or two requests. The node-agent already runs on every node: it keeps one
-//! connection and a watch of its node's leases, and serves the plugins' lease-store requests over
+//! connection and a watch of each network its pods use, and serves the plugins' lease-store requests over
 //! a root-only unix socket ([`server`]). The plugin asks it first and falls back to the direct
 //! path by itself whenever it is absent, slow, stopping or breaks mid-call ([`client`]), so no
 //! pod waits for, or fails because of, the agent. Both paths send the same conditional requests
@@ -16,5 +16,6 @@ pub mod protocol;
 pub mod server;
 
 pub use client::{Link, ServedStore, open_served};
+pub use network_cache::NetworkGauge;
 pub use protocol::{DEFAULT_SOCKET, SOCKET_ENV, socket_path};
-pub use server::{LeaseService, ServiceOptions, ServiceStats};
+pub use server::{LeaseService, ServiceGauges, ServiceOptions, ServiceStats};

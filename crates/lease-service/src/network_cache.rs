@@ -62,6 +62,17 @@ pub enum Standing {
     Off,
 }
 
+impl Standing {
+    /// Its name in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Standing::Filling => "filling",
+            Standing::Synced => "synced",
+            Standing::Off => "off",
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
     standing: Standing,
@@ -232,6 +243,17 @@ impl NetworkLeases {
     }
 }
 
+/// One network as the running service keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkGauge {
+    /// The network's name.
+    pub network: String,
+    /// Whether its answers come from memory ([`Standing::Synced`]).
+    pub standing: Standing,
+    /// Records kept.
+    pub records: usize,
+}
+
 /// The networks kept, by name.
 #[derive(Default)]
 pub struct Networks {
@@ -250,6 +272,27 @@ impl Networks {
                 (c, true)
             }
         }
+    }
+
+    /// Each network: where it stands and how many records it keeps.
+    pub fn gauges(&self) -> Vec<NetworkGauge> {
+        let kept: Vec<(String, Arc<NetworkLeases>)> = self
+            .kept
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(n, c)| (n.clone(), c.clone()))
+            .collect();
+        let mut out: Vec<_> = kept
+            .into_iter()
+            .map(|(network, c)| NetworkGauge {
+                network,
+                standing: c.standing(Duration::ZERO),
+                records: c.len(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.network.cmp(&b.network));
+        out
     }
 
     /// How many records `network` may keep: [`MAX_RECORDS`], less when the other networks

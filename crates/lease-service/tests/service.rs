@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tether_lease_service::client::{Link, identity};
-use tether_lease_service::{LeaseService, ServiceOptions};
+use tether_lease_service::protocol::{
+    MAX_REPLY, PROTOCOL, Reply, Request, read_frame, write_frame,
+};
+use tether_lease_service::{LeaseService, ServiceGauges, ServiceOptions};
 
 fn dir(tag: &str) -> PathBuf {
     let p = std::env::temp_dir().join(format!("tether-lease-svc-{tag}-{}", std::process::id()));
@@ -105,5 +108,54 @@ fn connections_one_after_another_reuse_one_worker_and_at_once_get_one_each() {
     );
     drop(links);
     svc.stop(Duration::from_secs(1));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn the_networks_asked_about_show_in_the_gauges_while_the_service_runs() {
+    let d = dir("gauges");
+    let kc = kubeconfig(&d);
+    let socket = d.join("run/leases.sock");
+    let gauges = ServiceGauges::default();
+    let mut opts = ServiceOptions::new(socket.clone(), kc.clone(), Some("gpu-1".into()));
+    opts.gauges = gauges.clone();
+    let svc = LeaseService::start(opts).unwrap();
+    assert!(gauges.networks().is_empty(), "nothing asked yet");
+    let mut settings = tether_kube_store::KubeSettings::with_kubeconfig(&kc);
+    settings.node = Some("gpu-1".into());
+    let mut s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    let hello = Request::Hello {
+        protocol: PROTOCOL,
+        store: identity(&settings),
+    };
+    write_frame(&mut s, &hello).unwrap();
+    let welcome: Reply = read_frame(&mut s, MAX_REPLY).unwrap().unwrap();
+    assert!(matches!(welcome, Reply::Welcome { .. }), "{welcome:?}");
+    // A question about network "mgmt": the service starts keeping it. Its API server is not
+    // there, so the answer is a failure, and the network is not synced.
+    let ask = Request::Get {
+        network: "mgmt".into(),
+        address: "10.0.0.1".parse().unwrap(),
+    };
+    write_frame(&mut s, &ask).unwrap();
+    let reply: Reply = read_frame(&mut s, MAX_REPLY).unwrap().unwrap();
+    assert!(matches!(reply, Reply::Failed { .. }), "{reply:?}");
+    let shown = gauges.networks();
+    assert_eq!(shown.len(), 1, "{shown:?}");
+    assert_eq!(shown[0].network, "mgmt");
+    assert_ne!(shown[0].standing.as_str(), "synced");
+    assert_eq!(
+        gauges
+            .stats()
+            .welcomed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    drop(s);
+    svc.stop(Duration::from_secs(1));
+    assert!(
+        gauges.networks().is_empty(),
+        "a stopped service's networks are not shown"
+    );
     let _ = std::fs::remove_dir_all(&d);
 }

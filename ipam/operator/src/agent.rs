@@ -26,7 +26,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tether_lease_service::{LeaseService, ServiceOptions};
+use tether_kube_store::ApiTraffic;
+use tether_lease_service::{LeaseService, ServiceGauges, ServiceOptions};
 
 use crate::observers::Observers;
 use crate::plugin_token::PluginToken;
@@ -211,6 +212,19 @@ pub fn run(
     let mut reconciler: Option<std::thread::JoinHandle<()>> = None;
     let mut plugin_token = PluginToken::new(opts.plugin_token_api.clone());
     let mut service: Option<LeaseService> = None;
+    // The service's counters and networks show in the reconciler's metrics, and its API
+    // requests count with the agent's.
+    let gauges = ServiceGauges::default();
+    let reconcile = opts.reconcile.clone().map(|mut ro| {
+        if opts.lease_socket.is_some() {
+            ro.lease_service = Some(gauges.clone());
+        }
+        ro
+    });
+    let traffic = reconcile
+        .as_ref()
+        .and_then(|ro| ro.kube.as_ref())
+        .map(|k| k.traffic.clone());
     loop {
         let token = plugin_token.current();
         match write_kubeconfig(&sa, token.as_deref(), &opts.kubeconfig_out) {
@@ -221,9 +235,9 @@ pub fn run(
         }
         if let (None, Some(socket)) = (&service, &opts.lease_socket) {
             // Retried every refresh while it cannot start: the plugins go direct meanwhile.
-            service = start_service(socket, &opts.kubeconfig_out);
+            service = start_service(socket, &opts.kubeconfig_out, &gauges, traffic.as_ref());
         }
-        if let Some(ro) = &opts.reconcile {
+        if let Some(ro) = &reconcile {
             if opts.once {
                 match Reconciler::new(ro.clone()) {
                     Ok(r) => {
@@ -279,9 +293,18 @@ pub fn run(
 }
 
 /// The lease service for the plugins' kubeconfig, or `None` (logged) when it cannot start now.
-fn start_service(socket: &Path, kubeconfig: &Path) -> Option<LeaseService> {
+fn start_service(
+    socket: &Path,
+    kubeconfig: &Path,
+    gauges: &ServiceGauges,
+    traffic: Option<&ApiTraffic>,
+) -> Option<LeaseService> {
     let node = std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty());
-    let opts = ServiceOptions::new(socket.to_path_buf(), kubeconfig.to_path_buf(), node);
+    let mut opts = ServiceOptions::new(socket.to_path_buf(), kubeconfig.to_path_buf(), node);
+    opts.gauges = gauges.clone();
+    if let Some(t) = traffic {
+        opts.settings.traffic = t.clone();
+    }
     LeaseService::start(opts)
         .map_err(|e| {
             log::error!("the lease service is off for now (plugins go straight to the API): {e}")

@@ -90,6 +90,8 @@ pub struct Options {
     pub conflict_events: bool,
     /// Time between the monitor's rounds (conflicts, pool gauges).
     pub monitor_interval: Duration,
+    /// The node's lease service, shown in the metrics (the agent sets it when it runs one).
+    pub lease_service: Option<tether_lease_service::ServiceGauges>,
 }
 
 impl Options {
@@ -111,6 +113,7 @@ impl Options {
             metrics_addr: None,
             conflict_events: true,
             monitor_interval: Duration::from_secs(DEFAULT_MONITOR_INTERVAL_S),
+            lease_service: None,
         }
     }
 }

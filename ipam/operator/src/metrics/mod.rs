@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tether_kube_store::ApiTraffic;
+use tether_lease_service::ServiceGauges;
 use tether_leases::RangeStatus;
 
 use crate::report::{PassReport, StoreName};
@@ -34,6 +35,8 @@ pub struct Registry {
     heartbeat: AtomicU64,
     /// What the agent's API clients sent and read: the clients count into it, this serves it.
     traffic: ApiTraffic,
+    /// The node's lease service, when this agent runs one.
+    lease_service: Option<ServiceGauges>,
 }
 
 #[derive(Default)]
@@ -78,6 +81,12 @@ impl Registry {
             traffic,
             ..Registry::default()
         }
+    }
+
+    /// The same, also showing the lease service's counters and networks.
+    pub fn serving(mut self, lease_service: Option<ServiceGauges>) -> Registry {
+        self.lease_service = lease_service;
+        self
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -400,6 +409,47 @@ impl Registry {
                 .map(|(v, c, n)| (labels(&[("verb", v), ("code", &c)]), n as f64))
                 .collect(),
         );
+        if let Some(g) = &self.lease_service {
+            let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed) as f64;
+            let st = g.stats();
+            family(
+                "tether_lease_service_connections_total",
+                "counter",
+                "Plugin calls that connected to the node's lease service: welcomed, or refused (another store, busy, stopping: the plugin went straight to the API).",
+                vec![
+                    (labels(&[("outcome", "welcomed")]), load(&st.welcomed)),
+                    (labels(&[("outcome", "refused")]), load(&st.refused)),
+                ],
+            );
+            let requests = st.requests.load(Ordering::Relaxed);
+            let from_cache = st.from_cache.load(Ordering::Relaxed);
+            family(
+                "tether_lease_service_requests_total",
+                "counter",
+                "Lease-store requests the lease service answered: from the networks it keeps in memory, or with an API request.",
+                vec![
+                    (labels(&[("answered", "memory")]), from_cache as f64),
+                    (
+                        labels(&[("answered", "api")]),
+                        requests.saturating_sub(from_cache) as f64,
+                    ),
+                ],
+            );
+            family(
+                "tether_lease_service_network_records",
+                "gauge",
+                "Records of a network the lease service keeps by a watch; standing synced (answers from memory), filling, or off (not kept: too large, or its watch failed).",
+                g.networks()
+                    .into_iter()
+                    .map(|n| {
+                        (
+                            labels(&[("network", &n.network), ("standing", n.standing.as_str())]),
+                            n.records as f64,
+                        )
+                    })
+                    .collect(),
+            );
+        }
         out
     }
 }
@@ -468,5 +518,29 @@ mod tests {
             }
         }
         assert_eq!(labels(&[("a", "x\"y\\z\nw")]), "{a=\"x\\\"y\\\\z\\nw\"}");
+        assert!(
+            !t.contains("tether_lease_service"),
+            "no lease service, no lease-service families"
+        );
+    }
+
+    #[test]
+    fn the_lease_service_shows_what_it_answered_and_how() {
+        let g = ServiceGauges::default();
+        let st = g.stats();
+        st.welcomed.store(7, Ordering::Relaxed);
+        st.refused.store(1, Ordering::Relaxed);
+        st.requests.store(20, Ordering::Relaxed);
+        st.from_cache.store(12, Ordering::Relaxed);
+        let t = Registry::default().serving(Some(g)).render();
+        for line in [
+            "tether_lease_service_connections_total{outcome=\"welcomed\"} 7\n",
+            "tether_lease_service_connections_total{outcome=\"refused\"} 1\n",
+            "tether_lease_service_requests_total{answered=\"memory\"} 12\n",
+            "tether_lease_service_requests_total{answered=\"api\"} 8\n",
+            "# TYPE tether_lease_service_network_records gauge\n",
+        ] {
+            assert!(t.contains(line), "{line} in {t}");
+        }
     }
 }

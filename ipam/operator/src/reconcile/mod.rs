@@ -161,6 +161,7 @@ impl Reconciler {
             .as_ref()
             .map(|k| k.traffic.clone())
             .unwrap_or_default();
+        let metrics = Arc::new(Registry::counting(traffic).serving(opts.lease_service.clone()));
         Ok(Reconciler {
             opts,
             kube,
@@ -168,7 +169,7 @@ impl Reconciler {
             warned_agents: AtomicBool::new(false),
             warned_ready: Mutex::default(),
             silent_done: Mutex::default(),
-            metrics: Arc::new(Registry::counting(traffic)),
+            metrics,
         })
     }
 

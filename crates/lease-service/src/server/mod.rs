@@ -11,24 +11,22 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use tether_kube_store::{
-    Change, KubeSettings, KubeStore, KubeStoreError, RequestCounts, WatchEnd, jittered,
-};
+use tether_kube_store::{Change, KubeSettings, KubeStore, RequestCounts};
 use tether_leases::{LeaseStore, StoreError};
 use tether_trusted_fs::{Place, TrustedDir};
 
-use crate::network_cache::{MAX_LIST_BYTES, NetworkLeases, Networks, Standing};
+use crate::network_cache::{NetworkGauge, Networks, Standing};
+use crate::protocol::{Reply, Request, StoreIdentity};
 
-use crate::protocol::{
-    MAX_REQUEST, PROTOCOL, Reply, Request, StoreIdentity, peer_uid, read_frame, write_frame,
-};
+mod connections;
+mod network_watch;
 
 /// How long the service gives one request against the API server: less than the plugin waits
 /// for its answer ([`crate::client::ANSWER_WAIT`]), so a slow API server is reported to the
@@ -38,6 +36,8 @@ pub const REQUEST_BUDGET: Duration = Duration::from_millis(2500);
 /// How the service runs.
 #[derive(Debug, Clone)]
 pub struct ServiceOptions {
+    /// Where its counters and networks show (the node-agent's metrics); a fresh one by default.
+    pub gauges: ServiceGauges,
     /// Where to listen (a root-only directory is made for it).
     pub socket: PathBuf,
     /// The store it serves: the plugins' kubeconfig (with its node-bound token), as NADs name it.
@@ -56,6 +56,7 @@ impl ServiceOptions {
         settings.timeout = REQUEST_BUDGET;
         settings.node = node;
         ServiceOptions {
+            gauges: ServiceGauges::default(),
             socket,
             settings,
             max_connections: 256,
@@ -78,12 +79,48 @@ pub struct ServiceStats {
     pub workers: AtomicU64,
 }
 
+/// What services show the node-agent's metrics: made by whoever starts them, handed to each in
+/// its options, read while they run. The counters add up across services (one after another);
+/// the networks are the running service's.
+#[derive(Clone, Default)]
+pub struct ServiceGauges(Arc<GaugeState>);
+
+#[derive(Default)]
+struct GaugeState {
+    stats: ServiceStats,
+    networks: Mutex<Option<Arc<Networks>>>,
+}
+
+impl std::fmt::Debug for ServiceGauges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServiceGauges")
+    }
+}
+
+impl ServiceGauges {
+    /// The counters.
+    pub fn stats(&self) -> &ServiceStats {
+        &self.0.stats
+    }
+
+    /// The running service's networks (none when no service runs).
+    pub fn networks(&self) -> Vec<NetworkGauge> {
+        let kept = self.lock().clone();
+        kept.map(|n| n.gauges()).unwrap_or_default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arc<Networks>>> {
+        self.0.networks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 struct Shared {
     identity: StoreIdentity,
     node: String,
     settings: KubeSettings,
     store: RwLock<(Arc<KubeStore>, Option<SystemTime>)>,
-    networks: Networks,
+    networks: Arc<Networks>,
+    gauges: ServiceGauges,
     /// Held while a network is listed (one at a time).
     listing: Mutex<()>,
     /// The networks' watch threads, started as plugins first ask about each.
@@ -93,7 +130,6 @@ struct Shared {
     /// Workers waiting for a connection.
     idle: AtomicUsize,
     max_connections: usize,
-    stats: ServiceStats,
 }
 
 /// A running service; [`LeaseService::stop`] (or drop) ends it.
@@ -109,12 +145,6 @@ pub struct LeaseService {
 fn mtime(p: Option<&Path>) -> Option<SystemTime> {
     p.and_then(|p| std::fs::metadata(p).ok())
         .and_then(|m| m.modified().ok())
-}
-
-/// The same file, however it is written (`/var/run/…` for `/run/…`).
-fn same_path(a: &Path, b: &Path) -> bool {
-    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-    canon(a) == canon(b)
 }
 
 impl LeaseService {
@@ -136,15 +166,16 @@ impl LeaseService {
             node,
             settings: opts.settings.clone(),
             store: RwLock::new((Arc::new(store), mtime(Some(&kubeconfig)))),
-            networks: Networks::default(),
+            networks: Arc::default(),
+            gauges: opts.gauges.clone(),
             listing: Mutex::default(),
             watchers: Mutex::default(),
             stopping: AtomicBool::new(false),
             open: AtomicUsize::new(0),
             idle: AtomicUsize::new(0),
             max_connections: opts.max_connections.max(1),
-            stats: ServiceStats::default(),
         });
+        *shared.gauges.lock() = Some(shared.networks.clone());
         let mut threads = Vec::new();
         let sh = shared.clone();
         threads.push(
@@ -169,7 +200,7 @@ impl LeaseService {
 
     /// What it has done so far.
     pub fn stats(&self) -> &ServiceStats {
-        &self.shared.stats
+        self.shared.gauges.stats()
     }
 
     /// Is `network` kept (its list read, its watch running), waiting up to `wait` for it? Asking
@@ -197,6 +228,16 @@ impl LeaseService {
         }
         if file_id(&self.socket) == Some(self.made) {
             let _ = std::fs::remove_file(&self.socket);
+        }
+        {
+            // A successor's networks, if one started meanwhile, stay shown.
+            let mut shown = self.shared.gauges.lock();
+            if shown
+                .as_ref()
+                .is_some_and(|n| Arc::ptr_eq(n, &self.shared.networks))
+            {
+                *shown = None;
+            }
         }
         let until = Instant::now() + grace;
         while self.shared.open.load(Ordering::SeqCst) > 0 && Instant::now() < until {
@@ -272,162 +313,7 @@ fn failure(e: StoreError) -> Reply {
     }
 }
 
-/// How long a connection may sit between two requests (a CNI call sends them back to back).
-const IDLE: Duration = Duration::from_secs(30);
-
-/// How long a worker waits for another connection before it ends.
-const IDLE_WORKER: Duration = Duration::from_secs(60);
-
-/// Count one out of `n` unless it is zero.
-fn take_one(n: &AtomicUsize) -> bool {
-    n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1))
-        .is_ok()
-}
-
 impl Shared {
-    fn accept_loop(self: Arc<Shared>, listener: UnixListener) {
-        // Connections go to idle workers when there are some (a thread per CNI call would cost
-        // the node a thread's creation and teardown, stack mappings included, every call).
-        let (tx, rx) = std::sync::mpsc::channel::<UnixStream>();
-        let rx = Arc::new(Mutex::new(rx));
-        while !self.stopping.load(Ordering::SeqCst) {
-            match listener.accept() {
-                Ok((stream, _)) => {
-                    self.open.fetch_add(1, Ordering::SeqCst);
-                    if take_one(&self.idle) {
-                        // An idle worker was counted: one of them takes it.
-                        let _ = tx.send(stream);
-                        continue;
-                    }
-                    let (sh, rx) = (self.clone(), rx.clone());
-                    let spawned = std::thread::Builder::new()
-                        .name("lease-conn".into())
-                        .spawn(move || sh.work(stream, &rx));
-                    if spawned.is_ok() {
-                        self.stats.workers.fetch_add(1, Ordering::Relaxed);
-                    }
-                    if let Err(e) = spawned {
-                        self.open.fetch_sub(1, Ordering::SeqCst);
-                        log::warn!("lease service: cannot serve a connection: {e}");
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    poll_readable(&listener, Duration::from_millis(200));
-                }
-                Err(e) => {
-                    log::warn!("lease service: accept: {e}");
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-            }
-        }
-    }
-
-    /// A worker: serve `first`, then each connection handed over while it is idle; end after
-    /// [`IDLE_WORKER`] without one, or when the accept loop has ended.
-    fn work(
-        self: &Arc<Self>,
-        first: UnixStream,
-        rx: &Mutex<std::sync::mpsc::Receiver<UnixStream>>,
-    ) {
-        let mut stream = first;
-        loop {
-            self.serve(stream);
-            self.open.fetch_sub(1, Ordering::SeqCst);
-            self.idle.fetch_add(1, Ordering::SeqCst);
-            stream = loop {
-                let next = rx
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .recv_timeout(IDLE_WORKER);
-                match next {
-                    Ok(s) => break s,
-                    // Counted out by the accept loop meanwhile: a connection is on its way.
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) if !take_one(&self.idle) => {}
-                    Err(_) => return,
-                }
-            };
-        }
-    }
-
-    /// One plugin's connection: a hello, then its requests, each answered in turn.
-    fn serve(self: &Arc<Self>, mut s: UnixStream) {
-        let _ = s.set_nonblocking(false);
-        let me = // SAFETY: geteuid has no preconditions and cannot fail.
-            unsafe { libc::geteuid() };
-        match peer_uid(&s) {
-            Ok(uid) if uid == 0 || uid == me => {}
-            other => {
-                log::warn!("lease service: refusing a peer of uid {other:?} (root only)");
-                return;
-            }
-        }
-        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
-        let Ok(Some(hello)) = read_frame::<Request>(&mut s, MAX_REQUEST) else {
-            return;
-        };
-        let welcome = self.welcome(&hello);
-        let welcomed = matches!(welcome, Reply::Welcome { .. });
-        let counter = if welcomed {
-            &self.stats.welcomed
-        } else {
-            &self.stats.refused
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        if write_frame(&mut s, &welcome).is_err() || !welcomed {
-            return;
-        }
-        let _ = s.set_read_timeout(Some(IDLE));
-        while let Ok(Some(req)) = read_frame::<Request>(&mut s, MAX_REQUEST) {
-            let reply = if self.stopping.load(Ordering::SeqCst) {
-                Reply::Refused {
-                    reason: "the node-agent is stopping".into(),
-                }
-            } else {
-                self.answer(req)
-            };
-            self.stats.requests.fetch_add(1, Ordering::Relaxed);
-            if write_frame(&mut s, &reply).is_err() {
-                return;
-            }
-        }
-    }
-
-    fn welcome(&self, hello: &Request) -> Reply {
-        let refused = |reason: String| Reply::Refused { reason };
-        let Request::Hello { protocol, store } = hello else {
-            return refused("a connection starts with a hello".into());
-        };
-        if self.stopping.load(Ordering::SeqCst) {
-            return refused("the node-agent is stopping".into());
-        }
-        if *protocol != PROTOCOL {
-            return refused(format!("protocol {protocol}, this agent speaks {PROTOCOL}"));
-        }
-        if self.open.load(Ordering::SeqCst) > self.max_connections {
-            return refused(format!("{} connections open", self.max_connections));
-        }
-        let mine = &self.identity;
-        let same_kubeconfig = match (&store.kubeconfig, &mine.kubeconfig) {
-            (Some(a), Some(b)) => same_path(a, b),
-            _ => false,
-        };
-        if !same_kubeconfig
-            || store.api_root != mine.api_root
-            || store.list_from_cache != mine.list_from_cache
-            || store.page_size != mine.page_size
-            || store.group != mine.group
-        {
-            return refused(format!(
-                "this agent serves the store of {:?}, not {:?}",
-                mine.kubeconfig, store.kubeconfig
-            ));
-        }
-        Reply::Welcome {
-            node: self.node.clone(),
-        }
-    }
-
     /// The store, connected again when the kubeconfig changed (the agent renews its token).
     fn store(&self) -> Arc<KubeStore> {
         let path = self.settings.kubeconfig.as_deref();
@@ -451,44 +337,14 @@ impl Shared {
         g.0.clone()
     }
 
-    /// `network`'s cache, its watch started on the first ask; `None` once stopping.
-    fn network(self: &Arc<Self>, network: &str) -> Option<Arc<NetworkLeases>> {
-        if self.stopping.load(Ordering::SeqCst) {
-            return None;
-        }
-        let (cache, new) = self.networks.entry(network);
-        if new {
-            let (sh, net, c) = (self.clone(), network.to_string(), cache.clone());
-            let spawned = std::thread::Builder::new()
-                .name("lease-watch".into())
-                .spawn(move || sh.keep_network(&net, &c));
-            match spawned {
-                Ok(h) => self
-                    .watchers
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(h),
-                Err(e) => {
-                    log::warn!("lease service: cannot watch network {network}: {e}");
-                    cache.unsynced();
-                }
-            }
-        }
-        Some(cache)
-    }
-
-    /// `network`'s cache when it can answer: its first list waited for (a node's first ADD in
-    /// a network), no longer.
-    fn kept(self: &Arc<Self>, network: &str) -> Option<Arc<NetworkLeases>> {
-        self.network(network)
-            .filter(|c| c.standing(WARM_UP) == Standing::Synced)
-    }
-
     fn answer(self: &Arc<Self>, req: Request) -> Reply {
         let store = self.store();
         store.restart_budget();
         let cached = |r: Reply| {
-            self.stats.from_cache.fetch_add(1, Ordering::Relaxed);
+            self.gauges
+                .stats()
+                .from_cache
+                .fetch_add(1, Ordering::Relaxed);
             r
         };
         let kept = |network: &str| self.kept(network);
@@ -558,93 +414,4 @@ impl Shared {
             },
         }
     }
-
-    /// List `network`'s records, then watch them; list again after an expired watch, with
-    /// back-off after a failure (answers go to the API meanwhile). A network too big to keep is
-    /// left alone. One network is listed at a time: a list's answer is the largest thing the
-    /// service holds.
-    fn keep_network(&self, network: &str, cache: &NetworkLeases) {
-        let stop = || self.stopping.load(Ordering::SeqCst);
-        let too_big = |why: &dyn std::fmt::Display| {
-            log::warn!(
-                "lease service: network {network} is not kept in memory ({why}); its plugins' requests go to the API server"
-            );
-        };
-        let mut backoff = Duration::from_secs(1);
-        while !stop() {
-            let store = self.store();
-            store.restart_budget();
-            let listed = {
-                let _one = self.listing.lock().unwrap_or_else(|p| p.into_inner());
-                store.list_network_at(network, MAX_LIST_BYTES)
-            };
-            let mut rv = match listed {
-                Ok((leases, rv)) => {
-                    let (n, room) = (leases.len(), self.networks.room(network));
-                    cache.replace_all(leases, room);
-                    if cache.standing(Duration::ZERO) != Standing::Synced {
-                        too_big(&format_args!("{n} records, room for {room}"));
-                        return;
-                    }
-                    backoff = Duration::from_secs(1);
-                    rv
-                }
-                Err(e @ KubeStoreError::TooLarge { .. }) => {
-                    cache.unsynced();
-                    too_big(&e);
-                    return;
-                }
-                Err(e) => {
-                    cache.unsynced();
-                    log::warn!("lease service: listing network {network}: {e}");
-                    sleep_unless(&stop, jittered(backoff));
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
-                    continue;
-                }
-            };
-            // Until stopping, or the network grows past its room (then listed again).
-            let keep_going = || !stop() && cache.standing(Duration::ZERO) == Standing::Synced;
-            loop {
-                match store.watch_network(
-                    network,
-                    &rv,
-                    Duration::from_secs(300),
-                    &keep_going,
-                    |c| cache.apply(c),
-                ) {
-                    Ok(WatchEnd::Closed { resource_version }) if keep_going() => {
-                        rv = resource_version
-                    }
-                    Ok(_) => break,
-                    Err(e) => {
-                        cache.unsynced();
-                        log::warn!("lease service: watching network {network}: {e}");
-                        sleep_unless(&stop, jittered(backoff));
-                        break;
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// How long a node's first request about a network waits for the network's first list.
-const WARM_UP: Duration = Duration::from_secs(2);
-
-fn sleep_unless(stop: &dyn Fn() -> bool, d: Duration) {
-    let until = Instant::now() + d;
-    while !stop() && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// Wait until `l` can accept, at most `d`.
-fn poll_readable(l: &UnixListener, d: Duration) {
-    let mut fds = libc::pollfd {
-        fd: l.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the listener's open fd.
-    unsafe { libc::poll(&mut fds, 1, d.as_millis() as libc::c_int) };
 }
