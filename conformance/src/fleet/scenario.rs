@@ -38,6 +38,8 @@
 //! `prefix`, so the scenario shares a server with other tests' objects; with `cleanup` it deletes
 //! its nodes, pods and heartbeats at the end.
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -287,33 +289,6 @@ fn parallel<I: Send + Sync, T: Send>(
     Ok(out.into_inner().unwrap().into_iter().flatten().collect())
 }
 
-/// The standard base64 alphabet, decoded (the CA of a kubeconfig).
-fn base64_decode(s: &str) -> Result<Vec<u8>, String> {
-    let val = |c: u8| -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        } as u32)
-    };
-    let bytes: Vec<u8> = s
-        .bytes()
-        .filter(|c| !c.is_ascii_whitespace() && *c != b'=')
-        .collect();
-    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
-    for chunk in bytes.chunks(4) {
-        let mut n = 0u32;
-        for (i, c) in chunk.iter().enumerate() {
-            n |= val(*c).ok_or("not base64")? << (18 - 6 * i);
-        }
-        out.extend_from_slice(&n.to_be_bytes()[1..chunk.len()]);
-    }
-    Ok(out)
-}
-
 /// Poll `f` every `every` until it gives a value or `limit` passes.
 fn poll<T>(limit: Duration, every: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + limit;
@@ -477,7 +452,9 @@ impl<'a> Fleet<'a> {
             std::fs::write(source.join(b), format!("placeholder {b}\n"))
                 .map_err(|e| e.to_string())?;
         }
-        let ca_pem = base64_decode(self.admin.ca_data())?;
+        let ca_pem = STANDARD
+            .decode(self.admin.ca_data().trim())
+            .map_err(|e| format!("the admin kubeconfig's CA: {e}"))?;
         let service = match &self.proxy {
             Some(p) => p.addr(),
             None => server_addr(self.admin.server())?,

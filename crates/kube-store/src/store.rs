@@ -9,8 +9,8 @@ use kube::core::Request;
 use kube::core::params::{DeleteParams, ListParams, Preconditions, VersionMatch};
 use serde_json::Value;
 use tether_leases::{
-    AttachmentIndex, CasResult, FileJournal, JournalEntry, Lease, LeaseStore, Lookup, PodRef,
-    StoreError, Taken, validate_claim,
+    AttachmentIndex, CasResult, FileJournal, JournalBacked, Lease, LeaseStore, PodRef, StoreError,
+    Taken, validate_claim,
 };
 
 use crate::api::{ApiClient, RequestCounts, Verb};
@@ -265,21 +265,6 @@ impl KubeStore {
         )
     }
 
-    /// The node journal, made authoritative for `network` first (see [`tether_leases::journal`]):
-    /// the first call on a node (or after its journal was lost) lists this node's leases of
-    /// the network once.
-    fn journal_for(&self, network: &str) -> Result<&FileJournal, StoreError> {
-        let (Some(j), Some(node)) = (&self.journal, &self.settings.node) else {
-            return Err(StoreError::Invalid(
-                "the node journal needs a directory and a node name".into(),
-            ));
-        };
-        if !j.is_complete(network) {
-            j.rebuild(network, || Ok(self.list_network_node(network, node)?))?;
-        }
-        Ok(j)
-    }
-
     fn create(&self, new: Lease) -> Result<Result<Lease, Taken>, KubeStoreError> {
         let name = object_name(&new.network, new.address);
         let what = format!("CREATE of IPLease {name}");
@@ -444,26 +429,19 @@ impl LeaseStore for KubeStore {
     }
 }
 
-/// The node journal of this store: every call first makes the network's journal authoritative
-/// (see `KubeStore::journal_for`).
-impl AttachmentIndex for KubeStore {
-    fn lookup(
-        &self,
-        network: &str,
-        container_id: &str,
-        ifname: &str,
-        pod: &PodRef,
-    ) -> Result<Lookup, StoreError> {
-        self.journal_for(network)?
-            .lookup(network, container_id, ifname, pod)
-    }
-    fn record(&self, network: &str, entry: &JournalEntry) -> Result<(), StoreError> {
-        self.journal_for(network)?.record(network, entry)
-    }
-    fn entries(&self, network: &str) -> Result<Vec<JournalEntry>, StoreError> {
-        self.journal_for(network)?.entries(network)
-    }
-    fn take_pending(&self, network: &str) -> Result<Vec<JournalEntry>, StoreError> {
-        self.journal_for(network)?.take_pending(network)
+/// The node journal of this store, made authoritative for `network` first (see
+/// [`tether_leases::journal`]): the first call on a node (or after its journal was lost) lists
+/// this node's leases of the network once.
+impl JournalBacked for KubeStore {
+    fn journal_for(&self, network: &str) -> Result<&FileJournal, StoreError> {
+        let (Some(j), Some(node)) = (&self.journal, &self.settings.node) else {
+            return Err(StoreError::Invalid(
+                "the node journal needs a directory and a node name".into(),
+            ));
+        };
+        if !j.is_complete(network) {
+            j.rebuild(network, || Ok(self.list_network_node(network, node)?))?;
+        }
+        Ok(j)
     }
 }

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use tether_kube_store::{KubeSettings, KubeStore};
 use tether_leases::{
-    AttachmentIndex, CasResult, FileJournal, JournalEntry, Lease, LeaseStore, Lookup, PodRef,
-    StoreError, Taken, validate_claim,
+    AttachmentIndex, CasResult, FileJournal, JournalBacked, Lease, LeaseStore, PodRef, StoreError,
+    Taken, validate_claim,
 };
 use tether_trusted_fs::{Place, TrustedDir};
 
@@ -319,13 +319,6 @@ impl<D: Direct> ServedStore<D> {
             Via::Direct(k) | Via::Redo(k) => k.node_records(network, &self.node),
         }
     }
-
-    fn journal_for(&self, network: &str) -> Result<&FileJournal, StoreError> {
-        if !self.journal.is_complete(network) {
-            self.journal.rebuild(network, || self.list_node(network))?;
-        }
-        Ok(&self.journal)
-    }
 }
 
 /// A reply of the wrong kind, or the API's failure as the agent reported it.
@@ -433,25 +426,12 @@ impl<D: Direct> LeaseStore for ServedStore<D> {
 
 /// The node journal, made authoritative for a network first: its rebuild lists this node's
 /// records through the agent (from its watch, no API request) or directly.
-impl<D: Direct> AttachmentIndex for ServedStore<D> {
-    fn lookup(
-        &self,
-        network: &str,
-        container_id: &str,
-        ifname: &str,
-        pod: &PodRef,
-    ) -> Result<Lookup, StoreError> {
-        self.journal_for(network)?
-            .lookup(network, container_id, ifname, pod)
-    }
-    fn record(&self, network: &str, entry: &JournalEntry) -> Result<(), StoreError> {
-        self.journal_for(network)?.record(network, entry)
-    }
-    fn entries(&self, network: &str) -> Result<Vec<JournalEntry>, StoreError> {
-        self.journal_for(network)?.entries(network)
-    }
-    fn take_pending(&self, network: &str) -> Result<Vec<JournalEntry>, StoreError> {
-        self.journal_for(network)?.take_pending(network)
+impl<D: Direct> JournalBacked for ServedStore<D> {
+    fn journal_for(&self, network: &str) -> Result<&FileJournal, StoreError> {
+        if !self.journal.is_complete(network) {
+            self.journal.rebuild(network, || self.list_node(network))?;
+        }
+        Ok(&self.journal)
     }
 }
 

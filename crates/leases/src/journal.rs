@@ -288,6 +288,36 @@ impl FileJournal {
     }
 }
 
+/// A store whose attachment index is a node journal it makes authoritative for a network before
+/// each use (rebuilt once from the store's records of this node when it is not): the Kubernetes
+/// store, directly or through the node-agent.
+pub trait JournalBacked {
+    /// `network`'s journal, authoritative.
+    fn journal_for(&self, network: &str) -> Result<&FileJournal, StoreError>;
+}
+
+impl<T: JournalBacked> AttachmentIndex for T {
+    fn lookup(
+        &self,
+        network: &str,
+        container_id: &str,
+        ifname: &str,
+        pod: &PodRef,
+    ) -> Result<Lookup, StoreError> {
+        self.journal_for(network)?
+            .lookup(network, container_id, ifname, pod)
+    }
+    fn record(&self, network: &str, entry: &JournalEntry) -> Result<(), StoreError> {
+        self.journal_for(network)?.record(network, entry)
+    }
+    fn entries(&self, network: &str) -> Result<Vec<JournalEntry>, StoreError> {
+        self.journal_for(network)?.entries(network)
+    }
+    fn take_pending(&self, network: &str) -> Result<Vec<JournalEntry>, StoreError> {
+        self.journal_for(network)?.take_pending(network)
+    }
+}
+
 impl AttachmentIndex for FileJournal {
     fn lookup(
         &self,

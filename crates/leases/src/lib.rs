@@ -68,7 +68,7 @@ pub use engine::{
     AddRequest, AllocError, Allocator, GcReport, Policy, RangeStatus, start_offset, walk_start,
 };
 pub use file::{FORMAT_VERSION, FileStore, FileStoreError, Transaction, file_stem};
-pub use journal::{FileJournal, JournalError};
+pub use journal::{FileJournal, JournalBacked, JournalError};
 pub use model::{Attachment, Lease, LeaseState, PodRef};
 pub use probe::{NoProbe, ProbeError, ProbeOutcome, Prober, ScriptedProber};
 pub use store::{

@@ -1,6 +1,8 @@
 //! The throw-away control plane (k8s-up.sh / k8s-down.sh from the peers), a client of it for what
 //! the harness itself does, and the node credential the plugins use.
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -388,7 +390,7 @@ impl Server {
             "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: https://127.0.0.1:{}\n    certificate-authority-data: {}\n\
              users:\n- name: tether\n  user:\n    token: {}\ncontexts:\n- name: tether\n  context:\n    cluster: local\n    user: tether\ncurrent-context: tether\n",
             self.port,
-            base64(&ca),
+            STANDARD.encode(&ca),
             token.trim()
         );
         std::fs::write(out, text).map_err(|e| format!("writing {}: {e}", out.display()))?;
@@ -403,24 +405,6 @@ impl Server {
         };
         Ok((pid("kube-apiserver.pid")?, pid("etcd.pid")?))
     }
-}
-
-fn base64(data: &[u8]) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for c in data.chunks(3) {
-        let n = (u32::from(c[0]) << 16)
-            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*c.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            out.push(if i <= c.len() {
-                T[(n >> (18 - 6 * i)) as usize & 63] as char
-            } else {
-                '='
-            });
-        }
-    }
-    out
 }
 
 // ----- the node-agent's lease service -----------------------------------------------------------
