@@ -4,6 +4,7 @@
 //! knows nothing of leases or pods: the lease store ([`KubeStore`](crate::KubeStore)) and the
 //! operator's reader ([`Cluster`](crate::Cluster)) above it do, and may share one client.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -104,9 +105,17 @@ pub struct ApiClient {
     pub(crate) page_size: u32,
     /// The node the credentials' token is bound to, if it is a bound service-account token.
     bound_node: Option<String>,
-    deadline: Mutex<Instant>,
+    budgets: Mutex<Budgets>,
     counters: Counters,
     traffic: ApiTraffic,
+}
+
+/// The time budgets of a client's callers.
+struct Budgets {
+    /// Started with the client.
+    first: Instant,
+    /// Restarted by a thread ([`ApiClient::restart_budget`]).
+    restarted: HashMap<std::thread::ThreadId, Instant>,
 }
 
 impl Drop for ApiClient {
@@ -191,7 +200,10 @@ impl ApiClient {
             list_from_cache: settings.list_from_cache,
             page_size: settings.page_size,
             bound_node,
-            deadline: Mutex::new(started + settings.timeout),
+            budgets: Mutex::new(Budgets {
+                first: started + settings.timeout,
+                restarted: HashMap::new(),
+            }),
             counters: Counters::default(),
             traffic,
         }))
@@ -221,16 +233,24 @@ impl ApiClient {
         &self.source
     }
 
-    /// Start a new time budget of [`KubeSettings::timeout`] from now.
+    /// Start a new time budget of [`KubeSettings::timeout`] from now, for the calling thread's
+    /// requests (the node-agent's threads share one client; each call runs on one thread).
     pub fn restart_budget(&self) {
-        *self.deadline.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now() + self.timeout;
+        let now = Instant::now();
+        let mut b = self.budgets.lock().unwrap_or_else(|p| p.into_inner());
+        // A budget restarted later than the first ends later: once spent it is the same as none.
+        b.restarted.retain(|_, until| *until > now);
+        b.restarted
+            .insert(std::thread::current().id(), now + self.timeout);
     }
 
-    /// Time left of the current budget.
+    /// Time left of the calling thread's budget (the one started with the client, unless this
+    /// thread restarted its own).
     pub fn remaining(&self) -> Duration {
-        self.deadline
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        let b = self.budgets.lock().unwrap_or_else(|p| p.into_inner());
+        b.restarted
+            .get(&std::thread::current().id())
+            .unwrap_or(&b.first)
             .saturating_duration_since(Instant::now())
     }
 

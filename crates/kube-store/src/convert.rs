@@ -180,8 +180,8 @@ pub fn from_object(obj: &IPLease) -> Result<Lease, String> {
     })
 }
 
-/// A list whose items are parsed one by one, so one malformed object cannot break the store.
-/// A real API server answers an empty metadata-only list with `"items": null`.
+/// A list's `items`, `null` read as empty: a real API server answers an empty metadata-only list
+/// with `"items": null`.
 pub(crate) fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
     d: D,
 ) -> Result<Vec<T>, D::Error> {
@@ -237,17 +237,27 @@ pub(crate) fn collect_leases(
     keep: impl Fn(&IPLease) -> bool,
     out: &mut Vec<Lease>,
 ) {
-    for item in items {
-        match item {
-            Lenient::Ok(o) if keep(&o) => match from_object(&o) {
-                Ok(l) => out.push(l),
-                Err(e) => log::warn!("{e}"),
-            },
-            Lenient::Ok(_) => {}
-            Lenient::Bad { name, .. } => log::warn!(
+    out.extend(items.into_iter().filter_map(|item| lease_of(item, &keep)));
+}
+
+/// One object of a lease LIST or WATCH as a lease, if `keep` accepts it; a malformed one is
+/// logged and `None`.
+pub(crate) fn lease_of(item: Lenient, keep: impl Fn(&IPLease) -> bool) -> Option<Lease> {
+    match item {
+        Lenient::Ok(o) if keep(&o) => match from_object(&o) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                log::warn!("{e}");
+                None
+            }
+        },
+        Lenient::Ok(_) => None,
+        Lenient::Bad { name, .. } => {
+            log::warn!(
                 "ignoring malformed IPLease {}",
                 name.as_deref().unwrap_or("?")
-            ),
+            );
+            None
         }
     }
 }

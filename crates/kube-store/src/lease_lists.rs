@@ -1,6 +1,7 @@
-//! The lease store's lists across networks and nodes, for the reconciler, the CLI and the
-//! monitor (the per-pod path never lists but to rebuild a node's journal once; see the crate
-//! docs):
+//! The lease store's lists across networks and nodes, for the reconciler, the CLI, the monitor
+//! and the node-agent's lease service, and the per-pod path's lookup by pod label (a LIST on every
+//! new ADD not answered by the lease service; else the per-pod path lists only to rebuild a node's
+//! journal once; see the crate docs):
 //!
 //! | call | request |
 //! |---|---|
@@ -9,11 +10,14 @@
 //! | [`KubeStore::list_node_label`] | LIST ipleases by a node label value |
 //! | [`KubeStore::lease_node_labels`] | metadata-only LIST ipleases: node label → count |
 //! | [`KubeStore::list_network_at`], [`KubeStore::watch_network`] | a network's records and their changes (the node-agent's lease service keeps them) |
-//! | [`KubeStore::by_pod_label`] | LIST ipleases of a network naming a pod (the pod label), from the cache |
+//! | `by_pod_label` (the store's `LeaseStore::by_pod`) | LIST ipleases of a network naming a pod (the pod label), from the cache |
 //!
-//! Each is one `resourceVersion=0` request served from the API server's watch cache with
-//! `list_from_cache` (the default; etcd 3.4 cannot serve consistent lists from the cache, so a
-//! consistent one reads every IPLease of the cluster), else consistent pages of `page_size`.
+//! With `list_from_cache` (the default; etcd 3.4 cannot serve consistent lists from the cache, so
+//! a consistent one reads every IPLease of the cluster) each list is one request served from the
+//! API server's watch cache: `resourceVersion=0` until the store has seen a resourceVersion, then
+//! "not older than" the newest it has seen, so it reads its own writes
+//! ([`KubeStore::lease_node_labels`] always at `resourceVersion=0`); else consistent pages of
+//! `page_size`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -23,7 +27,7 @@ use kube::core::params::WatchParams;
 use serde::Deserialize;
 use tether_leases::{Lease, PodRef};
 
-use crate::convert::{Lenient, collect_leases};
+use crate::convert::{Lenient, collect_leases, lease_of};
 use crate::crd::{IPLease, NODE_LABEL, POD_LABEL, label_value, network_selector, pod_label_value};
 use crate::error::KubeStoreError;
 use crate::listing::ListRequest;
@@ -69,11 +73,21 @@ impl KubeStore {
         network: &str,
         max_bytes: usize,
     ) -> Result<(Vec<Lease>, String), KubeStoreError> {
+        self.list_network(network, Some(max_bytes))
+    }
+
+    /// Every record of `network` (its label, then `spec.network`) with the list's
+    /// resourceVersion; no answer (page) longer than `max_bytes`.
+    pub(crate) fn list_network(
+        &self,
+        network: &str,
+        max_bytes: Option<usize>,
+    ) -> Result<(Vec<Lease>, String), KubeStoreError> {
         self.list_selected_at(
             Some(&network_selector(network)),
             &format!("LIST of ipleases of network {network:?}"),
             |o| o.spec.network == network,
-            Some(max_bytes),
+            max_bytes,
         )
     }
 
@@ -111,13 +125,12 @@ impl KubeStore {
                     Change::Upsert(i) => (i, false),
                     Change::Deleted(i) => (i, true),
                 };
-                let mut one = Vec::with_capacity(1);
-                collect_leases(vec![item], |o| o.spec.network == network, &mut one);
-                for l in one {
+                if let Some(l) = lease_of(item, |o| o.spec.network == network) {
+                    let l = self.seen(l);
                     f(if deleted {
-                        Change::Deleted(self.seen(l))
+                        Change::Deleted(l)
                     } else {
-                        Change::Upsert(self.seen(l))
+                        Change::Upsert(l)
                     });
                 }
             },
@@ -129,7 +142,11 @@ impl KubeStore {
     /// [`POD_LABEL`]). The API server scans every record of the group for it, so the node-agent
     /// answers it from the network's kept records instead. Records written before the label
     /// existed are not in it; the engine's walk still finds those.
-    pub fn by_pod_label(&self, network: &str, pod: &PodRef) -> Result<Vec<Lease>, KubeStoreError> {
+    pub(crate) fn by_pod_label(
+        &self,
+        network: &str,
+        pod: &PodRef,
+    ) -> Result<Vec<Lease>, KubeStoreError> {
         let (Some(ns), Some(name)) = (pod.namespace.as_deref(), pod.name.as_deref()) else {
             return Ok(Vec::new());
         };

@@ -10,8 +10,9 @@
 //! | store call | API request |
 //! |---|---|
 //! | `get(network, address)` | GET `ipleases/<network>.<address>` |
-//! | `list(network)` | LIST `ipleases?labelSelector=ipam.tether.dev/network=<net>&resourceVersion=0` (the watch cache; paginated and consistent without `list_from_cache`), objects of other networks dropped |
+//! | `list(network)` | LIST `ipleases?labelSelector=ipam.tether.dev/network=<net>` from the watch cache (`resourceVersion=0`, or not older than the newest resourceVersion this store has seen; paginated and consistent without `list_from_cache`), objects of other networks dropped |
 //! | `list_mine(network)` | the same, narrowed to this node's label, then `spec.node` |
+//! | `by_pod(network, pod)` | LIST `ipleases?labelSelector=<the network's label>,ipam.tether.dev/pod=<namespace.name>` from the watch cache, then the spec |
 //! | `claim(new, None)` | CREATE; `409 AlreadyExists` → `Taken` (plus one GET for the current record) |
 //! | `claim(new, Some(expected))` | UPDATE carrying the expected `uid` and `resourceVersion`; `409 Conflict` / `404` → `Taken` |
 //! | `remove(expected)` | DELETE with preconditions `{uid, resourceVersion}`; `409` / `404` → `Taken` |
@@ -19,8 +20,11 @@
 //! A lease's opaque `version` is `<uid>/<resourceVersion>`, so a release or delete can never hit
 //! an object re-created for another attachment since it was read. With a node name and a journal
 //! directory in its settings the store also serves the engine's node journal
-//! ([`tether_leases::journal`]), and the engine never lists on ADD, DEL or CHECK: an uncontended
-//! ADD costs a GET and a CREATE, a DEL one UPDATE, whatever the number of leases in the cluster.
+//! ([`tether_leases::journal`]; a missing one is rebuilt from one LIST of this node's leases),
+//! and DEL and CHECK never list: a DEL costs one UPDATE, whatever the number of leases in the
+//! cluster. A new ADD first lists the pod's records by its label (`by_pod`), then walks by point
+//! reads: uncontended, that LIST and one CREATE (through the node-agent's lease service, which
+//! answers `by_pod` from its watch of the network, the CREATE alone).
 
 //! Errors ([`KubeStoreError`]) say what to do — the CRD is missing (names
 //! [`crd::CRD_MANIFEST`] and the `kubectl apply` command), RBAC forbids a verb (names verb and

@@ -24,9 +24,9 @@ use crate::settings::KubeSettings;
 /// The lease store over the Kubernetes API. See the crate docs.
 ///
 /// Synchronous: each call runs on its [`ApiClient`]'s own current-thread tokio runtime, bounded by
-/// the client's time budget ([`KubeSettings::timeout`], counted from construction or the last
-/// [`KubeStore::restart_budget`]). `Sync`: threads may share one store, though one store per
-/// thread (like one per CNI process) is the intended use.
+/// the client's time budget ([`KubeSettings::timeout`], counted from construction or the calling
+/// thread's last [`KubeStore::restart_budget`]). `Sync`: threads may share one store (the
+/// node-agent's lease service does), each within its own budget.
 pub struct KubeStore {
     pub(crate) api: Arc<ApiClient>,
     pub(crate) settings: KubeSettings,
@@ -108,26 +108,20 @@ impl KubeStore {
         &self.settings
     }
 
-    /// Start a new time budget of [`KubeSettings::timeout`] from now. The binary never needs
-    /// this (one store per CNI call); long-lived users (benchmarks, a reconciler) call it before
-    /// each operation.
+    /// Start a new time budget of [`KubeSettings::timeout`] from now, for the calling thread.
+    /// The plugin never needs this (one store per CNI call); long-lived users (benchmarks, a
+    /// reconciler, the lease service's workers) call it before each operation.
     pub fn restart_budget(&self) {
         self.api.restart_budget()
     }
 
-    /// Time left of the current budget.
+    /// Time left of the calling thread's budget.
     pub fn remaining(&self) -> Duration {
         self.api.remaining()
     }
 
-    /// Remember the resourceVersion of a record read (see `seen_rv`).
-    pub(crate) fn seen(&self, l: Lease) -> Lease {
-        self.saw(&l);
-        l
-    }
-
     /// Remember the resourceVersion of a record read or written (see `seen_rv`).
-    fn saw(&self, l: &Lease) -> Lease {
+    pub(crate) fn seen(&self, l: Lease) -> Lease {
         if let Some(rv) = l
             .version
             .as_deref()
@@ -136,7 +130,7 @@ impl KubeStore {
         {
             self.seen_rv.fetch_max(rv, Ordering::Relaxed);
         }
-        l.clone()
+        l
     }
 
     /// Parameters of a list served from the watch cache: any version (`resourceVersion=0`), or
@@ -219,7 +213,7 @@ impl KubeStore {
                 .map_err(|e| e.to_string())
                 .and_then(|o| from_object(&o))
             {
-                Ok(l) => Ok(Some(self.saw(&l))),
+                Ok(l) => Ok(Some(self.seen(l))),
                 Err(e) => {
                     log::warn!("{e}");
                     Ok(None)
@@ -235,16 +229,6 @@ impl KubeStore {
         Ok(Taken {
             current: self.get_object(name)?,
         })
-    }
-
-    /// The leases of `network` (label selector, then `spec.network`): one LIST, served from
-    /// the API server's watch cache unless `list_from_cache` is off.
-    fn list_leases(&self, network: &str) -> Result<Vec<Lease>, KubeStoreError> {
-        self.list_selected(
-            Some(&network_selector(network)),
-            &format!("LIST of ipleases of network {network:?}"),
-            |o| o.spec.network == network,
-        )
     }
 
     /// The leases of `network` held by `node` (both label selectors, then the spec).
@@ -275,7 +259,7 @@ impl KubeStore {
             .map_err(|e| self.api.protocol(&what, e.to_string()))?;
         match self.api.send::<IPLease>(Verb::Create, &what, req) {
             Ok(o) => from_object(&o)
-                .map(|l| Ok(self.saw(&l)))
+                .map(|l| Ok(self.seen(l)))
                 .map_err(|e| self.api.protocol(&what, e)),
             // AlreadyExists: someone holds (or held) the address.
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Err(self.lost(&name)?)),
@@ -298,7 +282,7 @@ impl KubeStore {
             .map_err(|e| self.api.protocol(&what, e.to_string()))?;
         match self.api.send::<IPLease>(Verb::Update, &what, req) {
             Ok(o) => from_object(&o)
-                .map(|l| Ok(self.saw(&l)))
+                .map(|l| Ok(self.seen(l)))
                 .map_err(|e| self.api.protocol(&what, e)),
             // Conflict: stale resourceVersion or another uid (deleted and re-created).
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Err(self.lost(&name)?)),
@@ -366,11 +350,11 @@ impl KubeStore {
 }
 
 impl LeaseStore for KubeStore {
-    /// One LIST with the network's label selector (one `resourceVersion=0` request served by
-    /// the watch cache, or paginated by `page_size` without `list_from_cache`), keeping the
-    /// objects of `network`.
+    /// One LIST with the network's label selector (one request served by the watch cache at
+    /// `resourceVersion=0` or not older than what this store has seen, or paginated by
+    /// `page_size` without `list_from_cache`), keeping the objects of `network`.
     fn list(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
-        Ok(self.list_leases(network)?)
+        Ok(self.list_network(network, None)?.0)
     }
 
     /// One GET of the object `<network>.<address>`.
@@ -388,7 +372,7 @@ impl LeaseStore for KubeStore {
         }
     }
 
-    /// [`KubeStore::by_pod_label`]: the records of any node that name the pod.
+    /// `KubeStore::by_pod_label`: the records of any node that name the pod.
     fn by_pod(&self, network: &str, pod: &PodRef) -> Result<Option<Vec<Lease>>, StoreError> {
         Ok(Some(self.by_pod_label(network, pod)?))
     }

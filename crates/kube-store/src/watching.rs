@@ -1,8 +1,8 @@
-//! The one WATCH loop every watcher shares (pods for the reconciler, this node's leases for the
-//! node-agent's lease service): from a resourceVersion, for at most a timeout (asked of the server
-//! as `timeoutSeconds`, enforced here too) or until the caller says stop; not bounded by the
-//! client's per-call budget. Counted as a LIST in the request counters and as a `watch` in the
-//! traffic, like every long request.
+//! The one WATCH loop every watcher shares (pods for the reconciler; for the node-agent's lease
+//! service, every record, of all nodes, of each network its pods use): from a resourceVersion, for
+//! at most a timeout (asked of the server as `timeoutSeconds`, enforced here too) or until the
+//! caller says stop; not bounded by the client's per-call budget. Counted as a LIST in the request
+//! counters and as a `watch` in the traffic, like every long request.
 
 use std::fmt::Debug;
 use std::time::Duration;

@@ -170,6 +170,19 @@ fn item82_silent_api_times_out_within_the_budget() {
     let t1 = Instant::now();
     assert!(matches!(store.ready(), Err(KubeStoreError::Timeout { .. })));
     assert!(t1.elapsed() < Duration::from_millis(100));
+    // A thread that starts a new budget (a worker of the node-agent's lease service) gives
+    // only its own requests more time.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            store.restart_budget();
+            assert!(store.remaining() > Duration::from_millis(500));
+        });
+    });
+    assert_eq!(
+        store.remaining(),
+        Duration::ZERO,
+        "this thread's is still spent"
+    );
     // A long-lived user starts a new budget.
     store.restart_budget();
     assert!(store.remaining() > Duration::from_millis(500));
