@@ -26,7 +26,8 @@ use tether_leases::{
 use tether_trusted_fs::{Place, TrustedDir};
 
 use crate::protocol::{
-    MAX_REPLY, PROTOCOL, Reply, Request, StoreIdentity, peer_uid, read_frame, write_frame,
+    MAX_REPLY, PROTOCOL, Reply, Request, StoreIdentity, check_peer, read_frame, socket_place,
+    write_frame,
 };
 
 /// How long the plugin waits for the agent's welcome: an agent that cannot answer a hello at once
@@ -58,11 +59,7 @@ impl Link {
     /// there, a socket or directory someone else controls, another store or protocol): the
     /// caller takes the direct path.
     pub fn open(socket: &Path, store: &StoreIdentity, wait: Duration) -> Result<Link, String> {
-        let (Some(dir), Some(name)) =
-            (socket.parent(), socket.file_name().and_then(|n| n.to_str()))
-        else {
-            return Err(format!("{} names no socket", socket.display()));
-        };
+        let (dir, name) = socket_place(socket)?;
         // Only a socket root owns, in a directory only root controls: a local user must not be
         // able to stand in for the agent.
         let dir = TrustedDir::open("the lease service socket", dir, Place::State, false)
@@ -71,17 +68,9 @@ impl Link {
             return Err(format!("no socket of root's at {}", socket.display()));
         }
         let path = dir.pinned_path(name).map_err(|e| e.to_string())?;
-        let stream = UnixStream::connect(&path)
-            .map_err(|e| format!("connecting to {}: {e}", socket.display()))?;
-        let peer = peer_uid(&stream).map_err(|e| format!("{}: {e}", socket.display()))?;
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let me = unsafe { libc::geteuid() };
-        if peer != 0 && peer != me {
-            return Err(format!(
-                "{} is served by uid {peer}, not root",
-                socket.display()
-            ));
-        }
+        let stream =
+            connect_now(&path).map_err(|e| format!("connecting to {}: {e}", socket.display()))?;
+        check_peer(&stream).map_err(|e| format!("{}: {e}", socket.display()))?;
         let mut link = Link {
             stream,
             node: String::new(),
@@ -121,6 +110,25 @@ impl Link {
     }
 }
 
+/// Connect without waiting: an agent that is alive but not accepting (stopped, frozen, its
+/// backlog full) makes a blocking connect wait with no limit, where the plugin must go on
+/// directly at once.
+fn connect_now(path: &Path) -> io::Result<UnixStream> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect, socket};
+    use std::os::fd::AsRawFd;
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    // A unix socket connects at once or fails (EAGAIN: its backlog is full); it never waits.
+    connect(fd.as_raw_fd(), &UnixAddr::new(path)?)?;
+    let stream = UnixStream::from(fd);
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
+
 /// The identity of the store `settings` open, as the agent compares it.
 pub fn identity(settings: &KubeSettings) -> StoreIdentity {
     StoreIdentity {
@@ -129,6 +137,7 @@ pub fn identity(settings: &KubeSettings) -> StoreIdentity {
         list_from_cache: settings.list_from_cache,
         page_size: settings.page_size,
         group: settings.group.clone(),
+        node: settings.node.clone(),
     }
 }
 
@@ -191,14 +200,18 @@ fn failed(message: String, transient: bool) -> StoreError {
 }
 
 impl ServedStore<KubeStore> {
-    /// Through `link`, for a call with `settings` (its budget starts now); directly with the
-    /// same settings and what is left of the budget. Needs the node journal's directory
-    /// ([`KubeSettings::journal_dir`]).
-    pub fn new(link: Link, settings: KubeSettings) -> Result<ServedStore, StoreError> {
+    /// Through `link`, for a call with `settings` whose budget started at `started` (before the
+    /// link was opened); directly with the same settings and what is left of the budget. Needs
+    /// the node journal's directory ([`KubeSettings::journal_dir`]).
+    pub fn new(
+        link: Link,
+        settings: KubeSettings,
+        started: Instant,
+    ) -> Result<ServedStore, StoreError> {
         let dir = settings.journal_dir.clone().ok_or_else(|| {
             StoreError::Invalid("the lease service needs the node journal's directory".into())
         })?;
-        let budget = settings.timeout;
+        let deadline = started + settings.timeout;
         let connect: Connect<KubeStore> = Box::new(move |left| {
             let mut s = settings.clone();
             s.timeout = left;
@@ -207,18 +220,18 @@ impl ServedStore<KubeStore> {
         Ok(ServedStore::with_direct(
             link,
             FileJournal::new(dir),
-            budget,
+            deadline,
             connect,
         ))
     }
 }
 
 impl<D: Direct> ServedStore<D> {
-    /// Through `link`, with `journal`, within `budget`; `connect` opens the direct path.
+    /// Through `link`, with `journal`, until `deadline`; `connect` opens the direct path.
     pub fn with_direct(
         link: Link,
         journal: FileJournal,
-        budget: Duration,
+        deadline: Instant,
         connect: Connect<D>,
     ) -> ServedStore<D> {
         ServedStore {
@@ -226,7 +239,7 @@ impl<D: Direct> ServedStore<D> {
             link: Mutex::new(Some(link)),
             direct: OnceLock::new(),
             connect,
-            deadline: Instant::now() + budget,
+            deadline,
             journal,
             served: AtomicU64::new(0),
         }
@@ -438,6 +451,8 @@ impl<D: Direct> JournalBacked for ServedStore<D> {
 /// Open the lease service for `settings` if one answers at `socket`: `None` (logged at debug)
 /// means the direct path.
 pub fn open_served(socket: &Path, settings: &KubeSettings) -> Option<ServedStore> {
+    // The call's budget includes the hello.
+    let started = Instant::now();
     let link = match Link::open(socket, &identity(settings), WELCOME_WAIT) {
         Ok(l) => l,
         Err(why) => {
@@ -445,7 +460,7 @@ pub fn open_served(socket: &Path, settings: &KubeSettings) -> Option<ServedStore
             return None;
         }
     };
-    match ServedStore::new(link, settings.clone()) {
+    match ServedStore::new(link, settings.clone(), started) {
         Ok(s) => Some(s),
         Err(e) => {
             log::debug!("not through the node-agent: {e}");

@@ -16,7 +16,8 @@
 //! Memory is bounded: a record kept costs about 1.2 KB, and reading a network's list about 1.7 KB
 //! per record more while it lasts (the answer's text). A network with more than [`MAX_RECORDS`]
 //! records, or whose list is longer than [`MAX_LIST_BYTES`], or that would take the records kept
-//! by this node past [`MAX_KEPT`], is not kept: its plugins' requests go to the API server.
+//! by this node past [`MAX_KEPT`], or that comes after [`MAX_NETWORKS`] others, is not kept: its
+//! plugins' requests go to the API server.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -31,6 +32,10 @@ pub const MAX_RECORDS: usize = 20_000;
 
 /// The most records kept for all networks together (at most about 80 MB).
 pub const MAX_KEPT: usize = 65_536;
+
+/// The most networks kept (each a watch connection and a thread): a node's pods use a few
+/// NADs; a network asked about past this goes to the API server.
+pub const MAX_NETWORKS: usize = 64;
 
 /// The longest list answer read for a network (a little more than [`MAX_RECORDS`] records).
 pub const MAX_LIST_BYTES: usize = 40 << 20;
@@ -261,15 +266,17 @@ pub struct Networks {
 }
 
 impl Networks {
-    /// `network`'s cache, and whether it was just made (its watch is to be started).
-    pub fn entry(&self, network: &str) -> (Arc<NetworkLeases>, bool) {
+    /// `network`'s cache, and whether it was just made (its watch is to be started); `None`
+    /// for a new network once [`MAX_NETWORKS`] are kept.
+    pub fn entry(&self, network: &str) -> Option<(Arc<NetworkLeases>, bool)> {
         let mut m = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         match m.get(network) {
-            Some(c) => (c.clone(), false),
+            Some(c) => Some((c.clone(), false)),
+            None if m.len() >= MAX_NETWORKS => None,
             None => {
                 let c = Arc::new(NetworkLeases::default());
                 m.insert(network.to_string(), c.clone());
-                (c, true)
+                Some((c, true))
             }
         }
     }
@@ -410,7 +417,7 @@ mod tests {
     #[test]
     fn a_network_too_big_to_keep_is_not_kept() {
         let nets = Networks::default();
-        let (c, new) = nets.entry("big");
+        let (c, new) = nets.entry("big").unwrap();
         assert!(new);
         assert_eq!(nets.room("big"), MAX_RECORDS);
         c.replace_all(numbered(MAX_RECORDS + 1, 0), nets.room("big"));
@@ -426,13 +433,13 @@ mod tests {
         // Networks of MAX_RECORDS each until MAX_KEPT is nearly used up.
         for k in 0..MAX_KEPT / MAX_RECORDS {
             let name = format!("n{k}");
-            let (c, _) = nets.entry(&name);
+            let (c, _) = nets.entry(&name).unwrap();
             c.replace_all(numbered(MAX_RECORDS, kept as u32), nets.room(&name));
             assert_eq!(c.standing(Duration::ZERO), Standing::Synced);
             kept += MAX_RECORDS;
         }
         let left = MAX_KEPT - kept;
-        let (last, _) = nets.entry("last");
+        let (last, _) = nets.entry("last").unwrap();
         assert_eq!(nets.room("last"), left, "what the others leave");
         last.replace_all(numbered(left, kept as u32), nets.room("last"));
         assert_eq!(last.standing(Duration::ZERO), Standing::Synced);
@@ -441,5 +448,21 @@ mod tests {
         assert_eq!(last.standing(Duration::ZERO), Standing::Off);
         assert!(last.is_empty());
         assert_eq!(nets.room("last"), left);
+    }
+
+    #[test]
+    fn networks_past_the_most_kept_are_not_kept_and_the_kept_ones_still_answer() {
+        let nets = Networks::default();
+        for k in 0..MAX_NETWORKS {
+            assert!(nets.entry(&format!("n{k}")).is_some_and(|(_, new)| new));
+        }
+        assert!(
+            nets.entry("one-more").is_none(),
+            "a new network past the cap"
+        );
+        assert!(
+            nets.entry("n0").is_some_and(|(_, new)| !new),
+            "a kept network is still found"
+        );
     }
 }

@@ -5,7 +5,8 @@
 
 use std::io::{self, Read, Write};
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -13,7 +14,7 @@ use tether_leases::{Lease, PodRef};
 
 /// Bumped when a request or a reply changes meaning; a plugin and an agent of different
 /// protocols do not talk (the plugin takes the direct path).
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
 
 /// Where the node-agent listens, unless `TETHER_LEASE_SOCKET` says otherwise (tests, a second
 /// agent). Not a configuration key: a NAD is written by someone else, and must not choose which
@@ -56,6 +57,10 @@ pub struct StoreIdentity {
     pub page_size: u32,
     /// API group of the lease resource.
     pub group: String,
+    /// The node the plugin's leases name when its credential is bound to none (`NODE_NAME`,
+    /// else the hostname): an agent whose credential is bound to none serves only a plugin that
+    /// names the agent's node, so a lease names the same node on both paths.
+    pub node: Option<String>,
 }
 
 /// A plugin's request.
@@ -189,31 +194,26 @@ pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read, max: usize) -> io::Res
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
-/// The uid of the process at the other end of a unix socket (SO_PEERCRED): both sides talk
-/// only to root.
-pub(crate) fn peer_uid(s: &std::os::unix::net::UnixStream) -> io::Result<u32> {
-    use std::os::fd::AsRawFd;
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: u32::MAX,
-        gid: u32::MAX,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid for writes of the sizes given; the fd is open (owned
-    // by `s`, which outlives the call).
-    let rc = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
+/// Is the process at the other end of `s` root or this process's own user (SO_PEERCRED)?
+/// Both sides talk only to root. `Err`: who it is, or why that cannot be read.
+pub(crate) fn check_peer(s: &UnixStream) -> Result<(), String> {
+    use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+    let uid = getsockopt(s, PeerCredentials)
+        .map_err(|e| format!("cannot read the peer's credentials: {e}"))?
+        .uid();
+    if uid == 0 || uid == nix::unistd::geteuid().as_raw() {
+        Ok(())
+    } else {
+        Err(format!("the peer runs as uid {uid}, not root"))
     }
-    Ok(cred.uid)
+}
+
+/// The directory a socket path lives in, and its name there.
+pub(crate) fn socket_place(socket: &Path) -> Result<(&Path, &str), String> {
+    match (socket.parent(), socket.file_name().and_then(|n| n.to_str())) {
+        (Some(dir), Some(name)) => Ok((dir, name)),
+        _ => Err(format!("{} names no socket", socket.display())),
+    }
 }
 
 #[cfg(test)]

@@ -118,6 +118,7 @@ fn identity() -> StoreIdentity {
         list_from_cache: true,
         page_size: 500,
         group: "ipam.tether.dev".into(),
+        node: Some(NODE.into()),
     }
 }
 
@@ -227,7 +228,7 @@ fn setup(tag: &str, script: Vec<Step>) -> Setup {
     let store = ServedStore::with_direct(
         link,
         FileJournal::new(dir.0.join("journal")),
-        Duration::from_secs(10),
+        std::time::Instant::now() + Duration::from_secs(10),
         Box::new(move |_left| {
             c.fetch_add(1, Ordering::Relaxed);
             Ok(FakeDirect {

@@ -159,3 +159,75 @@ fn the_networks_asked_about_show_in_the_gauges_while_the_service_runs() {
     );
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn without_a_node_bound_credential_only_a_plugin_naming_the_agents_node_is_served() {
+    let d = dir("node");
+    let kc = kubeconfig(&d);
+    let socket = d.join("run/leases.sock");
+    let svc = LeaseService::start(ServiceOptions::new(
+        socket.clone(),
+        kc.clone(),
+        Some("gpu-1".into()),
+    ))
+    .unwrap();
+    let mut settings = tether_kube_store::KubeSettings::with_kubeconfig(&kc);
+    // Its direct path would write "gpu-2" on its leases (NODE_NAME or hostname): served, they
+    // would say "gpu-1".
+    settings.node = Some("gpu-2".into());
+    let e = Link::open(&socket, &identity(&settings), Duration::from_secs(2)).unwrap_err();
+    assert!(e.contains("\"gpu-1\"") && e.contains("\"gpu-2\""), "{e}");
+    settings.node = Some("gpu-1".into());
+    assert!(Link::open(&socket, &identity(&settings), Duration::from_secs(2)).is_ok());
+    svc.stop(Duration::from_secs(1));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn an_agent_that_does_not_accept_never_holds_a_plugin_up() {
+    use nix::sys::socket::{
+        AddressFamily, Backlog, SockFlag, SockType, UnixAddr, bind, listen, socket,
+    };
+    use std::os::fd::AsRawFd;
+    let d = dir("frozen");
+    let kc = kubeconfig(&d);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(d.join("run"))
+        .unwrap();
+    let path = d.join("run/leases.sock");
+    // A listener that never accepts (a stopped or frozen agent), its queue one deep.
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    bind(fd.as_raw_fd(), &UnixAddr::new(&path).unwrap()).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    listen(&fd, Backlog::new(1).unwrap()).unwrap();
+    let mut settings = tether_kube_store::KubeSettings::with_kubeconfig(&kc);
+    settings.node = Some("gpu-1".into());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (sock, id) = (path.clone(), identity(&settings));
+    std::thread::spawn(move || {
+        // Past the queue's length: a blocking connect would wait here for ever.
+        let outcomes: Vec<_> = (0..6)
+            .map(|_| Link::open(&sock, &id, Duration::from_millis(50)).map(|_| ()))
+            .collect();
+        let _ = tx.send(outcomes);
+    });
+    let outcomes = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a plugin waited on an agent that does not accept");
+    assert!(outcomes.iter().all(Result::is_err), "{outcomes:?}");
+    assert!(
+        outcomes
+            .iter()
+            .any(|o| o.as_ref().is_err_and(|e| e.contains("connecting to"))),
+        "the queue filled up and the connect was refused at once: {outcomes:?}"
+    );
+    drop(fd);
+    let _ = std::fs::remove_dir_all(&d);
+}

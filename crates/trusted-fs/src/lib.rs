@@ -420,6 +420,21 @@ impl TrustedDir {
         }
     }
 
+    /// Set the permission bits of `name` (a socket just bound in this directory, which cannot
+    /// be opened to `fchmod`). The directory is one only we control, so what `name` is cannot
+    /// change under us.
+    pub fn chmod(&self, name: &str, mode: u32) -> Result<(), TrustError> {
+        let path = self.path.join(name);
+        check_name(name, &path)?;
+        nix::sys::stat::fchmodat(
+            &self.fd,
+            name,
+            Mode::from_bits_truncate(mode),
+            nix::sys::stat::FchmodatFlags::FollowSymlink,
+        )
+        .map_err(io_err("chmod", &path))
+    }
+
     /// Flush the directory itself (a rename or create in it is durable after this).
     pub fn sync(&self) -> Result<(), TrustError> {
         fsync(&self.fd).map_err(io_err("syncing", &self.path))

@@ -150,6 +150,8 @@ fn another_store_is_not_served_and_the_node_scope_holds_through_the_service() {
         list_from_cache: true,
         page_size: 500,
         group: "ipam.tether.dev".into(),
+        // The credential names the node: the plugin's own idea of it is not asked.
+        node: None,
     };
     write_frame(
         &mut s,

@@ -3,16 +3,15 @@
 //! then the plugin's requests, each answered in turn.
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::Shared;
-use crate::protocol::{MAX_REQUEST, PROTOCOL, Reply, Request, peer_uid, read_frame, write_frame};
+use crate::protocol::{MAX_REQUEST, PROTOCOL, Reply, Request, check_peer, read_frame, write_frame};
 
 /// How long a connection may sit between two requests (a CNI call sends them back to back).
 const IDLE: Duration = Duration::from_secs(30);
@@ -35,7 +34,13 @@ impl Shared {
         while !self.stopping.load(Ordering::SeqCst) {
             match listener.accept() {
                 Ok((stream, _)) => {
-                    self.open.fetch_add(1, Ordering::SeqCst);
+                    // Over the limit: closed before any thread takes it (its plugin goes on
+                    // directly).
+                    if self.open.fetch_add(1, Ordering::SeqCst) >= self.max_connections {
+                        self.open.fetch_sub(1, Ordering::SeqCst);
+                        self.gauges.stats().refused.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
                     if take_one(&self.idle) {
                         // An idle worker was counted: one of them takes it.
                         let _ = tx.send(stream);
@@ -90,14 +95,9 @@ impl Shared {
     /// One plugin's connection: a hello, then its requests, each answered in turn.
     fn serve(self: &Arc<Self>, mut s: UnixStream) {
         let _ = s.set_nonblocking(false);
-        let me = // SAFETY: geteuid has no preconditions and cannot fail.
-            unsafe { libc::geteuid() };
-        match peer_uid(&s) {
-            Ok(uid) if uid == 0 || uid == me => {}
-            other => {
-                log::warn!("lease service: refusing a peer of uid {other:?} (root only)");
-                return;
-            }
+        if let Err(why) = check_peer(&s) {
+            log::warn!("lease service: refusing a connection: {why}");
+            return;
         }
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
         let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
@@ -124,7 +124,9 @@ impl Shared {
             } else {
                 self.answer(req)
             };
-            self.gauges.stats().requests.fetch_add(1, Ordering::Relaxed);
+            if !matches!(reply, Reply::Refused { .. }) {
+                self.gauges.stats().requests.fetch_add(1, Ordering::Relaxed);
+            }
             if write_frame(&mut s, &reply).is_err() {
                 return;
             }
@@ -142,12 +144,10 @@ impl Shared {
         if *protocol != PROTOCOL {
             return refused(format!("protocol {protocol}, this agent speaks {PROTOCOL}"));
         }
-        if self.open.load(Ordering::SeqCst) > self.max_connections {
-            return refused(format!("{} connections open", self.max_connections));
-        }
         let mine = &self.identity;
+        // The same file, however it is written (`/var/run/…` for `/run/…`); ours is canonical.
         let same_kubeconfig = match (&store.kubeconfig, &mine.kubeconfig) {
-            (Some(a), Some(b)) => same_path(a, b),
+            (Some(a), Some(b)) => std::fs::canonicalize(a).is_ok_and(|a| a == *b),
             _ => false,
         };
         if !same_kubeconfig
@@ -161,6 +161,14 @@ impl Shared {
                 mine.kubeconfig, store.kubeconfig
             ));
         }
+        // A credential bound to a node names it on both paths; without one, the plugin's
+        // direct path names its own idea of the node, which must be this one.
+        if !self.bound && store.node.as_deref() != Some(self.node.as_str()) {
+            return refused(format!(
+                "this agent writes leases as node {:?}, the plugin as {:?} (NODE_NAME or hostname)",
+                self.node, store.node
+            ));
+        }
         Reply::Welcome {
             node: self.node.clone(),
         }
@@ -169,17 +177,10 @@ impl Shared {
 
 /// Wait until `l` can accept, at most `d`.
 fn poll_readable(l: &UnixListener, d: Duration) {
-    let mut fds = libc::pollfd {
-        fd: l.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the listener's open fd.
-    unsafe { libc::poll(&mut fds, 1, d.as_millis() as libc::c_int) };
-}
-
-/// The same file, however it is written (`/var/run/…` for `/run/…`).
-fn same_path(a: &Path, b: &Path) -> bool {
-    let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-    canon(a) == canon(b)
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut fds = [PollFd::new(l.as_fd(), PollFlags::POLLIN)];
+    let _ = poll(
+        &mut fds,
+        PollTimeout::try_from(d).unwrap_or(PollTimeout::MAX),
+    );
 }

@@ -9,8 +9,6 @@
 //! 0700 directory, and each peer's uid is checked). Stopping removes the socket first, then
 //! refuses what is still asked on open connections, so every plugin goes on directly.
 
-use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -23,7 +21,7 @@ use tether_leases::{LeaseStore, StoreError};
 use tether_trusted_fs::{Place, TrustedDir};
 
 use crate::network_cache::{NetworkGauge, Networks, Standing};
-use crate::protocol::{Reply, Request, StoreIdentity};
+use crate::protocol::{Reply, Request, StoreIdentity, socket_place};
 
 mod connections;
 mod network_watch;
@@ -71,7 +69,7 @@ pub struct ServiceStats {
     pub welcomed: AtomicU64,
     /// Connections refused (another store, protocol, busy, stopping).
     pub refused: AtomicU64,
-    /// Requests answered.
+    /// Requests answered (from memory or with an API request; refusals not counted).
     pub requests: AtomicU64,
     /// Requests answered from a kept network's records, without the API.
     pub from_cache: AtomicU64,
@@ -115,8 +113,11 @@ impl ServiceGauges {
 }
 
 struct Shared {
+    /// The store served (its kubeconfig's path canonical).
     identity: StoreIdentity,
     node: String,
+    /// Whether the credential is bound to `node` (else `node` is the agent's `NODE_NAME`).
+    bound: bool,
     settings: KubeSettings,
     store: RwLock<(Arc<KubeStore>, Option<SystemTime>)>,
     networks: Arc<Networks>,
@@ -159,11 +160,18 @@ impl LeaseService {
         let node = store.node().map(str::to_string).ok_or(
             "the lease service needs the node's name: a credential bound to the node, or NODE_NAME",
         )?;
+        let bound = store.api().bound_node().is_some();
+        let mut identity = crate::client::identity(&opts.settings);
+        identity.kubeconfig = Some(
+            std::fs::canonicalize(&kubeconfig)
+                .map_err(|e| format!("the plugins' kubeconfig {}: {e}", kubeconfig.display()))?,
+        );
         let listener = bind(&opts.socket)?;
         let made = file_id(&opts.socket).ok_or("the socket vanished as it was made")?;
         let shared = Arc::new(Shared {
-            identity: crate::client::identity(&opts.settings),
+            identity,
             node,
+            bound,
             settings: opts.settings.clone(),
             store: RwLock::new((Arc::new(store), mtime(Some(&kubeconfig)))),
             networks: Arc::default(),
@@ -273,10 +281,7 @@ fn file_id(p: &Path) -> Option<(u64, u64)> {
 /// A root-only directory for the socket (0700, made when missing), the socket in it (0600),
 /// replacing a stale one.
 fn bind(socket: &Path) -> Result<UnixListener, String> {
-    let (Some(dir), Some(name)) = (socket.parent(), socket.file_name().and_then(|n| n.to_str()))
-    else {
-        return Err(format!("{} names no socket", socket.display()));
-    };
+    let (dir, name) = socket_place(socket)?;
     let dir = TrustedDir::open("the lease service socket", dir, Place::State, true)
         .map_err(|e| e.to_string())?;
     if dir.is_trusted_socket(name) {
@@ -285,23 +290,8 @@ fn bind(socket: &Path) -> Result<UnixListener, String> {
     let pinned = dir.pinned_path(name).map_err(|e| e.to_string())?;
     let listener =
         UnixListener::bind(&pinned).map_err(|e| format!("binding {}: {e}", socket.display()))?;
-    let cname = std::ffi::CString::new(name).map_err(|e| e.to_string())?;
-    // SAFETY: the directory fd is open (owned by `dir`), `cname` is a valid C string.
-    let rc = unsafe {
-        libc::fchmodat(
-            std::os::fd::AsFd::as_fd(&dir).as_raw_fd(),
-            cname.as_ptr(),
-            0o600,
-            0,
-        )
-    };
-    if rc != 0 {
-        return Err(format!(
-            "chmod {}: {}",
-            socket.display(),
-            io::Error::last_os_error()
-        ));
-    }
+    dir.chmod(name, 0o600)
+        .map_err(|e| format!("chmod {}: {e}", socket.display()))?;
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
     Ok(listener)
 }
@@ -331,7 +321,11 @@ impl Shared {
                     log::info!("lease service: the plugins' kubeconfig changed; connected again");
                     *g = (Arc::new(k), now);
                 }
-                Err(e) => log::warn!("lease service: reading the changed kubeconfig: {e}"),
+                // Kept until the file changes again (the agent rewrites it whole).
+                Err(e) => {
+                    log::warn!("lease service: reading the changed kubeconfig: {e}");
+                    g.1 = now;
+                }
             }
         }
         g.0.clone()

@@ -12,12 +12,18 @@ use super::Shared;
 use crate::network_cache::{MAX_LIST_BYTES, NetworkLeases, Standing};
 
 impl Shared {
-    /// `network`'s cache, its watch started on the first ask; `None` once stopping.
+    /// `network`'s cache, its watch started on the first ask; `None` once stopping or when too
+    /// many networks are kept.
     pub(super) fn network(self: &Arc<Self>, network: &str) -> Option<Arc<NetworkLeases>> {
         if self.stopping.load(Ordering::SeqCst) {
             return None;
         }
-        let (cache, new) = self.networks.entry(network);
+        let Some((cache, new)) = self.networks.entry(network) else {
+            log::debug!(
+                "lease service: {network} is past the networks kept; asking the API server"
+            );
+            return None;
+        };
         if new {
             let (sh, net, c) = (self.clone(), network.to_string(), cache.clone());
             let spawned = std::thread::Builder::new()
@@ -91,17 +97,26 @@ impl Shared {
             // Until stopping, or the network grows past its room (then listed again).
             let keep_going = || !stop() && cache.standing(Duration::ZERO) == Standing::Synced;
             loop {
-                match store.watch_network(
+                // Each round with the current credential (the agent renews its token).
+                let watched = self.store().watch_network(
                     network,
                     &rv,
                     Duration::from_secs(300),
                     &keep_going,
                     |c| cache.apply(c),
-                ) {
-                    Ok(WatchEnd::Closed { resource_version }) if keep_going() => {
+                );
+                match watched {
+                    Ok(WatchEnd::Closed { resource_version })
+                        if keep_going() && !resource_version.is_empty() =>
+                    {
                         rv = resource_version
                     }
-                    Ok(_) => break,
+                    // Expired (or nowhere to resume from): what happened meanwhile is unknown
+                    // until the next list, so answers go to the API server until then.
+                    Ok(_) => {
+                        cache.unsynced();
+                        break;
+                    }
                     Err(e) => {
                         cache.unsynced();
                         log::warn!("lease service: watching network {network}: {e}");

@@ -119,8 +119,8 @@ enum Cmd {
         #[arg(long)]
         no_reconcile: bool,
         /// Serve the plugins' lease-store requests on this root-only socket (one kept API
-        /// connection, a watch of this node's leases); a plugin goes on directly whenever it
-        /// does not answer.
+        /// connection, a watch of the records of each network its pods use); a plugin goes on
+        /// directly whenever it does not answer.
         #[arg(long, default_value = tether_lease_service::DEFAULT_SOCKET)]
         lease_socket: PathBuf,
         /// Do not run the lease service: every plugin call goes straight to the API server.
