@@ -24,7 +24,7 @@ pub const DEFAULT_PAGE_SIZE: u32 = 500;
 /// | `kubeconfig` | — | kubeconfig file (whereabouts' key). Without it: the in-cluster service account when `KUBERNETES_SERVICE_HOST` is set, else `KUBECONFIG`. |
 /// | `k8s_api_root` | — | API server URL overriding the kubeconfig's (whereabouts' key). |
 /// | `timeout_s` | 10 | Total time budget of one CNI call against the API server, seconds (fractions allowed). |
-/// | `list_from_cache` | true | List with `resourceVersion=0` (from the API server's watch cache, one unpaginated request); `false`: a consistent, paginated list, which etcd serves by reading every IPLease of the cluster. |
+/// | `list_from_cache` | true | List from the API server's watch cache (`resourceVersion=0`, or not older than the newest version this store has seen; one unpaginated request); `false`: a consistent, paginated list, which etcd serves by reading every IPLease of the cluster. |
 /// | `page_size` | 500 | `limit` of paginated lists. |
 ///
 /// Not from the config: [`KubeSettings::node`] and [`KubeSettings::journal_dir`], which the
