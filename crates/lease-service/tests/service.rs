@@ -3,8 +3,10 @@
 //! alone, the workers that serve its connections.
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
 use std::time::Duration;
+use tether_kube_store::KubeSettings;
 
 use tether_lease_service::client::{Link, identity};
 use tether_lease_service::protocol::{
@@ -20,7 +22,7 @@ fn dir(tag: &str) -> PathBuf {
 }
 
 /// A kubeconfig for a server that is not there (nothing is asked of it here).
-fn kubeconfig(d: &std::path::Path) -> PathBuf {
+fn kubeconfig(d: &Path) -> PathBuf {
     let p = d.join("kubeconfig");
     std::fs::write(
         &p,
@@ -29,6 +31,22 @@ fn kubeconfig(d: &std::path::Path) -> PathBuf {
     )
     .unwrap();
     p
+}
+
+/// The settings of a plugin on node "gpu-1" whose store is `kc`'s.
+fn on_gpu_1(kc: &Path) -> KubeSettings {
+    let mut settings = KubeSettings::with_kubeconfig(kc);
+    settings.node = Some("gpu-1".into());
+    settings
+}
+
+/// A service for node "gpu-1" in `d` (its kubeconfig and socket there), its socket, and the
+/// settings of a plugin on that node.
+fn running(d: &Path) -> (LeaseService, PathBuf, KubeSettings) {
+    let kc = kubeconfig(d);
+    let socket = d.join("run/leases.sock");
+    let opts = ServiceOptions::new(socket.clone(), kc.clone(), Some("gpu-1".into()));
+    (LeaseService::start(opts).unwrap(), socket, on_gpu_1(&kc))
 }
 
 #[test]
@@ -49,8 +67,7 @@ fn the_socket_is_roots_alone_and_a_stopping_service_leaves_its_successors_socket
         0o700,
         "a directory made for the socket is root's alone"
     );
-    let mut settings = tether_kube_store::KubeSettings::with_kubeconfig(&kc);
-    settings.node = Some("gpu-1".into());
+    let settings = on_gpu_1(&kc);
     let link = Link::open(&socket, &identity(&settings), Duration::from_secs(2)).unwrap();
     assert_eq!(link.node(), "gpu-1");
     drop(link);
@@ -76,16 +93,7 @@ fn the_socket_is_roots_alone_and_a_stopping_service_leaves_its_successors_socket
 #[test]
 fn connections_one_after_another_reuse_one_worker_and_at_once_get_one_each() {
     let d = dir("workers");
-    let kc = kubeconfig(&d);
-    let socket = d.join("run/leases.sock");
-    let svc = LeaseService::start(ServiceOptions::new(
-        socket.clone(),
-        kc.clone(),
-        Some("gpu-1".into()),
-    ))
-    .unwrap();
-    let mut settings = tether_kube_store::KubeSettings::with_kubeconfig(&kc);
-    settings.node = Some("gpu-1".into());
+    let (svc, socket, settings) = running(&d);
     let open = || Link::open(&socket, &identity(&settings), Duration::from_secs(2)).unwrap();
     let workers = || {
         svc.stats()
@@ -121,8 +129,7 @@ fn the_networks_asked_about_show_in_the_gauges_while_the_service_runs() {
     opts.gauges = gauges.clone();
     let svc = LeaseService::start(opts).unwrap();
     assert!(gauges.networks().is_empty(), "nothing asked yet");
-    let mut settings = tether_kube_store::KubeSettings::with_kubeconfig(&kc);
-    settings.node = Some("gpu-1".into());
+    let settings = on_gpu_1(&kc);
     let mut s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
     let hello = Request::Hello {
         protocol: PROTOCOL,
@@ -163,15 +170,7 @@ fn the_networks_asked_about_show_in_the_gauges_while_the_service_runs() {
 #[test]
 fn without_a_node_bound_credential_only_a_plugin_naming_the_agents_node_is_served() {
     let d = dir("node");
-    let kc = kubeconfig(&d);
-    let socket = d.join("run/leases.sock");
-    let svc = LeaseService::start(ServiceOptions::new(
-        socket.clone(),
-        kc.clone(),
-        Some("gpu-1".into()),
-    ))
-    .unwrap();
-    let mut settings = tether_kube_store::KubeSettings::with_kubeconfig(&kc);
+    let (svc, socket, mut settings) = running(&d);
     // Its direct path would write "gpu-2" on its leases (NODE_NAME or hostname): served, they
     // would say "gpu-1".
     settings.node = Some("gpu-2".into());
@@ -207,8 +206,7 @@ fn an_agent_that_does_not_accept_never_holds_a_plugin_up() {
     bind(fd.as_raw_fd(), &UnixAddr::new(&path).unwrap()).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
     listen(&fd, Backlog::new(1).unwrap()).unwrap();
-    let mut settings = tether_kube_store::KubeSettings::with_kubeconfig(&kc);
-    settings.node = Some("gpu-1".into());
+    let settings = on_gpu_1(&kc);
     let (tx, rx) = std::sync::mpsc::channel();
     let (sock, id) = (path.clone(), identity(&settings));
     std::thread::spawn(move || {
