@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tether_kube_store::{KubeStoreError, WatchEnd, jittered};
+use tether_kube_store::{KubeStoreError, ListWatch, Resume, WatchEnd};
 
 use super::Shared;
 use crate::network_cache::{MAX_LIST_BYTES, NetworkLeases, Standing};
@@ -62,79 +62,61 @@ impl Shared {
                 "lease service: network {network} is not kept in memory ({why}); its plugins' requests go to the API server"
             );
         };
-        let mut backoff = Duration::from_secs(1);
-        while !stop() {
+        let synced = || cache.standing(Duration::ZERO) == Standing::Synced;
+        let list = || {
             let store = self.store();
             store.restart_budget();
             let listed = {
                 let _one = self.listing.lock().unwrap_or_else(|p| p.into_inner());
                 store.list_network_at(network, MAX_LIST_BYTES)
             };
-            let mut rv = match listed {
+            match listed {
                 Ok((leases, rv)) => {
                     let (n, room) = (leases.len(), self.networks.room(network));
                     cache.replace_all(leases, room);
-                    if cache.standing(Duration::ZERO) != Standing::Synced {
+                    if synced() {
+                        Ok(Some(rv))
+                    } else {
                         too_big(&format_args!("{n} records, room for {room}"));
-                        return;
+                        Ok(None)
                     }
-                    backoff = Duration::from_secs(1);
-                    rv
                 }
                 Err(e @ KubeStoreError::TooLarge { .. }) => {
                     cache.unsynced();
                     too_big(&e);
-                    return;
+                    Ok(None)
                 }
-                Err(e) => {
-                    cache.unsynced();
-                    log::warn!("lease service: listing network {network}: {e}");
-                    sleep_unless(&stop, jittered(backoff));
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
-                    continue;
-                }
-            };
-            // Until stopping, or the network grows past its room (then listed again).
-            let keep_going = || !stop() && cache.standing(Duration::ZERO) == Standing::Synced;
-            loop {
-                // Each round with the current credential (the agent renews its token).
-                let watched = self.store().watch_network(
-                    network,
-                    &rv,
-                    Duration::from_secs(300),
-                    &keep_going,
-                    |c| cache.apply(c),
-                );
-                match watched {
-                    Ok(WatchEnd::Closed { resource_version })
-                        if keep_going() && !resource_version.is_empty() =>
-                    {
-                        rv = resource_version
-                    }
-                    // Expired (or nowhere to resume from): what happened meanwhile is unknown
-                    // until the next list, so answers go to the API server until then.
-                    Ok(_) => {
-                        cache.unsynced();
-                        break;
-                    }
-                    Err(e) => {
-                        cache.unsynced();
-                        log::warn!("lease service: watching network {network}: {e}");
-                        sleep_unless(&stop, jittered(backoff));
-                        break;
-                    }
-                }
+                Err(e) => Err(e.to_string()),
             }
+        };
+        // Until stopping, or the network grows past its room (then listed again).
+        let keep_watching = || !stop() && synced();
+        let watch = |rv: &str| {
+            // Each round with the current credential (the agent renews its token).
+            let ended = self.store().watch_network(
+                network,
+                rv,
+                Duration::from_secs(300),
+                &keep_watching,
+                |c| cache.apply(c),
+            );
+            match ended {
+                Ok(WatchEnd::Closed { resource_version }) if synced() => {
+                    Ok(Resume::From(resource_version))
+                }
+                Ok(_) => Ok(Resume::Relist),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        ListWatch {
+            what: &format!("lease service: network {network}"),
+            first_wait: Duration::from_secs(1),
+            max_wait: Duration::from_secs(30),
+            level: log::Level::Warn,
         }
+        .run(&|| !stop(), list, watch, || cache.unsynced());
     }
 }
 
 /// How long a node's first request about a network waits for the network's first list.
 const WARM_UP: Duration = Duration::from_secs(2);
-
-fn sleep_unless(stop: &dyn Fn() -> bool, d: Duration) {
-    let until = Instant::now() + d;
-    while !stop() && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}

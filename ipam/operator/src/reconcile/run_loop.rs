@@ -7,7 +7,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tether_kube_store::{Cluster, PodEvent, WatchEnd};
+use tether_kube_store::{Cluster, ListWatch, PodEvent, Resume, WatchEnd};
 use tether_leases::reclaim::PodIndex;
 
 use super::silence_check_every;
@@ -175,8 +175,8 @@ impl Reconciler {
 }
 
 /// Keep `cache` = the pods of this node: list, then watch from the list's resourceVersion;
-/// re-list on expiry (410) or error (with backoff). Wakes the pass loop on pod deletions and
-/// after each re-list.
+/// re-list on expiry (410) or error (with backoff; the cache is stale meanwhile, so a pass lists
+/// for itself). Wakes the pass loop on pod deletions and after each re-list.
 fn watch_loop(
     cluster: &Cluster,
     sel: &str,
@@ -186,90 +186,59 @@ fn watch_loop(
     stop: &AtomicBool,
 ) {
     let keep_going = || !stop.load(Ordering::Relaxed);
-    let mut backoff = Duration::from_millis(500);
-    let sleep = |d: Duration| {
-        let until = Instant::now() + d;
-        while keep_going() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
-    // After a failed list or watch: the cache is stale until the next list; wait, jittered and
-    // capped (an agent is back within 30 s of the server), and back off further.
-    let failed = |backoff: &mut Duration, what: String, then: &str| {
-        let wait = tether_kube_store::jittered(*backoff).min(Duration::from_secs(30));
-        log::error!("reconcile: {what}; {then} in {:.1}s", wait.as_secs_f32());
-        cache.lock().unwrap_or_else(|p| p.into_inner()).synced = false;
-        sleep(wait);
-        *backoff = (*backoff * 2).min(Duration::from_secs(30));
-    };
-    'relist: while keep_going() {
+    let lock = || cache.lock().unwrap_or_else(|p| p.into_inner());
+    let list = || {
         let mut fresh: PodIndex = HashMap::new();
         cluster.restart_budget();
-        let rv = match cluster.visit_pods(Some(sel), |k| {
-            fresh.insert((k.namespace, k.name), k.uid);
-        }) {
-            Ok(rv) => rv,
-            Err(e) => {
-                failed(
-                    &mut backoff,
-                    format!("listing pods ({sel}): {e}"),
-                    "retrying",
-                );
-                continue;
-            }
-        };
+        let rv = cluster
+            .visit_pods(Some(sel), |k| {
+                fresh.insert((k.namespace, k.name), k.uid);
+            })
+            .map_err(|e| e.to_string())?;
         {
-            let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+            let mut c = lock();
             c.pods = fresh;
             c.pods.shrink_to_fit();
             c.synced = true;
         }
         let _ = tx.send(Trigger::Relisted);
-        let mut rv = rv;
-        while keep_going() {
-            let result = cluster.watch_pods(Some(sel), &rv, timeout, &keep_going, |ev| {
-                let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
-                match ev {
-                    PodEvent::Upsert(k) => {
-                        let replaced = c
-                            .pods
-                            .get(&(k.namespace.clone(), k.name.clone()))
-                            .is_some_and(|u| *u != k.uid);
-                        c.pods.insert((k.namespace, k.name), k.uid);
-                        if replaced {
-                            let _ = tx.send(Trigger::PodGone);
-                        }
-                    }
-                    PodEvent::Deleted(k) => {
-                        let key = (k.namespace, k.name);
-                        if c.pods.get(&key).is_some_and(|u| *u == k.uid) {
-                            c.pods.remove(&key);
-                        }
+        Ok(Some(rv))
+    };
+    let watch = |rv: &str| {
+        let ended = cluster.watch_pods(Some(sel), rv, timeout, &keep_going, |ev| {
+            let mut c = lock();
+            match ev {
+                PodEvent::Upsert(k) => {
+                    let replaced = c
+                        .pods
+                        .get(&(k.namespace.clone(), k.name.clone()))
+                        .is_some_and(|u| *u != k.uid);
+                    c.pods.insert((k.namespace, k.name), k.uid);
+                    if replaced {
                         let _ = tx.send(Trigger::PodGone);
                     }
                 }
-            });
-            match result {
-                Ok(WatchEnd::Closed { resource_version }) => {
-                    backoff = Duration::from_millis(500);
-                    if resource_version.is_empty() {
-                        continue 'relist;
+                PodEvent::Deleted(k) => {
+                    let key = (k.namespace, k.name);
+                    if c.pods.get(&key).is_some_and(|u| *u == k.uid) {
+                        c.pods.remove(&key);
                     }
-                    rv = resource_version;
-                }
-                Ok(WatchEnd::Expired) => {
-                    log::info!("reconcile: pod watch expired (410); listing again");
-                    continue 'relist;
-                }
-                Err(e) => {
-                    failed(
-                        &mut backoff,
-                        format!("watching pods ({sel}): {e}"),
-                        "listing again",
-                    );
-                    continue 'relist;
+                    let _ = tx.send(Trigger::PodGone);
                 }
             }
+        });
+        match ended {
+            Ok(WatchEnd::Closed { resource_version }) => Ok(Resume::From(resource_version)),
+            Ok(WatchEnd::Expired) => Ok(Resume::Relist),
+            Err(e) => Err(e.to_string()),
         }
+    };
+    // An agent is back within 30 s of the server.
+    ListWatch {
+        what: &format!("reconcile: pods ({sel})"),
+        first_wait: Duration::from_millis(500),
+        max_wait: Duration::from_secs(30),
+        level: log::Level::Error,
     }
+    .run(&keep_going, list, watch, || lock().synced = false);
 }
