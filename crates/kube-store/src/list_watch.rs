@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use crate::backoff::jittered;
+use crate::watching::WatchEnd;
 
 /// How a watch round ended, as the loop needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,6 +15,16 @@ pub enum Resume {
     From(String),
     /// List again (the watch expired, or what is kept must be read whole again).
     Relist,
+}
+
+impl From<WatchEnd> for Resume {
+    /// A closed watch resumes where it stopped; an expired one cannot.
+    fn from(end: WatchEnd) -> Resume {
+        match end {
+            WatchEnd::Closed { resource_version } => Resume::From(resource_version),
+            WatchEnd::Expired => Resume::Relist,
+        }
+    }
 }
 
 /// How the loop names its collection and waits after a failure.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tether_kube_store::{KubeStoreError, ListWatch, Resume, WatchEnd};
+use tether_kube_store::{KubeStoreError, ListWatch, Resume};
 
 use super::Shared;
 use crate::network_cache::{MAX_LIST_BYTES, NetworkLeases, Standing};
@@ -101,11 +101,9 @@ impl Shared {
                 |c| cache.apply(c),
             );
             match ended {
-                Ok(WatchEnd::Closed { resource_version }) if synced() => {
-                    Ok(Resume::From(resource_version))
-                }
-                Ok(_) => Ok(Resume::Relist),
-                Err(e) => Err(e.to_string()),
+                // Grown past its room: read whole again (or given up) rather than resumed.
+                Ok(_) if !synced() => Ok(Resume::Relist),
+                other => other.map(Resume::from).map_err(|e| e.to_string()),
             }
         };
         ListWatch {

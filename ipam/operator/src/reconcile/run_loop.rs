@@ -7,7 +7,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tether_kube_store::{Cluster, ListWatch, PodEvent, Resume, WatchEnd};
+use tether_kube_store::{Cluster, ListWatch, PodEvent, Resume};
 use tether_leases::reclaim::PodIndex;
 
 use super::silence_check_every;
@@ -227,11 +227,7 @@ fn watch_loop(
                 }
             }
         });
-        match ended {
-            Ok(WatchEnd::Closed { resource_version }) => Ok(Resume::From(resource_version)),
-            Ok(WatchEnd::Expired) => Ok(Resume::Relist),
-            Err(e) => Err(e.to_string()),
-        }
+        ended.map(Resume::from).map_err(|e| e.to_string())
     };
     // An agent is back within 30 s of the server.
     ListWatch {
