@@ -273,17 +273,18 @@ impl Node {
         }
     }
 
-    /// The IPLease object of (network, address), or None.
+    /// The IPLease object of `address` (the cluster-wide domain: named by its address alone),
+    /// if `network` holds it; else None.
     #[track_caller]
     fn lease(&self, network: &str, address: &str) -> Option<Value> {
         match self.api.call(
             "GET",
-            &format!("/apis/ipam.tether.dev/v1alpha1/ipleases/{network}.{address}"),
+            &format!("/apis/ipam.tether.dev/v1alpha1/ipleases/{address}"),
             None,
         ) {
-            Ok(v) => Some(v),
+            Ok(v) => (v["spec"]["network"] == network).then_some(v),
             Err(e) if e.code == 404 => None,
-            Err(e) => panic!("GET lease {network}.{address}: {e}"),
+            Err(e) => panic!("GET lease {address}: {e}"),
         }
     }
 

@@ -157,7 +157,7 @@ fn state_files_are_private() {
     assert_eq!(mode(&dir.path().join("a")), 0o755, "created parent");
     assert_eq!(mode(&net.state_path()), 0o600, "state file");
     assert_eq!(
-        mode(&data.join(format!("{}.lock", net.name))),
+        mode(&net.state_path().with_extension("lock")),
         0o600,
         "lock file"
     );
@@ -230,6 +230,7 @@ fn corrupt_state_file_is_never_reset() {
         b"{ this is not json".to_vec(),
         good[..good.len() / 2].to_vec(), // a torn write
         Vec::new(),
+        br#"{"format": 2, "domain": "x", "next_version": 1, "leases": []}"#.to_vec(),
         br#"{"format": 1, "network": "x", "next_version": 1, "leases": []}"#.to_vec(),
         String::from_utf8(good.clone())
             .unwrap()

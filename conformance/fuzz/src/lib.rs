@@ -2,7 +2,7 @@
 //! `tests/regressions.rs` replays every saved crash input through them on stable Rust.
 
 use tether_cni::{CniResult, Version};
-use tether_leases::{FileStore, LeaseStore};
+use tether_leases::{FileStore, LeaseStore, Scope};
 
 /// The network-config parser and both plugins' views of it: any bytes give a config or an error.
 pub fn netconf(data: &[u8]) {
@@ -72,20 +72,34 @@ pub fn result(data: &[u8]) {
     }
 }
 
-/// The file store's on-disk format: any bytes give leases or a clear error, and a file the store
+/// The file store's on-disk formats: any bytes in a network's state file from before uniqueness
+/// domains give leases (moved into the domain's file) or a clear error, and a file the store
 /// accepted stays readable after the store rewrote it.
 pub fn store_file(data: &[u8]) {
     let dir = std::env::temp_dir().join(format!("tether-fuzz-store-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
     let store = FileStore::new(&dir);
-    let network = "fuzz";
-    std::fs::write(store.state_path(network), data).expect("temp dir is writable");
-    if let Ok(leases) = store.list(network)
+    let scope = Scope::cluster("fuzz");
+    // Each input on its own: nothing of the previous one's domain file.
+    let _ = std::fs::remove_file(store.state_path(None));
+    std::fs::write(store.network_state_path(&scope.network), data).expect("temp dir is writable");
+    if let Ok(leases) = store.list(&scope)
         && let Some(first) = leases.first()
     {
         let _ = store.remove(first);
         store
-            .list(network)
+            .list(&scope)
+            .expect("a file the store wrote itself reads back");
+    }
+    // The same bytes as a domain's own state file.
+    let _ = std::fs::remove_file(store.network_state_path(&scope.network));
+    std::fs::write(store.state_path(None), data).expect("temp dir is writable");
+    if let Ok(leases) = store.list(&scope)
+        && let Some(first) = leases.first()
+    {
+        let _ = store.remove(first);
+        store
+            .list(&scope)
             .expect("a file the store wrote itself reads back");
     }
 }

@@ -398,7 +398,7 @@ impl<'a> Fleet<'a> {
             name: name.to_string(),
             uid,
             node: i,
-            object: object_name(&self.network, address),
+            object: object_name(None, address),
             address,
             fate: Fate::Live,
             setup: true,

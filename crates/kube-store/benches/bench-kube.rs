@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use tether_apiserver_double::{ApiServerDouble, Options};
 use tether_kube_store::{KubeSettings, KubeStore, RequestCounts};
-use tether_leases::{AddRequest, Allocator, LeaseStore, NoProbe, PodRef, Policy, SystemClock};
+use tether_leases::{
+    AddRequest, Allocator, LeaseStore, NoProbe, PodRef, Policy, Scope, SystemClock,
+};
 use tether_pool::IpRange;
 
 struct Args {
@@ -123,7 +125,7 @@ fn run(
                     };
                     let before = store.requests();
                     let a = Allocator::new(
-                        network,
+                        Scope::cluster(network),
                         vec![range.clone()],
                         Policy::default(),
                         store,
@@ -159,7 +161,7 @@ fn run(
         double_requests: None,
     };
     let check = KubeStore::connect(settings.clone()).expect("connect");
-    let leases = check.list(network).expect("list");
+    let leases = check.list(&Scope::cluster(network)).expect("list");
     (row, leases)
 }
 

@@ -140,16 +140,18 @@ impl Cluster {
 
     /// Would the API server let this identity lease an address to another node? A dry-run CREATE
     /// (`dryRun=All`: admission runs, nothing is stored) of a Leased record naming a node that
-    /// does not exist, in a network no config uses. Needs `create` on ipleases.
+    /// does not exist, in a network and fabric no config uses. Needs `create` on ipleases.
     pub fn node_scope(&self) -> Result<NodeScope, KubeStoreError> {
         let what = "dry-run CREATE of another node's IPLease";
         let address: std::net::IpAddr = "192.0.2.1".parse().expect("address");
         let network = "tether-doctor-node-scope";
+        // An isolated fabric of its own: no record of a real network can have that name.
+        let fabric = "tether-doctor";
         let body = json!({
             "apiVersion": format!("{}/{}", self.api().group, crate::crd::VERSION),
             "kind": "IPLease",
-            "metadata": {"name": crate::crd::object_name(network, address)},
-            "spec": {"network": network, "address": address.to_string(), "prefixLength": 32,
+            "metadata": {"name": crate::crd::object_name(Some(fabric), address)},
+            "spec": {"network": network, "isolatedFabric": fabric, "address": address.to_string(), "prefixLength": 32,
                      "containerID": "tether-doctor", "ifname": "net1", "node": NO_SUCH_NODE,
                      "state": "Leased", "since": "2000-01-01T00:00:00Z"}
         });

@@ -18,9 +18,12 @@
 //! | [`Cluster::watch_pods`] | metadata-only WATCH pods from a resourceVersion |
 //! | [`Cluster::agent_nodes`] | LIST pods of one namespace by label selector, paginated: their nodes |
 //! | [`Cluster::election_lease`], [`Cluster::write_election_lease`] | GET, CREATE or UPDATE of the controller's Lease |
+//! | [`Cluster::agent_pods`] | LIST pods of one namespace by label selector: their node, labels and readiness |
+//! | [`Cluster::config_map`], [`Cluster::write_config_map`] | GET or UPDATE of one ConfigMap (the controller's word on lease names) |
 //!
 //! [`KubeSettings::page_size`]: crate::KubeSettings::page_size
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -306,6 +309,197 @@ impl Cluster {
             );
         })?;
         Ok(out.into_iter().collect())
+    }
+}
+
+/// A node-agent pod as the controller judges an upgrade by it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentPod {
+    /// The pod's name.
+    pub name: String,
+    /// Its node, once scheduled.
+    pub node: Option<String>,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Since when (unix seconds) it has been Ready; `None` while it is not.
+    pub ready_since: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct PodCondition {
+    #[serde(rename = "type", default)]
+    kind: String,
+    #[serde(default)]
+    status: String,
+    #[serde(default)]
+    last_transition_time: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct PodStatus {
+    #[serde(default)]
+    conditions: Vec<PodCondition>,
+}
+
+#[derive(Deserialize, Default)]
+struct PodMetaLabels {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Deserialize)]
+struct AgentPodObject {
+    #[serde(default)]
+    metadata: PodMetaLabels,
+    #[serde(default)]
+    spec: NodeOfPodSpec,
+    #[serde(default)]
+    status: PodStatus,
+}
+
+/// A ConfigMap's data and resourceVersion.
+#[derive(Deserialize, serde::Serialize, Default, Debug)]
+#[serde(rename_all = "camelCase")]
+struct ConfigMapObject {
+    #[serde(default)]
+    metadata: ConfigMapMeta,
+    #[serde(default)]
+    data: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Deserialize, serde::Serialize, Default, Debug)]
+#[serde(rename_all = "camelCase")]
+struct ConfigMapMeta {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    namespace: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    resource_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+/// A ConfigMap as read: its data and the resourceVersion a write must carry.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfigMapData {
+    /// `data`.
+    pub data: BTreeMap<String, String>,
+    /// `metadata.resourceVersion`.
+    pub resource_version: String,
+}
+
+impl Cluster {
+    /// The pods of `namespace` matching `label_selector` (the node-agent DaemonSet's): name,
+    /// node, labels and since when each is Ready. One LIST from the watch cache
+    /// (`resourceVersion=0` with `list_from_cache`), read page by page.
+    pub fn agent_pods(
+        &self,
+        namespace: &str,
+        label_selector: &str,
+    ) -> Result<Vec<AgentPod>, KubeStoreError> {
+        let mut out = Vec::new();
+        let req = ListRequest {
+            path: &format!("/api/v1/namespaces/{namespace}/pods"),
+            what: &format!("LIST of pods in namespace {namespace} matching {label_selector:?}"),
+            resource: Some("pods"),
+            labels: Some(label_selector).filter(|s| !s.is_empty()),
+            fields: None,
+            metadata_only: false,
+            max_bytes: None,
+            cache: self.api.any_cached(),
+        };
+        self.api
+            .list_each(&req, |items: Vec<AgentPodObject>, fresh| {
+                if fresh {
+                    out.clear();
+                }
+                out.extend(items.into_iter().map(|p| {
+                    let ready = p
+                        .status
+                        .conditions
+                        .iter()
+                        .find(|c| c.kind == "Ready" && c.status == "True");
+                    AgentPod {
+                        name: p.metadata.name,
+                        node: p.spec.node_name.filter(|n| !n.is_empty()),
+                        labels: p.metadata.labels.unwrap_or_default(),
+                        ready_since: ready.map(|c| {
+                            c.last_transition_time
+                                .as_deref()
+                                .and_then(|t| crate::convert::parse_time(t).ok())
+                                .unwrap_or(0)
+                        }),
+                    }
+                }));
+            })?;
+        Ok(out)
+    }
+
+    /// The ConfigMap `namespace/name`; `None` when there is none.
+    pub fn config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ConfigMapData>, KubeStoreError> {
+        let what = format!("GET of configmap {namespace}/{name}");
+        let req = Request::new(format!("/api/v1/namespaces/{namespace}/configmaps"))
+            .get(name, &GetParams::default())
+            .map_err(|e| self.api.protocol(&what, e.to_string()))?;
+        match self.api.send::<ConfigMapObject>(Verb::Get, &what, req) {
+            Ok(c) => Ok(Some(ConfigMapData {
+                data: c.data.unwrap_or_default(),
+                resource_version: c.metadata.resource_version.unwrap_or_default(),
+            })),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+            Err(e) => Err(self.api.map_other("get", "configmaps", &what, e)),
+        }
+    }
+
+    /// Replace the data of the ConfigMap `namespace/name`, as read at `resource_version` (its
+    /// labels and annotations kept). `Ok(false)`: it changed since (409), nothing written.
+    pub fn write_config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+        data: &BTreeMap<String, String>,
+        resource_version: &str,
+    ) -> Result<bool, KubeStoreError> {
+        let what = format!("UPDATE of configmap {namespace}/{name}");
+        let path = format!("/api/v1/namespaces/{namespace}/configmaps");
+        // Read again for its labels and annotations: an update replaces the whole object.
+        let get = Request::new(&path)
+            .get(name, &GetParams::default())
+            .map_err(|e| self.api.protocol(&what, e.to_string()))?;
+        let mut cm: ConfigMapObject = self
+            .api
+            .send(Verb::Get, &what, get)
+            .map_err(|e| self.api.map_other("get", "configmaps", &what, e))?;
+        cm.metadata.resource_version = Some(resource_version.to_string());
+        cm.metadata.name = name.to_string();
+        cm.metadata.namespace = namespace.to_string();
+        cm.data = Some(data.clone());
+        let mut body =
+            serde_json::to_value(&cm).map_err(|e| self.api.protocol(&what, e.to_string()))?;
+        body["apiVersion"] = "v1".into();
+        body["kind"] = "ConfigMap".into();
+        let req = Request::new(&path)
+            .replace(
+                name,
+                &self.api.post_params(),
+                serde_json::to_vec(&body).unwrap_or_default(),
+            )
+            .map_err(|e| self.api.protocol(&what, e.to_string()))?;
+        match self.api.send::<serde_json::Value>(Verb::Update, &what, req) {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(self.api.map_other("update", "configmaps", &what, e)),
+        }
     }
 }
 

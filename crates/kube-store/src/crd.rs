@@ -1,5 +1,6 @@
-//! The `IPLease` custom resource: one cluster-scoped object per (network, address), its CRD
-//! (generated from this type into `deploy/crds/ipleases.yaml`) and the object naming rules.
+//! The `IPLease` custom resource: one cluster-scoped object per address of a uniqueness domain
+//! (the cluster, or an isolated fabric), its CRD (generated from this type into
+//! `deploy/crds/ipleases.yaml`) and the object naming rules.
 
 use std::net::IpAddr;
 
@@ -24,6 +25,12 @@ pub const NODE_LABEL: &str = "ipam.tether.dev/node";
 /// Label carrying the (label-safe form of the) holder pod's `namespace.name`, when known: the
 /// index by pod identity that finds a re-created pod's sticky address in one LIST.
 pub const POD_LABEL: &str = "ipam.tether.dev/pod";
+/// Label (value `"true"`) of a mirror: a copy of a lease under the name tether gave it before
+/// uniqueness domains (`<network>.<address>`, see [`network_object_name`]), written beside it
+/// while a tether-ipam of that time may still run somewhere, so that it sees the address as
+/// taken. An older tether rewrites the labels of what it writes, so a mirror it took over loses
+/// the label and is its lease again.
+pub const MIRROR_LABEL: &str = "ipam.tether.dev/mirror";
 
 /// State of a lease record.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
@@ -64,9 +71,10 @@ pub struct Quarantine {
     pub at: String,
 }
 
-/// One leased (or released, or quarantined) address of one network. The object is named
-/// <network>.<address> (IPv6 with '-' for ':'), so creating it is the allocation: a second
-/// claimant gets 409 AlreadyExists. Written only by tether-ipam.
+/// One leased (or released, or quarantined) address of a uniqueness domain, whichever network
+/// (NAD) handed it out. The object is named <address> (IPv6 with '-' for ':'), or
+/// <address>.<fabric> in an isolated fabric, so creating it is the allocation: a second claimant,
+/// of any network, gets 409 AlreadyExists. Written only by tether-ipam.
 // kube's `printcolumn(...)` repeats keys by design.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -79,11 +87,18 @@ pub struct Quarantine {
     shortname = "iplease",
     category = "tether",
     derive = "PartialEq",
-    doc = "One address of a tether network: who leases it, or since when it is released or quarantined. \
-           Named <network>.<address>; written by the tether-ipam CNI plugin, one create per allocation.",
+    doc = "One address of a uniqueness domain (the cluster, or an isolated fabric): which network's pod leases it, \
+           or since when it is released or quarantined. Named <address> (or <address>.<fabric>); written by the \
+           tether-ipam CNI plugin, one create per allocation.",
     selectable = ".spec.network",
     selectable = ".spec.node",
     printcolumn(name = "Network", type_ = "string", json_path = ".spec.network"),
+    printcolumn(
+        name = "Fabric",
+        type_ = "string",
+        json_path = ".spec.isolatedFabric",
+        priority = "1"
+    ),
     printcolumn(name = "Address", type_ = "string", json_path = ".spec.address"),
     printcolumn(name = "Pod", type_ = "string", json_path = ".spec.pod.name"),
     printcolumn(
@@ -122,10 +137,21 @@ pub struct Quarantine {
 #[x_kube(validation = Rule::new("self.state != 'Released' || has(self.releasedAt)").message("a Released lease needs releasedAt"))]
 #[serde(rename_all = "camelCase")]
 pub struct IPLeaseSpec {
-    /// Network name (`ipam.network_name`, default the network configuration's `name`).
+    /// Network name of the (last) holder (`ipam.network_name`, default the network
+    /// configuration's `name`). It changes when a released address goes to a pod of another
+    /// network of the domain.
     #[schemars(length(min = 1, max = 253))]
-    #[x_kube(validation = Rule::new("self == oldSelf").message("network is immutable"))]
     pub network: String,
+    /// The isolated fabric (`ipam.isolated_fabric`) this address is unique in; absent: the
+    /// cluster, shared by every network that names none. Absent also on records named
+    /// <network>.<address> (written before uniqueness domains, and their mirrors).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 40),
+        regex(pattern = r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("isolatedFabric is immutable"))]
+    pub isolated_fabric: Option<String>,
     /// The address, in canonical text form.
     #[schemars(length(min = 2, max = 45), regex(pattern = r"^[0-9a-f:.]+$"))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("address is immutable"))]
@@ -247,12 +273,52 @@ pub fn address_part(address: IpAddr) -> String {
     }
 }
 
-/// Object name of the lease of `address` in `network`: `<network part>.<address part>`. The
-/// network part has no dot and every address part contains one (IPv4) or a `-` and no leading
-/// dot (IPv6), so distinct (network, address) pairs get distinct names (up to 64-bit hash
-/// collisions between sanitised network names, which fail safe: the second network sees the
-/// address as taken).
-pub fn object_name(network: &str, address: IpAddr) -> String {
+/// Object name of the lease of `address` in its uniqueness domain: `<address part>` in the
+/// cluster-wide domain (`10.20.30.6`, `fd00--5`), `<address part>.<fabric>` in an isolated fabric
+/// (`10.20.30.6.rail-3`). A fabric is a DNS label starting with a letter that does not read as
+/// IPv6 (tether-pool checks), so these names are distinct from each other and from every
+/// [`network_object_name`]: an IPv4 name of the cluster has exactly three dots and ends in a digit,
+/// an IPv6 one has no dot (an IPv4-mapped one ends in its IPv4 part), and a fabric's ends in a
+/// part that starts with a letter and is no address part.
+pub fn object_name(domain: Option<&str>, address: IpAddr) -> String {
+    match domain {
+        None => address_part(address),
+        Some(f) => format!("{}.{}", address_part(address), fabric_part(f)),
+    }
+}
+
+/// The fabric part of an object name: the fabric as tether-pool admits it (a lowercase DNS label
+/// starting with a letter), else a hashed form of the same shape, so a name is always valid.
+fn fabric_part(fabric: &str) -> String {
+    let b = fabric.as_bytes();
+    let valid = !b.is_empty()
+        && b.len() <= 40
+        && b[0].is_ascii_lowercase()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && fabric
+            .replace('-', ":")
+            .parse::<std::net::Ipv6Addr>()
+            .is_err()
+        && !looks_hashed(fabric);
+    if valid {
+        return fabric.to_string();
+    }
+    // Ends like a hashed form, which no fabric taken as it is does.
+    format!(
+        "f-{:016x}",
+        tether_stable_hash::fnv1a64(fabric.as_bytes(), 0)
+    )
+}
+
+/// The name tether gave the lease of `address` in `network` before uniqueness domains:
+/// `<network part>.<address part>`. Records of that time, and their mirrors (see
+/// [`MIRROR_LABEL`]), carry it. The network part has no dot and every address part contains one
+/// (IPv4) or a `-` and no leading dot (IPv6), so distinct (network, address) pairs get distinct
+/// names (up to 64-bit hash collisions between sanitised network names, which fail safe: the
+/// second network sees the address as taken).
+pub fn network_object_name(network: &str, address: IpAddr) -> String {
     format!("{}.{}", network_part(network), address_part(address))
 }
 
@@ -318,7 +384,18 @@ mod tests {
     #[test]
     fn names_are_valid_and_readable() {
         let a: IpAddr = "10.1.2.3".parse().unwrap();
-        assert_eq!(object_name("macvlan-conf", a), "macvlan-conf.10.1.2.3");
+        assert_eq!(
+            network_object_name("macvlan-conf", a),
+            "macvlan-conf.10.1.2.3"
+        );
+        assert_eq!(object_name(None, a), "10.1.2.3");
+        assert_eq!(object_name(Some("rail-3"), a), "10.1.2.3.rail-3");
+        assert_eq!(
+            object_name(Some("rail-3"), "fd00::5".parse().unwrap()),
+            "fd00--5.rail-3"
+        );
+        assert!(object_name(Some("Rail_3"), a).starts_with("10.1.2.3.f-"));
+        assert!(object_name(Some("fd00--5"), a).starts_with("10.1.2.3.f-"));
         assert_eq!(address_part("::1".parse().unwrap()), "0--1");
         assert_eq!(address_part("fd00::".parse().unwrap()), "fd00--0");
         assert_eq!(address_part("fd00::5".parse().unwrap()), "fd00--5");
@@ -327,7 +404,7 @@ mod tests {
             address_part("::ffff:1.2.3.4".parse().unwrap()),
             "0--ffff-1.2.3.4"
         );
-        let n = object_name("GPU_Net.prod/1", "fd00:1:2::a".parse().unwrap());
+        let n = network_object_name("GPU_Net.prod/1", "fd00:1:2::a".parse().unwrap());
         assert!(n.starts_with("gpu-net-prod-1-"), "{n}");
         assert!(n.ends_with(".fd00-1-2--a"), "{n}");
         let long = "n".repeat(300);
@@ -350,9 +427,13 @@ mod tests {
                 "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
                 "::ffff:255.255.255.255",
             ] {
-                let name = object_name(net, addr.parse().unwrap());
+                let name = network_object_name(net, addr.parse().unwrap());
                 assert!(dns_subdomain(&name), "{net:?} {addr} → {name:?}");
                 assert!(name.len() <= 253);
+                for fabric in [None, Some(net)] {
+                    let name = object_name(fabric, addr.parse().unwrap());
+                    assert!(dns_subdomain(&name), "{fabric:?} {addr} → {name:?}");
+                }
             }
             let l = label_value(net);
             assert!(label_ok(&l), "{net:?} → {l:?}");
@@ -394,8 +475,24 @@ mod tests {
         for n in nets {
             assert!(labels.insert(label_value(n)), "label of {n:?} collides");
             for a in addrs {
-                let name = object_name(n, a.parse().unwrap());
+                let name = network_object_name(n, a.parse().unwrap());
                 assert!(names.insert(name.clone()), "{n:?} {a} collides: {name}");
+            }
+        }
+        // The names of a domain's records are none of those, and distinct across domains.
+        let fabrics = [
+            None,
+            Some("rail-3"),
+            Some("a"),
+            Some("x"),
+            Some("net"),
+            Some("fd00--5"),
+            Some("a-b"),
+        ];
+        for f in fabrics {
+            for a in addrs {
+                let name = object_name(f, a.parse().unwrap());
+                assert!(names.insert(name.clone()), "{f:?} {a} collides: {name}");
             }
         }
         // A valid name that happens to end like a hashed form is hashed too.

@@ -232,6 +232,14 @@ pub enum KubeStoreError {
     /// The async runtime could not be built.
     #[error("cannot start the Kubernetes client runtime: {0}")]
     Runtime(#[source] std::io::Error),
+    /// Conditional writes kept losing to someone else's (retry later).
+    #[error("{what} kept changing under us ({attempts} attempt(s)); retry later")]
+    Contention {
+        /// What was being written.
+        what: String,
+        /// Writes tried.
+        attempts: usize,
+    },
 }
 
 impl KubeStoreError {
@@ -240,7 +248,7 @@ impl KubeStoreError {
     pub fn is_transient(&self) -> bool {
         match self {
             KubeStoreError::Unreachable { .. } | KubeStoreError::Timeout { .. } => true,
-            KubeStoreError::CrdNotEstablished { .. } => true,
+            KubeStoreError::CrdNotEstablished { .. } | KubeStoreError::Contention { .. } => true,
             KubeStoreError::Api { code, .. } => *code == 429 || *code >= 500,
             _ => false,
         }

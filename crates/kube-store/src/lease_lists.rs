@@ -27,7 +27,7 @@ use kube::core::params::WatchParams;
 use serde::Deserialize;
 use tether_leases::{Lease, PodRef};
 
-use crate::convert::{Lenient, collect_leases, lease_of};
+use crate::convert::{Kinds, Lenient, collect_leases, lease_of};
 use crate::crd::{IPLease, NODE_LABEL, POD_LABEL, label_value, network_selector, pod_label_value};
 use crate::error::KubeStoreError;
 use crate::listing::ListRequest;
@@ -48,24 +48,36 @@ struct LabelsMeta {
 }
 
 impl KubeStore {
-    /// Every lease of every network, for `tether leases` without `--network`. Malformed
-    /// objects are skipped with a warning.
+    /// Every lease of every network, for `tether leases` without `--network` (records named by
+    /// network not moved yet included, their mirrors not). Malformed objects are skipped with a
+    /// warning.
     pub fn list_all(&self) -> Result<Vec<Lease>, KubeStoreError> {
-        self.list_selected(None, "LIST of ipleases of every network", |_| true)
+        self.list_every(Kinds::Leases)
+    }
+
+    /// Every record of the `kinds` wanted.
+    pub fn list_every(&self, kinds: Kinds) -> Result<Vec<Lease>, KubeStoreError> {
+        self.list_selected(None, "LIST of ipleases of every network", kinds, |_| true)
     }
 
     /// The leases recorded for `node` (label selector on the node label, then `spec.node ==
-    /// node`).
+    /// node`), as [`KubeStore::list_all`] has them.
     pub fn list_node(&self, node: &str) -> Result<Vec<Lease>, KubeStoreError> {
+        self.list_node_of(node, Kinds::Leases)
+    }
+
+    /// The records of the `kinds` wanted recorded for `node`.
+    pub fn list_node_of(&self, node: &str, kinds: Kinds) -> Result<Vec<Lease>, KubeStoreError> {
         let sel = format!("{NODE_LABEL}={}", label_value(node));
         self.list_selected(
             Some(&sel),
             &format!("LIST of ipleases of node {node:?}"),
+            kinds,
             |o| o.spec.node.as_deref() == Some(node),
         )
     }
 
-    /// Every record of `network` (its label, then `spec.network`) with the list's
+    /// Every domain record of `network` (its label, then `spec.network`) with the list's
     /// resourceVersion, to watch from. An answer (a page) longer than `max_bytes` is
     /// [`KubeStoreError::TooLarge`], read no further.
     pub fn list_network_at(
@@ -76,7 +88,7 @@ impl KubeStore {
         self.list_network(network, Some(max_bytes))
     }
 
-    /// Every record of `network` (its label, then `spec.network`) with the list's
+    /// Every domain record of `network` (its label, then `spec.network`) with the list's
     /// resourceVersion; no answer (page) longer than `max_bytes`.
     pub(crate) fn list_network(
         &self,
@@ -86,15 +98,16 @@ impl KubeStore {
         self.list_selected_at(
             Some(&network_selector(network)),
             &format!("LIST of ipleases of network {network:?}"),
+            Kinds::Domain,
             |o| o.spec.network == network,
             max_bytes,
         )
     }
 
-    /// Watch the records of `network` from `resource_version` (of
+    /// Watch the domain records of `network` from `resource_version` (of
     /// [`KubeStore::list_network_at`]), calling `f` per change, for at most `timeout` or until
-    /// `keep_going()` turns false. Malformed objects, and objects of another network under its
-    /// label, are skipped.
+    /// `keep_going()` turns false. Malformed objects, objects of another network under its
+    /// label, and records named by network are skipped.
     pub fn watch_network(
         &self,
         network: &str,
@@ -125,7 +138,7 @@ impl KubeStore {
                     Change::Upsert(i) => (i, false),
                     Change::Deleted(i) => (i, true),
                 };
-                if let Some(l) = lease_of(item, |o| o.spec.network == network) {
+                if let Some(l) = lease_of(item, Kinds::Domain, |o| o.spec.network == network) {
                     let l = self.seen(l);
                     f(if deleted {
                         Change::Deleted(l)
@@ -156,7 +169,7 @@ impl KubeStore {
             pod_label_value(ns, name)
         );
         let what = format!("LIST of ipleases of network {network:?} naming pod {ns}/{name}");
-        self.list_selected(Some(&sel), &what, |o| {
+        self.list_selected(Some(&sel), &what, Kinds::Domain, |o| {
             o.spec.network == network
                 && o.spec.pod.as_ref().is_some_and(|p| {
                     p.namespace.as_deref() == Some(ns) && p.name.as_deref() == Some(name)
@@ -165,25 +178,28 @@ impl KubeStore {
     }
 
     /// The leases whose node label is `label` (a value from [`KubeStore::lease_node_labels`]),
-    /// whatever their `spec.node`.
+    /// whatever their `spec.node`, as [`KubeStore::list_all`] has them.
     pub fn list_node_label(&self, label: &str) -> Result<Vec<Lease>, KubeStoreError> {
         let sel = format!("{NODE_LABEL}={label}");
         self.list_selected(
             Some(&sel),
             &format!("LIST of ipleases with node label {label:?}"),
+            Kinds::Leases,
             |_| true,
         )
     }
 
-    /// One LIST of leases (label `selector`, then `keep`), from the watch cache not older than
-    /// what this store has seen (so it reads its own writes), or in consistent pages.
+    /// One LIST of leases (label `selector`, then `keep`, then the `kinds` wanted), from the
+    /// watch cache not older than what this store has seen (so it reads its own writes), or in
+    /// consistent pages.
     pub(crate) fn list_selected(
         &self,
         selector: Option<&str>,
         what: &str,
+        kinds: Kinds,
         keep: impl Fn(&IPLease) -> bool,
     ) -> Result<Vec<Lease>, KubeStoreError> {
-        self.list_selected_at(selector, what, keep, None)
+        self.list_selected_at(selector, what, kinds, keep, None)
             .map(|(l, _)| l)
     }
 
@@ -193,6 +209,7 @@ impl KubeStore {
         &self,
         selector: Option<&str>,
         what: &str,
+        kinds: Kinds,
         keep: impl Fn(&IPLease) -> bool,
         max_bytes: Option<usize>,
     ) -> Result<(Vec<Lease>, String), KubeStoreError> {
@@ -211,7 +228,7 @@ impl KubeStore {
             if fresh {
                 out.clear();
             }
-            collect_leases(items, &keep, &mut out);
+            collect_leases(items, kinds, &keep, &mut out);
         })?;
         Ok((out, rv))
     }

@@ -1,24 +1,29 @@
 //! tether's cluster-wide lease store: one `IPLease` custom resource per leased address.
 //!
 //! When several nodes allocate from one range, the leases must live in the cluster. Following
-//! the KEP-1880 `IPAddress` model, every (network, address) is one small cluster-scoped object
-//! named after both ([`crd::object_name`]), so allocating is a single CREATE that either wins or
-//! gets `409 AlreadyExists`: no shared object rewritten by every allocation, no read-modify-write,
-//! no leader election. [`KubeStore`] implements [`tether_leases::LeaseStore`], so the same engine
-//! (idempotent ADD, sticky, cooldown, quarantine, requested addresses, GC, rollback) runs over it:
+//! the KEP-1880 `IPAddress` model, every address of a uniqueness domain (the cluster, or an
+//! isolated fabric) is one small cluster-scoped object named after it ([`crd::object_name`]:
+//! `10.20.30.6`, `10.20.30.6.rail-3`), whichever network (NAD) hands it out, so allocating is a
+//! single CREATE that either wins or gets `409 AlreadyExists`: no shared object rewritten by
+//! every allocation, no read-modify-write, no leader election, and two NADs whose ranges overlap
+//! never give one address twice. [`KubeStore`] implements [`tether_leases::LeaseStore`], so the
+//! same engine (idempotent ADD, sticky, cooldown, quarantine, requested addresses, GC, rollback)
+//! runs over it:
 //!
 //! | store call | API request |
 //! |---|---|
-//! | `get(network, address)` | GET `ipleases/<network>.<address>` |
-//! | `list(network)` | LIST `ipleases?labelSelector=ipam.tether.dev/network=<net>` from the watch cache (`resourceVersion=0`, or not older than the newest resourceVersion this store has seen; paginated and consistent without `list_from_cache`), objects of other networks dropped |
-//! | `list_mine(network)` | the same, narrowed to this node's label, then `spec.node` |
-//! | `by_pod(network, pod)` | LIST `ipleases?labelSelector=<the network's label>,ipam.tether.dev/pod=<namespace.name>` from the watch cache, then the spec |
+//! | `get(scope, address)` | GET `ipleases/<address>[.<fabric>]` |
+//! | `list(scope)` | LIST `ipleases?labelSelector=ipam.tether.dev/network=<net>` from the watch cache (`resourceVersion=0`, or not older than the newest resourceVersion this store has seen; paginated and consistent without `list_from_cache`), objects of other networks and domains dropped: the other networks of the domain are found by the conditional CREATE, not listed |
+//! | `list_mine(scope)` | the same, narrowed to this node's label, then `spec.node` |
+//! | `by_pod(scope, pod)` | LIST `ipleases?labelSelector=<the network's label>,ipam.tether.dev/pod=<namespace.name>` from the watch cache, then the spec |
 //! | `claim(new, None)` | CREATE; `409 AlreadyExists` → `Taken` (plus one GET for the current record) |
 //! | `claim(new, Some(expected))` | UPDATE carrying the expected `uid` and `resourceVersion`; `409 Conflict` / `404` → `Taken` |
 //! | `remove(expected)` | DELETE with preconditions `{uid, resourceVersion}`; `409` / `404` → `Taken` |
 //!
 //! A lease's opaque `version` is `<uid>/<resourceVersion>`, so a release or delete can never hit
-//! an object re-created for another attachment since it was read. With a node name and a journal
+//! an object re-created for another attachment since it was read. Objects named
+//! `<network>.<address>`, as tether named them before uniqueness domains, are moved into their
+//! domains and mirrored while a tether of that time may still run ([`by_network`]). With a node name and a journal
 //! directory in its settings the store also serves the engine's node journal
 //! ([`tether_leases::journal`]; a missing one is rebuilt from one LIST of this node's leases),
 //! and DEL and CHECK never list: a DEL costs one UPDATE, whatever the number of leases in the
@@ -49,6 +54,7 @@
 pub mod access;
 pub mod api;
 pub mod backoff;
+pub mod by_network;
 pub mod cluster;
 pub mod convert;
 pub mod crd;
@@ -69,15 +75,19 @@ pub mod watching;
 pub use access::{Access, CrdState, Identity, NodeScope};
 pub use api::{ApiClient, RequestCounts};
 pub use backoff::jittered;
-pub use cluster::{Cluster, PodEvent, PodKey};
-pub use crd::{IPLease, IPLeaseSpec, LeasePhase, PodInfo, Quarantine, crd_yaml, object_name};
+pub use cluster::{AgentPod, Cluster, ConfigMapData, PodEvent, PodKey};
+pub use convert::{Kinds, Naming};
+pub use crd::{
+    IPLease, IPLeaseSpec, LeasePhase, PodInfo, Quarantine, crd_yaml, network_object_name,
+    object_name,
+};
 pub use credentials::check_credentials;
 pub use error::{CredentialSource, KubeStoreError};
 pub use list_watch::{ListWatch, Resume};
 pub use monitoring::{NadConfig, PodWarning, Posted};
 pub use node_token::IssuedToken;
 pub use nodes::{NODE_LEASE_NAMESPACE, NodeHealth, PodPlacement};
-pub use settings::{DEFAULT_PAGE_SIZE, DEFAULT_TIMEOUT, KubeSettings};
+pub use settings::{DEFAULT_PAGE_SIZE, DEFAULT_TIMEOUT, KubeSettings, LegacyMirrors};
 pub use store::KubeStore;
 pub use traffic::ApiTraffic;
 pub use watching::{Change, WatchEnd};

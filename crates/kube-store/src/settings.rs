@@ -57,6 +57,46 @@ pub struct KubeSettings {
     /// Where the client counts what it sent and read. The node-agent hands every client one
     /// shared value and its metrics endpoint reads it; by default each client has its own.
     pub traffic: ApiTraffic,
+    /// Whether every write of a domain's record keeps its mirror under the name a tether before
+    /// uniqueness domains would use (see [`crate::by_network`]), while one may still run
+    /// somewhere. Off by default; the plugin reads it from what the node-agent wrote, the
+    /// node-agent from the controller. Shared: the node-agent turns it for its lease service.
+    pub legacy_mirrors: LegacyMirrors,
+}
+
+/// Whether a store keeps mirrors under network names (see [`KubeSettings::legacy_mirrors`]); one
+/// value shared by every clone, so whoever made it can turn it while stores use it.
+#[derive(Clone, Default)]
+pub struct LegacyMirrors(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl LegacyMirrors {
+    /// A new value, `on` or off.
+    pub fn new(on: bool) -> LegacyMirrors {
+        LegacyMirrors(std::sync::Arc::new(std::sync::atomic::AtomicBool::new(on)))
+    }
+
+    /// Are mirrors kept?
+    pub fn on(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Keep them (`true`) or not, for every store sharing this value.
+    pub fn set(&self, on: bool) {
+        self.0.store(on, std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl std::fmt::Debug for LegacyMirrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LegacyMirrors({})", self.on())
+    }
+}
+
+/// Settings are equal when their values are; a shared switch is the same switch.
+impl PartialEq for LegacyMirrors {
+    fn eq(&self, other: &LegacyMirrors) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 impl Default for KubeSettings {
@@ -72,6 +112,7 @@ impl Default for KubeSettings {
             field_manager: "tether-ipam".to_string(),
             group: GROUP.to_string(),
             traffic: ApiTraffic::default(),
+            legacy_mirrors: LegacyMirrors::default(),
         }
     }
 }
@@ -170,16 +211,19 @@ mod tests {
         assert!(s.list_from_cache);
         assert_eq!(s.page_size, 50);
         assert_eq!(s.api_root.as_deref(), Some("https://10.0.0.1:6443"));
-        // Equal but for the traffic counters, which each settings value gets new.
+        // Equal but for the traffic counters and the mirror switch, which each settings value
+        // gets new.
         let absent = KubeSettings::from_kubernetes_config(None).unwrap();
         assert_ne!(absent.traffic, KubeSettings::default().traffic);
         assert_eq!(
             absent,
             KubeSettings {
                 traffic: absent.traffic.clone(),
+                legacy_mirrors: absent.legacy_mirrors.clone(),
                 ..KubeSettings::default()
             }
         );
+        assert!(!absent.legacy_mirrors.on());
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! [`KubeStore`]: the [`LeaseStore`] over one `IPLease` object per (network, address).
+//! [`KubeStore`]: the [`LeaseStore`] over one `IPLease` object per address of a uniqueness
+//! domain.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -9,12 +10,14 @@ use kube::core::Request;
 use kube::core::params::{DeleteParams, ListParams, Preconditions, VersionMatch};
 use serde_json::Value;
 use tether_leases::{
-    AttachmentIndex, CasResult, FileJournal, JournalBacked, Lease, LeaseStore, PodRef, StoreError,
-    Taken, validate_claim,
+    AttachmentIndex, CasResult, FileJournal, JournalBacked, Lease, LeaseStore, PodRef, Scope,
+    StoreError, Taken, validate_claim,
 };
 
 use crate::api::{ApiClient, RequestCounts, Verb};
-use crate::convert::{from_object, split_version, to_object};
+use crate::convert::{
+    Kinds, Naming, name_of, naming_of, read_object, split_version, to_named_object,
+};
 use crate::crd::{
     IPLease, NODE_LABEL, PLURAL, VERSION, label_value, network_selector, object_name,
 };
@@ -202,8 +205,9 @@ impl KubeStore {
         Ok(())
     }
 
-    /// GET the lease object `name`: `None` when absent or not a valid lease.
-    fn get_object(&self, name: &str) -> Result<Option<Lease>, KubeStoreError> {
+    /// GET the lease object `name`: `None` when absent or not a valid lease. Whatever its
+    /// naming: the version of what it returns says.
+    pub(crate) fn get_object(&self, name: &str) -> Result<Option<Lease>, KubeStoreError> {
         let what = format!("GET of IPLease {name}");
         let req = Request::new(&self.path)
             .get(name, &Default::default())
@@ -211,7 +215,7 @@ impl KubeStore {
         match self.api.send::<Value>(Verb::Get, &what, req) {
             Ok(v) => match serde_json::from_value::<IPLease>(v)
                 .map_err(|e| e.to_string())
-                .and_then(|o| from_object(&o))
+                .and_then(|o| read_object(&o).map(|(l, _)| l))
             {
                 Ok(l) => Ok(Some(self.seen(l))),
                 Err(e) => {
@@ -231,11 +235,13 @@ impl KubeStore {
         })
     }
 
-    /// The leases of `network` held by `node` (both label selectors, then the spec).
+    /// The leases of `network` held by `node` (both label selectors, then the spec), of the
+    /// `kinds` wanted.
     pub fn list_network_node(
         &self,
         network: &str,
         node: &str,
+        kinds: Kinds,
     ) -> Result<Vec<Lease>, KubeStoreError> {
         let sel = format!(
             "{},{NODE_LABEL}={}",
@@ -245,21 +251,27 @@ impl KubeStore {
         self.list_selected(
             Some(&sel),
             &format!("LIST of ipleases of network {network:?} on node {node:?}"),
+            kinds,
             |o| o.spec.network == network && o.spec.node.as_deref() == Some(node),
         )
     }
 
-    fn create(&self, new: Lease) -> Result<Result<Lease, Taken>, KubeStoreError> {
-        let name = object_name(&new.network, new.address);
+    /// CREATE `new` under the name `naming` gives it.
+    pub(crate) fn create_named(
+        &self,
+        new: &Lease,
+        naming: Naming,
+    ) -> Result<Result<Lease, Taken>, KubeStoreError> {
+        let obj = to_named_object(new, None, naming)?;
+        let name = obj.metadata.name.clone().unwrap_or_default();
         let what = format!("CREATE of IPLease {name}");
-        let obj = to_object(&new, None)?;
         let body = serde_json::to_vec(&obj).map_err(|e| self.api.protocol(&what, e.to_string()))?;
         let req = Request::new(&self.path)
             .create(&self.api.post_params(), body)
             .map_err(|e| self.api.protocol(&what, e.to_string()))?;
         match self.api.send::<IPLease>(Verb::Create, &what, req) {
-            Ok(o) => from_object(&o)
-                .map(|l| Ok(self.seen(l)))
+            Ok(o) => read_object(&o)
+                .map(|(l, _)| Ok(self.seen(l)))
                 .map_err(|e| self.api.protocol(&what, e)),
             // AlreadyExists: someone holds (or held) the address.
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Err(self.lost(&name)?)),
@@ -267,22 +279,45 @@ impl KubeStore {
         }
     }
 
-    fn replace(
+    /// UPDATE the object `expected` was read from to `new`, under the same naming (a mirror
+    /// stays one), conditional on `expected`'s uid and resourceVersion.
+    pub(crate) fn replace_object(
         &self,
-        new: Lease,
+        new: &Lease,
         expected: &Lease,
     ) -> Result<Result<Lease, Taken>, KubeStoreError> {
-        let name = object_name(&new.network, new.address);
+        self.replace_named(new, expected, naming_of(expected))
+    }
+
+    /// UPDATE the object `expected` was read from to `new`, labelled as `naming` says (one
+    /// named by network becomes a mirror, or back), conditional on `expected`'s uid and
+    /// resourceVersion.
+    pub(crate) fn replace_named(
+        &self,
+        new: &Lease,
+        expected: &Lease,
+        naming: Naming,
+    ) -> Result<Result<Lease, Taken>, KubeStoreError> {
+        let name = name_of(expected);
         let what = format!("UPDATE of IPLease {name}");
         let (uid, rv) = self.uid_and_version(expected, &what)?;
-        let obj = to_object(&new, Some((uid, rv)))?;
+        let obj = to_named_object(new, Some((uid, rv)), naming)?;
+        if obj.metadata.name.as_deref() != Some(name.as_str()) {
+            return Err(self.api.protocol(
+                &what,
+                format!(
+                    "the record would be named {:?}: an update never moves a record",
+                    obj.metadata.name
+                ),
+            ));
+        }
         let body = serde_json::to_vec(&obj).map_err(|e| self.api.protocol(&what, e.to_string()))?;
         let req = Request::new(&self.path)
             .replace(&name, &self.api.post_params(), body)
             .map_err(|e| self.api.protocol(&what, e.to_string()))?;
         match self.api.send::<IPLease>(Verb::Update, &what, req) {
-            Ok(o) => from_object(&o)
-                .map(|l| Ok(self.seen(l)))
+            Ok(o) => read_object(&o)
+                .map(|(l, _)| Ok(self.seen(l)))
                 .map_err(|e| self.api.protocol(&what, e)),
             // Conflict: stale resourceVersion or another uid (deleted and re-created).
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Err(self.lost(&name)?)),
@@ -314,8 +349,12 @@ impl KubeStore {
             })
     }
 
-    fn delete(&self, expected: &Lease) -> Result<Result<(), Taken>, KubeStoreError> {
-        let name = object_name(&expected.network, expected.address);
+    /// DELETE the object `expected` was read from, conditional on its uid and resourceVersion.
+    pub(crate) fn delete_object(
+        &self,
+        expected: &Lease,
+    ) -> Result<Result<(), Taken>, KubeStoreError> {
+        let name = name_of(expected);
         let what = format!("DELETE of IPLease {name}");
         let (uid, rv) = self.uid_and_version(expected, &what)?;
         let dp = DeleteParams {
@@ -352,15 +391,19 @@ impl KubeStore {
 impl LeaseStore for KubeStore {
     /// One LIST with the network's label selector (one request served by the watch cache at
     /// `resourceVersion=0` or not older than what this store has seen, or paginated by
-    /// `page_size` without `list_from_cache`), keeping the objects of `network`.
-    fn list(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
-        Ok(self.list_network(network, None)?.0)
+    /// `page_size` without `list_from_cache`), keeping the domain's records of `scope`'s network.
+    fn list(&self, scope: &Scope) -> Result<Vec<Lease>, StoreError> {
+        Ok(in_domain(self.list_network(&scope.network, None)?.0, scope))
     }
 
-    /// One GET of the object `<network>.<address>`.
-    fn get(&self, network: &str, address: IpAddr) -> Result<Option<Lease>, StoreError> {
-        let l = self.get_object(&object_name(network, address))?;
-        Ok(l.filter(|l| l.network == network && l.address == address))
+    /// One GET of the object `<address>[.<fabric>]`.
+    fn get(&self, scope: &Scope, address: IpAddr) -> Result<Option<Lease>, StoreError> {
+        let l = self.get_object(&object_name(scope.domain.as_deref(), address))?;
+        Ok(l.filter(|l| {
+            l.address == address
+                && l.in_domain(scope.domain.as_deref())
+                && naming_of(l) == Naming::Domain
+        }))
     }
 
     /// The node journal, with a journal directory and a node name in the settings: ADD, DEL and
@@ -373,15 +416,25 @@ impl LeaseStore for KubeStore {
     }
 
     /// `KubeStore::by_pod_label`: the records of any node that name the pod.
-    fn by_pod(&self, network: &str, pod: &PodRef) -> Result<Option<Vec<Lease>>, StoreError> {
-        Ok(Some(self.by_pod_label(network, pod)?))
+    fn by_pod(&self, scope: &Scope, pod: &PodRef) -> Result<Option<Vec<Lease>>, StoreError> {
+        Ok(Some(in_domain(
+            self.by_pod_label(&scope.network, pod)?,
+            scope,
+        )))
     }
 
-    /// This node's leases of `network` (GC must not judge other nodes' attachments: they are
-    /// not in this runtime's list of valid attachments). Without a node name: an error.
-    fn list_mine(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
+    /// This node's leases of `scope`'s network (GC must not judge other nodes' attachments: they
+    /// are not in this runtime's list of valid attachments), those named by network not yet
+    /// moved into the domain included. Without a node name: an error.
+    fn list_mine(&self, scope: &Scope) -> Result<Vec<Lease>, StoreError> {
         match &self.settings.node {
-            Some(node) => Ok(self.list_network_node(network, node)?),
+            Some(node) => Ok(self
+                .list_network_node(&scope.network, node, Kinds::Leases)?
+                .into_iter()
+                .filter(|l| {
+                    naming_of(l) != Naming::Domain || l.in_domain(scope.domain.as_deref())
+                })
+                .collect()),
             None => Err(StoreError::Backend {
                 message: "GC with the Kubernetes store needs this node's name (NODE_NAME or the hostname) so it only judges this node's leases".into(),
                 transient: false,
@@ -392,16 +445,23 @@ impl LeaseStore for KubeStore {
 
     /// CREATE (`expected = None`; 409 AlreadyExists → `Taken`) or UPDATE with the expected uid
     /// and resourceVersion (409 Conflict or 404 → `Taken`). A lost race costs one GET to report
-    /// the current record.
+    /// the current record. While mirrors are kept ([`KubeSettings::legacy_mirrors`]), the
+    /// record's mirror follows (see [`crate::by_network`]): a mirror someone else holds the old
+    /// way makes the claim lose, undone.
     fn claim(&self, new: Lease, expected: Option<&Lease>) -> CasResult<Lease> {
         validate_claim(&new, expected)?;
-        Ok(match expected {
-            None => self.create(new)?,
-            Some(e) => self.replace(new, e)?,
-        })
+        let done = match expected {
+            None => self.create_named(&new, Naming::Domain)?,
+            Some(e) => self.replace_object(&new, e)?,
+        };
+        match done {
+            Ok(stored) if self.keeps_mirrors(&stored) => Ok(self.mirror_claim(stored, expected)?),
+            other => Ok(other),
+        }
     }
 
-    /// DELETE with preconditions {uid, resourceVersion} (409 Conflict or 404 → `Taken`).
+    /// DELETE with preconditions {uid, resourceVersion} (409 Conflict or 404 → `Taken`); its
+    /// mirror too, while mirrors are kept.
     fn remove(&self, expected: &Lease) -> CasResult<()> {
         if expected.version.is_none() {
             return Err(StoreError::Invalid(format!(
@@ -409,8 +469,21 @@ impl LeaseStore for KubeStore {
                 expected.address, expected.network
             )));
         }
-        Ok(self.delete(expected)?)
+        let done = self.delete_object(expected)?;
+        if done.is_ok() && self.keeps_mirrors(expected) {
+            self.forget_mirror(expected);
+        }
+        Ok(done)
     }
+}
+
+/// The records of `scope`'s domain (a network's label may also name its records in another
+/// domain, after its NAD changed fabric, and records named by network).
+fn in_domain(leases: Vec<Lease>, scope: &Scope) -> Vec<Lease> {
+    leases
+        .into_iter()
+        .filter(|l| l.in_domain(scope.domain.as_deref()) && naming_of(l) == Naming::Domain)
+        .collect()
 }
 
 /// The node journal of this store, made authoritative for `network` first (see
@@ -424,7 +497,9 @@ impl JournalBacked for KubeStore {
             ));
         };
         if !j.is_complete(network) {
-            j.rebuild(network, || Ok(self.list_network_node(network, node)?))?;
+            j.rebuild(network, || {
+                Ok(self.list_network_node(network, node, Kinds::Domain)?)
+            })?;
         }
         Ok(j)
     }

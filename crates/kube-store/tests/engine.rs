@@ -13,7 +13,7 @@ use common::*;
 use tether_kube_store::KubeStore;
 use tether_leases::{
     AddRequest, AllocError, Allocator, Attachment, AttachmentIndex, CasResult, FakeClock, Lease,
-    LeaseState, LeaseStore, NoProbe, Policy, ScriptedProber, StoreError, walk_start,
+    LeaseState, LeaseStore, NoProbe, Policy, Scope, ScriptedProber, StoreError, walk_start,
 };
 use tether_pool::IpRange;
 
@@ -47,7 +47,7 @@ impl Fx {
     }
     fn a(&self) -> Allocator<'_> {
         Allocator::new(
-            self.env.network.clone(),
+            scope_of(&self.env.network),
             self.ranges.clone(),
             self.policy.clone(),
             &self.store,
@@ -127,7 +127,7 @@ fn gc_releases_attachments_not_listed() {
     // Another node's attachment, which node a's runtime does not know about.
     let other = fx.env.node_store("node-b");
     let b = Allocator::new(
-        fx.env.network.clone(),
+        scope_of(&fx.env.network),
         fx.ranges.clone(),
         fx.policy.clone(),
         &other,
@@ -326,11 +326,11 @@ struct Racing<'a> {
 }
 
 impl LeaseStore for Racing<'_> {
-    fn list(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
-        self.inner.list(network)
+    fn list(&self, scope: &Scope) -> Result<Vec<Lease>, StoreError> {
+        self.inner.list(scope)
     }
-    fn get(&self, network: &str, address: IpAddr) -> Result<Option<Lease>, StoreError> {
-        self.inner.get(network, address)
+    fn get(&self, scope: &Scope, address: IpAddr) -> Result<Option<Lease>, StoreError> {
+        self.inner.get(scope, address)
     }
     fn index(&self) -> Option<&dyn AttachmentIndex> {
         self.inner.index()
@@ -386,7 +386,7 @@ fn item80_two_allocators_race_for_one_candidate() {
                 let fx = &fx;
                 sc.spawn(move || {
                     let a = Allocator::new(
-                        fx.env.network.clone(),
+                        scope_of(&fx.env.network),
                         fx.ranges.clone(),
                         fx.policy.clone(),
                         r,

@@ -18,7 +18,7 @@ use tether_leases::{AllocError, Allocator, FakeClock, LeaseStore, NoProbe, Polic
 fn add(store: &KubeStore, network: &str, cid: &str) -> Result<(), AllocError> {
     let clock = FakeClock::new(1_700_000_000);
     let a = Allocator::new(
-        network.to_string(),
+        scope_of(network),
         vec![range("10.20.0.0/24")],
         Policy::default(),
         store,
@@ -32,7 +32,7 @@ fn add(store: &KubeStore, network: &str, cid: &str) -> Result<(), AllocError> {
 fn del(store: &KubeStore, network: &str, cid: &str) -> Result<(), AllocError> {
     let clock = FakeClock::new(1_700_000_100);
     let a = Allocator::new(
-        network.to_string(),
+        scope_of(network),
         vec![range("10.20.0.0/24")],
         Policy::default(),
         store,
@@ -238,7 +238,7 @@ fn store_errors_carry_transience() {
         Duration::from_secs(2),
     ))
     .unwrap();
-    let e = store.list("n").unwrap_err();
+    let e = store.list(&scope_of("n")).unwrap_err();
     assert!(e.is_transient());
     assert!(matches!(
         KubeStoreError::from_store_error(&e),
@@ -275,7 +275,7 @@ fn a_filling_watch_cache_is_waited_for_never_bypassed() {
     let store = KubeStore::connect(settings_for(&url, &dir, Duration::from_secs(6))).unwrap();
     api.set_cache_unready(2);
     let t = Instant::now();
-    assert!(store.list("net").unwrap().is_empty());
+    assert!(store.list(&scope_of("net")).unwrap().is_empty());
     // Two waits, each at least the server's retryAfterSeconds (1) and at most 1.5 times it.
     assert!(
         t.elapsed() >= Duration::from_secs(2) && t.elapsed() < Duration::from_secs(4),
@@ -288,7 +288,7 @@ fn a_filling_watch_cache_is_waited_for_never_bypassed() {
     api.set_cache_unready(u64::MAX);
     store.restart_budget();
     let t = Instant::now();
-    let e = store.list("net").unwrap_err();
+    let e = store.list(&scope_of("net")).unwrap_err();
     assert!(e.is_transient(), "{e}");
     assert!(
         e.to_string().contains("429") || e.to_string().contains("Too many"),

@@ -45,7 +45,7 @@ fn node_process() {
                     })
                     .expect("connect");
                     let a = Allocator::new(
-                        network.clone(),
+                        scope_of(network),
                         vec![range(RANGE)],
                         Policy::default(),
                         &store,

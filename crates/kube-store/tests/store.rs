@@ -37,7 +37,7 @@ fn item80_create_then_already_exists() {
     // Exactly one object, named after network and address.
     assert_eq!(env.leases(&env.network), vec![got.clone()]);
     let obj = env
-        .object(&object_name(&env.network, a.address))
+        .object(&object_name(Some(&fabric_of(&env.network)), a.address))
         .expect("object by name");
     assert_eq!(obj["spec"]["containerID"], "ca");
     assert_eq!(
@@ -290,7 +290,7 @@ fn add_and_del_cost_the_same_with_many_leases() {
     let call = |f: &dyn Fn(&Allocator<'_>)| {
         let store = env.node_store("node-a");
         let a = Allocator::new(
-            env.network.clone(),
+            scope_of(&env.network),
             vec![range("10.4.0.0/16")],
             Policy::default(),
             &store,
@@ -370,7 +370,9 @@ fn version_strings_are_uid_and_resource_version() {
     let (uid, rv) = l.version.as_deref().unwrap().split_once('/').unwrap();
     assert_eq!(uid.len(), 36, "a UUID: {uid}");
     assert!(!rv.is_empty());
-    let obj = env.object(&object_name(&env.network, l.address)).unwrap();
+    let obj = env
+        .object(&object_name(Some(&fabric_of(&env.network)), l.address))
+        .unwrap();
     assert_eq!(obj["metadata"]["uid"], uid);
     assert_eq!(obj["metadata"]["resourceVersion"], rv);
     // Errors from the store are ours.

@@ -18,10 +18,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use tether_kube_store::{Kinds, Naming, convert::naming_of};
 use tether_kube_store::{KubeSettings, KubeStore};
 use tether_leases::{
-    AttachmentIndex, CasResult, FileJournal, JournalBacked, Lease, LeaseStore, PodRef, StoreError,
-    Taken, validate_claim,
+    AttachmentIndex, CasResult, FileJournal, JournalBacked, Lease, LeaseStore, PodRef, Scope,
+    StoreError, Taken, validate_claim,
 };
 use tether_trusted_fs::{Place, TrustedDir};
 
@@ -151,7 +152,7 @@ pub trait Direct: LeaseStore {
 
 impl Direct for KubeStore {
     fn node_records(&self, network: &str, node: &str) -> Result<Vec<Lease>, StoreError> {
-        Ok(self.list_network_node(network, node)?)
+        Ok(self.list_network_node(network, node, Kinds::Domain)?)
     }
     fn api_requests(&self) -> u64 {
         self.requests().total()
@@ -357,26 +358,26 @@ fn is_written(current: &Lease, new: &Lease) -> bool {
 }
 
 impl<D: Direct> LeaseStore for ServedStore<D> {
-    fn list(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
+    fn list(&self, scope: &Scope) -> Result<Vec<Lease>, StoreError> {
         let req = Request::List {
-            network: network.to_string(),
+            scope: scope.clone(),
         };
         match self.via(&req)? {
             Via::Agent(Reply::Records { leases }) => Ok(leases),
             Via::Agent(other) => Err(unexpected(other)),
-            Via::Direct(k) | Via::Redo(k) => k.list(network),
+            Via::Direct(k) | Via::Redo(k) => k.list(scope),
         }
     }
 
-    fn get(&self, network: &str, address: IpAddr) -> Result<Option<Lease>, StoreError> {
+    fn get(&self, scope: &Scope, address: IpAddr) -> Result<Option<Lease>, StoreError> {
         let req = Request::Get {
-            network: network.to_string(),
+            scope: scope.clone(),
             address,
         };
         match self.via(&req)? {
             Via::Agent(Reply::Record { lease }) => Ok(lease),
             Via::Agent(other) => Err(unexpected(other)),
-            Via::Direct(k) | Via::Redo(k) => k.get(network, address),
+            Via::Direct(k) | Via::Redo(k) => k.get(scope, address),
         }
     }
 
@@ -384,20 +385,25 @@ impl<D: Direct> LeaseStore for ServedStore<D> {
         Some(self)
     }
 
-    fn by_pod(&self, network: &str, pod: &PodRef) -> Result<Option<Vec<Lease>>, StoreError> {
+    fn by_pod(&self, scope: &Scope, pod: &PodRef) -> Result<Option<Vec<Lease>>, StoreError> {
         let req = Request::ByPod {
-            network: network.to_string(),
+            scope: scope.clone(),
             pod: pod.clone(),
         };
         match self.via(&req)? {
             Via::Agent(Reply::Records { leases }) => Ok(Some(leases)),
             Via::Agent(other) => Err(unexpected(other)),
-            Via::Direct(k) | Via::Redo(k) => k.by_pod(network, pod),
+            Via::Direct(k) | Via::Redo(k) => k.by_pod(scope, pod),
         }
     }
 
-    fn list_mine(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
-        self.list_node(network)
+    /// This node's records of the network in its domain.
+    fn list_mine(&self, scope: &Scope) -> Result<Vec<Lease>, StoreError> {
+        Ok(self
+            .list_node(&scope.network)?
+            .into_iter()
+            .filter(|l| l.in_domain(scope.domain.as_deref()) && naming_of(l) == Naming::Domain)
+            .collect())
     }
 
     fn claim(&self, new: Lease, expected: Option<&Lease>) -> CasResult<Lease> {

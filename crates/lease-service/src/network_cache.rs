@@ -1,8 +1,16 @@
 //! The records of the networks this node's plugins use, kept by a LIST and a WATCH per network
 //! (label `ipam.tether.dev/network`, from the API server's watch cache), started when a plugin
 //! first asks about the network. What the lease service answers from memory, without a request:
-//! whether a candidate address is free (and its record when it is not), a pod's records on any
-//! node (its sticky address), this node's records (the node journal's rebuild).
+//! whether a candidate address is free of the network's records (and its record when it is not),
+//! a pod's records on any node (its sticky address), this node's records (the node journal's
+//! rebuild).
+//!
+//! Only the network's own records are kept, never its whole uniqueness domain: a cluster-wide
+//! domain would have every node watch every lease of the cluster. So "free" here means "no
+//! record of this network": another network of the domain may hold the address, and the
+//! conditional CREATE that follows finds it (409), as it finds a record this cache has not seen
+//! yet. The cache is what this node's pods need; the conditional write is what keeps one holder
+//! per address.
 //!
 //! The alternative, a LIST by pod label on every ADD, costs the API server a scan of every
 //! IPLease in the cluster (no index by label): about 1.4 µs per object, 27 ms of its CPU per ADD
@@ -25,7 +33,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use tether_kube_store::Change;
-use tether_leases::{Lease, PodRef};
+use tether_kube_store::convert::split_version;
+use tether_leases::{Lease, PodRef, Scope};
 
 /// The most records of one network kept in memory.
 pub const MAX_RECORDS: usize = 20_000;
@@ -44,9 +53,17 @@ pub const MAX_LIST_BYTES: usize = 40 << 20;
 fn revision(l: &Lease) -> u64 {
     l.version
         .as_deref()
-        .and_then(|v| v.rsplit_once('/'))
+        .and_then(split_version)
         .and_then(|(_, rv)| rv.parse().ok())
         .unwrap_or(0)
+}
+
+/// Where a record is: its domain and address (a network's label may also name its records in
+/// another domain, after its NAD changed fabric).
+type Key = (Option<String>, IpAddr);
+
+fn key(l: &Lease) -> Key {
+    (l.domain.clone(), l.address)
 }
 
 type PodKey = (String, String);
@@ -83,20 +100,20 @@ struct State {
     standing: Standing,
     /// The most records this network may grow to (set by its list).
     limit: usize,
-    by_address: HashMap<IpAddr, Lease>,
-    /// The revision of each address's last deletion seen, so an older event does not bring it
+    by_address: HashMap<Key, Lease>,
+    /// The revision of each record's last deletion seen, so an older event does not bring it
     /// back.
-    gone: HashMap<IpAddr, u64>,
-    by_pod: HashMap<PodKey, HashSet<IpAddr>>,
+    gone: HashMap<Key, u64>,
+    by_pod: HashMap<PodKey, HashSet<Key>>,
 }
 
 impl State {
-    fn unindex(&mut self, a: IpAddr) {
-        if let Some(old) = self.by_address.remove(&a)
+    fn unindex(&mut self, a: &Key) {
+        if let Some(old) = self.by_address.remove(a)
             && let Some(k) = pod_key(&old.pod)
             && let Some(set) = self.by_pod.get_mut(&k)
         {
-            set.remove(&a);
+            set.remove(a);
             if set.is_empty() {
                 self.by_pod.remove(&k);
             }
@@ -104,10 +121,10 @@ impl State {
     }
 
     fn index(&mut self, l: Lease) {
-        let a = l.address;
-        self.unindex(a);
+        let a = key(&l);
+        self.unindex(&a);
         if let Some(k) = pod_key(&l.pod) {
-            self.by_pod.entry(k).or_default().insert(a);
+            self.by_pod.entry(k).or_default().insert(a.clone());
         }
         self.by_address.insert(a, l);
     }
@@ -170,7 +187,7 @@ impl NetworkLeases {
         }
         match c {
             Change::Upsert(l) => {
-                let (a, rv) = (l.address, revision(&l));
+                let (a, rv) = (key(&l), revision(&l));
                 let newer_here = s.by_address.get(&a).is_some_and(|h| revision(h) > rv)
                     || s.gone.get(&a).is_some_and(|g| *g >= rv);
                 if !newer_here {
@@ -179,9 +196,9 @@ impl NetworkLeases {
                 }
             }
             Change::Deleted(l) => {
-                let (a, rv) = (l.address, revision(&l));
+                let (a, rv) = (key(&l), revision(&l));
                 if s.by_address.get(&a).is_none_or(|h| revision(h) <= rv) {
-                    s.unindex(a);
+                    s.unindex(&a);
                     s.gone.insert(a, rv);
                 }
             }
@@ -194,14 +211,17 @@ impl NetworkLeases {
         }
     }
 
-    /// The record of `address` (`Some(None)`: nobody holds it); `None` when not synced.
-    pub fn get(&self, address: IpAddr) -> Option<Option<Lease>> {
+    /// The network's record of `address` in `domain` (`Some(None)`: the network has none; see
+    /// the module docs); `None` when not synced.
+    pub fn get(&self, domain: Option<&str>, address: IpAddr) -> Option<Option<Lease>> {
         let s = self.lock();
-        (s.standing == Standing::Synced).then(|| s.by_address.get(&address).cloned())
+        let k = (domain.map(str::to_string), address);
+        (s.standing == Standing::Synced).then(|| s.by_address.get(&k).cloned())
     }
 
-    /// The records naming `pod` (namespace and name); `None` when not synced.
-    pub fn by_pod(&self, pod: &PodRef) -> Option<Vec<Lease>> {
+    /// The records naming `pod` (namespace and name) in `scope`'s domain; `None` when not
+    /// synced.
+    pub fn by_pod(&self, scope: &Scope, pod: &PodRef) -> Option<Vec<Lease>> {
         let s = self.lock();
         if s.standing != Standing::Synced {
             return None;
@@ -214,15 +234,23 @@ impl NetworkLeases {
                 .get(&k)
                 .into_iter()
                 .flatten()
-                .filter_map(|a| s.by_address.get(a).cloned())
+                .filter_map(|a| s.by_address.get(a))
+                .filter(|l| l.in_domain(scope.domain.as_deref()))
+                .cloned()
                 .collect(),
         )
     }
 
-    /// Every record; `None` when not synced.
-    pub fn of_network(&self) -> Option<Vec<Lease>> {
+    /// Every record in `scope`'s domain; `None` when not synced.
+    pub fn of_network(&self, scope: &Scope) -> Option<Vec<Lease>> {
         let s = self.lock();
-        (s.standing == Standing::Synced).then(|| s.by_address.values().cloned().collect())
+        (s.standing == Standing::Synced).then(|| {
+            s.by_address
+                .values()
+                .filter(|l| l.in_domain(scope.domain.as_deref()))
+                .cloned()
+                .collect()
+        })
     }
 
     /// The records `node` holds (by `spec.node`); `None` when not synced.
@@ -323,6 +351,7 @@ mod tests {
     fn lease(addr: &str, rv: u64, pod: &str, node: &str) -> Lease {
         Lease {
             network: "mgmt".into(),
+            domain: None,
             address: addr.parse().unwrap(),
             prefix_len: 24,
             range_index: Some(0),
@@ -340,19 +369,48 @@ mod tests {
         a.parse().unwrap()
     }
 
+    fn mgmt() -> Scope {
+        Scope::cluster("mgmt")
+    }
+
+    /// One address of the network in two domains (its NAD moved to an isolated fabric): two
+    /// records, each answered for its own domain.
+    #[test]
+    fn records_are_kept_per_domain() {
+        let c = NetworkLeases::default();
+        let mut rail = lease("10.0.0.1", 2, "q", "n1");
+        rail.domain = Some("rail-1".into());
+        c.replace_all(vec![lease("10.0.0.1", 1, "p", "n1"), rail], MAX_RECORDS);
+        assert_eq!(
+            c.get(None, ip("10.0.0.1")).unwrap().unwrap().container_id,
+            "c1"
+        );
+        let r = c.get(Some("rail-1"), ip("10.0.0.1")).unwrap().unwrap();
+        assert_eq!(r.container_id, "c2");
+        assert_eq!(c.get(Some("rail-2"), ip("10.0.0.1")), Some(None));
+        assert_eq!(c.of_network(&mgmt()).unwrap().len(), 1);
+        let q = PodRef::new("ns", "q", "u");
+        assert!(c.by_pod(&mgmt(), &q).unwrap().is_empty());
+        let on_rail = Scope::new("mgmt", Some("rail-1".into()));
+        assert_eq!(c.by_pod(&on_rail, &q).unwrap().len(), 1);
+        c.apply(Change::Deleted(lease("10.0.0.1", 3, "p", "n1")));
+        assert_eq!(c.get(None, ip("10.0.0.1")), Some(None));
+        assert!(c.get(Some("rail-1"), ip("10.0.0.1")).unwrap().is_some());
+    }
+
     #[test]
     fn nothing_is_answered_before_a_complete_list() {
         let c = NetworkLeases::default();
         c.apply(Change::Upsert(lease("10.0.0.1", 5, "p", "n1")));
-        assert_eq!(c.get(ip("10.0.0.1")), None);
+        assert_eq!(c.get(None, ip("10.0.0.1")), None);
         assert_eq!(c.standing(Duration::from_millis(10)), Standing::Filling);
         c.replace_all(vec![lease("10.0.0.2", 6, "p", "n1")], MAX_RECORDS);
         assert_eq!(c.standing(Duration::ZERO), Standing::Synced);
-        assert_eq!(c.get(ip("10.0.0.9")), Some(None), "known free");
+        assert_eq!(c.get(None, ip("10.0.0.9")), Some(None), "known free");
         assert_eq!(c.of_node("n1").unwrap().len(), 1);
         c.unsynced();
-        assert_eq!(c.get(ip("10.0.0.2")), None);
-        assert_eq!(c.by_pod(&PodRef::new("ns", "p", "u")), None);
+        assert_eq!(c.get(None, ip("10.0.0.2")), None);
+        assert_eq!(c.by_pod(&mgmt(), &PodRef::new("ns", "p", "u")), None);
     }
 
     #[test]
@@ -363,19 +421,22 @@ mod tests {
         // The service wrote revision 9; the watch then delivers revision 7 of the same record.
         c.apply(Change::Upsert(lease("10.0.0.1", 9, "p", "n1")));
         c.apply(Change::Upsert(lease("10.0.0.1", 7, "p", "n1")));
-        assert_eq!(c.get(a).unwrap().unwrap().version.as_deref(), Some("uid/9"));
+        assert_eq!(
+            c.get(None, a).unwrap().unwrap().version.as_deref(),
+            Some("uid/9")
+        );
         // Deleted at 10: an older or equal upsert does not bring it back; a newer one does.
         c.apply(Change::Deleted(lease("10.0.0.1", 10, "p", "n1")));
         c.apply(Change::Upsert(lease("10.0.0.1", 10, "p", "n1")));
-        assert_eq!(c.get(a), Some(None));
+        assert_eq!(c.get(None, a), Some(None));
         c.apply(Change::Upsert(lease("10.0.0.1", 11, "p", "n1")));
         assert_eq!(
-            c.get(a).unwrap().unwrap().version.as_deref(),
+            c.get(None, a).unwrap().unwrap().version.as_deref(),
             Some("uid/11")
         );
         // An older deletion does not remove a newer record.
         c.apply(Change::Deleted(lease("10.0.0.1", 8, "p", "n1")));
-        assert!(c.get(a).unwrap().is_some());
+        assert!(c.get(None, a).unwrap().is_some());
     }
 
     #[test]
@@ -389,18 +450,18 @@ mod tests {
             MAX_RECORDS,
         );
         let p0 = PodRef::new("ns", "train-0", "other-uid");
-        assert_eq!(c.by_pod(&p0).unwrap().len(), 1);
+        assert_eq!(c.by_pod(&mgmt(), &p0).unwrap().len(), 1);
         // The address goes to another pod: no longer train-0's.
         c.apply(Change::Upsert(lease("10.0.0.1", 3, "web-7", "n2")));
-        assert!(c.by_pod(&p0).unwrap().is_empty());
+        assert!(c.by_pod(&mgmt(), &p0).unwrap().is_empty());
         // train-0 leases another address on node n2.
         c.apply(Change::Upsert(lease("10.0.0.5", 4, "train-0", "n2")));
-        let found = c.by_pod(&p0).unwrap();
+        let found = c.by_pod(&mgmt(), &p0).unwrap();
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].address, ip("10.0.0.5"));
         c.apply(Change::Deleted(lease("10.0.0.5", 5, "train-0", "n2")));
-        assert!(c.by_pod(&p0).unwrap().is_empty());
-        assert!(c.by_pod(&PodRef::default()).unwrap().is_empty());
+        assert!(c.by_pod(&mgmt(), &p0).unwrap().is_empty());
+        assert!(c.by_pod(&mgmt(), &PodRef::default()).unwrap().is_empty());
         assert_eq!(c.of_node("n2").unwrap().len(), 2);
     }
 
@@ -423,7 +484,7 @@ mod tests {
         c.replace_all(numbered(MAX_RECORDS + 1, 0), nets.room("big"));
         assert_eq!(c.standing(Duration::ZERO), Standing::Off);
         assert!(c.is_empty());
-        assert_eq!(c.get(ip("10.0.0.1")), None);
+        assert_eq!(c.get(None, ip("10.0.0.1")), None);
     }
 
     #[test]

@@ -10,11 +10,12 @@ use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use tether_leases::{Lease, PodRef};
+use tether_leases::{Lease, PodRef, Scope};
 
 /// Bumped when a request or a reply changes meaning; a plugin and an agent of different
-/// protocols do not talk (the plugin takes the direct path).
-pub const PROTOCOL: u32 = 2;
+/// protocols do not talk (the plugin takes the direct path). 3: requests name a network in its
+/// uniqueness domain ([`Scope`]), and records carry their domain.
+pub const PROTOCOL: u32 = 3;
 
 /// Where the node-agent listens, unless `TETHER_LEASE_SOCKET` says otherwise (tests, a second
 /// agent). Not a configuration key: a NAD is written by someone else, and must not choose which
@@ -78,8 +79,8 @@ pub enum Request {
     },
     /// `LeaseStore::get`.
     Get {
-        /// Network.
-        network: String,
+        /// Network and domain.
+        scope: Scope,
         /// Address.
         address: IpAddr,
     },
@@ -95,10 +96,10 @@ pub enum Request {
         /// The record, with the version the DELETE is conditional on.
         expected: Lease,
     },
-    /// `LeaseStore::list`: every record of a network.
+    /// `LeaseStore::list`: every record of a network in its domain.
     List {
-        /// Network.
-        network: String,
+        /// Network and domain.
+        scope: Scope,
     },
     /// This node's records of a network (the node journal's rebuild, GC).
     ListNode {
@@ -107,8 +108,8 @@ pub enum Request {
     },
     /// `LeaseStore::by_pod`.
     ByPod {
-        /// Network.
-        network: String,
+        /// Network and domain.
+        scope: Scope,
         /// The pod.
         pod: PodRef,
     },
@@ -224,6 +225,7 @@ mod tests {
     fn lease() -> Lease {
         Lease {
             network: "mgmt".into(),
+            domain: None,
             address: "10.20.30.241".parse().unwrap(),
             prefix_len: 24,
             range_index: Some(0),
@@ -245,7 +247,7 @@ mod tests {
                 expected: None,
             },
             Request::ByPod {
-                network: "mgmt".into(),
+                scope: Scope::new("mgmt", Some("rail-1".into())),
                 pod: PodRef::new("ns", "p", "u"),
             },
         ];

@@ -17,7 +17,8 @@ use tether_lease_service::protocol::{
     MAX_REQUEST, PROTOCOL, Reply, Request, StoreIdentity, read_frame, write_frame,
 };
 use tether_leases::{
-    CasResult, FileJournal, FileStore, Lease, LeaseState, LeaseStore, PodRef, StoreError, Taken,
+    CasResult, FileJournal, FileStore, Lease, LeaseState, LeaseStore, PodRef, Scope, StoreError,
+    Taken,
 };
 
 const NET: &str = "mgmt";
@@ -53,9 +54,9 @@ struct FakeDirect {
 }
 
 impl LeaseStore for FakeDirect {
-    fn list(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
+    fn list(&self, scope: &Scope) -> Result<Vec<Lease>, StoreError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
-        self.backend.0.list(network)
+        self.backend.0.list(scope)
     }
     fn claim(&self, new: Lease, expected: Option<&Lease>) -> CasResult<Lease> {
         self.requests.fetch_add(1, Ordering::Relaxed);
@@ -70,7 +71,7 @@ impl LeaseStore for FakeDirect {
 impl Direct for FakeDirect {
     fn node_records(&self, network: &str, node: &str) -> Result<Vec<Lease>, StoreError> {
         Ok(self
-            .list(network)?
+            .list(&Scope::cluster(network))?
             .into_iter()
             .filter(|l| l.node.as_deref() == Some(node))
             .collect())
@@ -98,6 +99,7 @@ enum Step {
 fn lease(addr: &str, cid: &str) -> Lease {
     Lease {
         network: NET.into(),
+        domain: None,
         address: addr.parse().unwrap(),
         prefix_len: 24,
         range_index: Some(0),
@@ -129,7 +131,7 @@ fn serve(b: &Backend, req: Request) -> Reply {
         message: e.to_string(),
     };
     match req {
-        Request::Get { network, address } => match b.0.get(&network, address) {
+        Request::Get { scope, address } => match b.0.get(&scope, address) {
             Ok(lease) => Reply::Record { lease },
             Err(e) => fail(e),
         },
@@ -143,11 +145,11 @@ fn serve(b: &Backend, req: Request) -> Reply {
             Ok(Err(Taken { current })) => Reply::Taken { current },
             Err(e) => fail(e),
         },
-        Request::List { network } => match b.0.list(&network) {
+        Request::List { scope } => match b.0.list(&scope) {
             Ok(leases) => Reply::Records { leases },
             Err(e) => fail(e),
         },
-        Request::ListNode { network } => match b.0.list(&network) {
+        Request::ListNode { network } => match b.0.list(&Scope::cluster(network)) {
             Ok(leases) => Reply::Records {
                 leases: leases
                     .into_iter()
@@ -248,7 +250,7 @@ fn setup(tag: &str, script: Vec<Step>) -> Setup {
 
 impl Setup {
     fn records(&self) -> Vec<Lease> {
-        self.backend.0.list(NET).unwrap()
+        self.backend.0.list(&Scope::cluster(NET)).unwrap()
     }
     /// Drop the store (its connection) and return how many requests the agent saw.
     fn agent_saw(self) -> usize {
@@ -270,7 +272,10 @@ fn an_answering_agent_serves_every_request_and_the_direct_path_is_never_opened()
         .claim(lease("10.0.0.5", "c1"), None)
         .unwrap()
         .unwrap();
-    assert_eq!(s.store.get(NET, ip("10.0.0.5")).unwrap(), Some(got.clone()));
+    assert_eq!(
+        s.store.get(&Scope::cluster(NET), ip("10.0.0.5")).unwrap(),
+        Some(got.clone())
+    );
     let lost = s.store.claim(lease("10.0.0.5", "c2"), None).unwrap();
     assert_eq!(
         lost,
@@ -278,7 +283,10 @@ fn an_answering_agent_serves_every_request_and_the_direct_path_is_never_opened()
             current: Some(got.clone())
         })
     );
-    assert_eq!(s.store.list_mine(NET).unwrap(), vec![got.clone()]);
+    assert_eq!(
+        s.store.list_mine(&Scope::cluster(NET)).unwrap(),
+        vec![got.clone()]
+    );
     s.store.remove(&got).unwrap().unwrap();
     assert_eq!(s.connects.load(Ordering::Relaxed), 0);
     assert_eq!(s.store.traffic(), (5, None));

@@ -141,7 +141,7 @@ fn the_networks_asked_about_show_in_the_gauges_while_the_service_runs() {
     // A question about network "mgmt": the service starts keeping it. Its API server is not
     // there, so the answer is a failure, and the network is not synced.
     let ask = Request::Get {
-        network: "mgmt".into(),
+        scope: tether_leases::Scope::cluster("mgmt"),
         address: "10.0.0.1".parse().unwrap(),
     };
     write_frame(&mut s, &ask).unwrap();

@@ -3,13 +3,15 @@
 //!
 //! # Model ([`model`])
 //!
-//! One [`Lease`] record per (network, address): holder attachment (`container_id`, `ifname`),
+//! One [`Lease`] record per address of a uniqueness domain ([`Scope`]: the cluster, or an
+//! isolated fabric), whichever network handed it out: holder network and attachment
+//! (`container_id`, `ifname`),
 //! [`PodRef`] (namespace, name, uid), node, [`LeaseState`] (`Leased`, `Released { at }`,
 //! `Quarantined { mac, at }`), `since`, and an opaque store `version`.
 //!
 //! # Store ([`store`])
 //!
-//! [`LeaseStore`]: `list(network)` snapshot; `claim(new, expected)` create-if-absent
+//! [`LeaseStore`]: `list(scope)` snapshot; `claim(new, expected)` create-if-absent
 //! (`expected = None`) or replace-if-unchanged (compare `version`); `remove(expected)`
 //! delete-if-unchanged; provided `update(new, expected)` and `release(lease, at)`. Writes
 //! return [`CasResult`]: the outer `Err` is a [`StoreError`], the inner `Err` a lost race
@@ -67,11 +69,14 @@ pub use clock::{Clock, FakeClock, SystemClock};
 pub use engine::{
     AddRequest, AllocError, Allocator, GcReport, Policy, RangeStatus, start_offset, walk_start,
 };
-pub use file::{FORMAT_VERSION, FileStore, FileStoreError, Transaction, file_stem};
+pub use file::{
+    FORMAT_VERSION, FileStore, FileStoreError, PER_NETWORK_FORMAT, Transaction, domain_stem,
+    file_stem,
+};
 pub use journal::{FileJournal, JournalBacked, JournalError};
-pub use model::{Attachment, Lease, LeaseState, PodRef};
+pub use model::{Attachment, Lease, LeaseState, PodRef, Scope};
 pub use probe::{NoProbe, ProbeError, ProbeOutcome, Prober, ScriptedProber};
 pub use store::{
     AttachmentIndex, BackendFailure, CasResult, JournalEntry, LeaseStore, Lookup, Pending,
-    StoreError, Taken, validate_claim,
+    StoreError, Taken, domain_text, validate_claim,
 };

@@ -1,4 +1,4 @@
-//! The lease record: one per (network, address).
+//! The lease record: one per address of a uniqueness domain ([`Scope`]).
 
 use std::fmt;
 use std::net::IpAddr;
@@ -80,11 +80,57 @@ pub enum LeaseState {
     },
 }
 
-/// One record per (network, address).
+/// Where an allocation in one network looks: the network itself, and the uniqueness domain its
+/// addresses belong to.
+///
+/// An address is held by at most one record per domain, whichever network handed it out: two
+/// networks (NADs) whose ranges overlap share the record of an address in both. The default domain
+/// (`None`) is the cluster, shared by every network that does not name another; a network names
+/// one with `ipam.isolated_fabric`, for a fabric that shares no segment with the rest and reuses
+/// their address space (a per-rail switch, say).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct Scope {
+    /// The network (`ipam.network_name`, default the configuration's `name`).
+    pub network: String,
+    /// The isolated fabric whose addresses are unique among themselves; `None`: the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+}
+
+impl Scope {
+    /// The scope of `network` in `domain`.
+    pub fn new(network: impl Into<String>, domain: Option<String>) -> Scope {
+        Scope {
+            network: network.into(),
+            domain,
+        }
+    }
+
+    /// The scope of `network` in the cluster-wide domain.
+    pub fn cluster(network: impl Into<String>) -> Scope {
+        Scope::new(network, None)
+    }
+}
+
+impl fmt::Display for Scope {
+    /// `network` or `network (isolated fabric f)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.domain {
+            None => f.write_str(&self.network),
+            Some(d) => write!(f, "{} (isolated fabric {d})", self.network),
+        }
+    }
+}
+
+/// One record per (domain, address): the store keeps one holder per address of a uniqueness
+/// domain, whichever network (NAD) handed it out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
-    /// Network name (`ipam.network_name`).
+    /// Network name (`ipam.network_name`) of the (last) holder's attachment.
     pub network: String,
+    /// The uniqueness domain (see [`Scope`]): `None` is the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
     /// The address.
     pub address: IpAddr,
     /// Prefix length handed out with it.
@@ -126,6 +172,16 @@ impl Lease {
     /// `address/prefix_len`.
     pub fn cidr(&self) -> String {
         format!("{}/{}", self.address, self.prefix_len)
+    }
+
+    /// The scope of the record's holder: its network, in its domain.
+    pub fn scope(&self) -> Scope {
+        Scope::new(self.network.clone(), self.domain.clone())
+    }
+
+    /// Is the record in `domain`?
+    pub fn in_domain(&self, domain: Option<&str>) -> bool {
+        self.domain.as_deref() == domain
     }
 }
 

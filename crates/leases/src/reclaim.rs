@@ -84,6 +84,7 @@ mod tests {
     ) -> Lease {
         Lease {
             network: "n".into(),
+            domain: None,
             address: addr.parse().unwrap(),
             prefix_len: 24,
             range_index: Some(0),

@@ -1,10 +1,11 @@
 //! The lease store contract: snapshots plus compare-and-swap on single records.
 //!
-//! A store keeps at most one record per (network, address). Every write is conditional:
-//! create-if-absent, or replace/delete only the version the caller saw. That maps onto one
-//! Kubernetes object per address (create → 409 AlreadyExists; replace with `resourceVersion`;
-//! delete with a uid/resourceVersion precondition → 409 Conflict) and onto the node-local file
-//! store (a counter per network under an exclusive lock). A point-lookup store also offers an
+//! A store keeps at most one record per address of a uniqueness domain ([`Scope`]), whichever
+//! network wrote it. Every write is conditional: create-if-absent, or replace/delete only the
+//! version the caller saw. That maps onto one Kubernetes object per address of a domain (create →
+//! 409 AlreadyExists; replace with `resourceVersion`; delete with a uid/resourceVersion
+//! precondition → 409 Conflict) and onto the node-local file store (a counter per domain under an
+//! exclusive lock). A point-lookup store also offers an
 //! [`AttachmentIndex`] (the node journal implements it) so ADD and DEL need no LIST.
 
 use std::error::Error;
@@ -13,7 +14,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Lease, LeaseState, PodRef};
+use crate::model::{Lease, LeaseState, PodRef, Scope};
 
 /// Result of a conditional write: the outer error is the store failing, the inner `Err` is a
 /// lost race (the record is not as expected).
@@ -117,17 +118,22 @@ impl Error for BackendFailure {
 }
 
 /// A lease store with optimistic concurrency. See the module docs.
+///
+/// A store keeps at most one record per address of a uniqueness domain ([`Scope::domain`]):
+/// networks whose ranges overlap in one domain share the record of an address in both, so a
+/// record read for one network may be another network's.
 pub trait LeaseStore {
-    /// Snapshot of every record of `network`, in any order.
-    fn list(&self, network: &str) -> Result<Vec<Lease>, StoreError>;
+    /// Snapshot of the records an allocation in `scope` must respect: every record of its
+    /// network in its domain, and those of other networks of the domain where the store can tell
+    /// without reading the whole domain (a node-local store can; a cluster-wide one cannot, and
+    /// its conditional create is what finds them). In any order.
+    fn list(&self, scope: &Scope) -> Result<Vec<Lease>, StoreError>;
 
-    /// The record of `address` in `network`, if any. The default reads a snapshot; a store
-    /// that serves point reads (one object per address) overrides it.
-    fn get(&self, network: &str, address: IpAddr) -> Result<Option<Lease>, StoreError> {
-        Ok(self
-            .list(network)?
-            .into_iter()
-            .find(|l| l.address == address))
+    /// The record of `address` in the domain of `scope`, whichever network holds it. The
+    /// default reads a snapshot; a store that serves point reads (one object per address)
+    /// overrides it.
+    fn get(&self, scope: &Scope, address: IpAddr) -> Result<Option<Lease>, StoreError> {
+        Ok(self.list(scope)?.into_iter().find(|l| l.address == address))
     }
 
     /// Where this node's attachments and their leases are recorded, for a store whose
@@ -138,24 +144,29 @@ pub trait LeaseStore {
         None
     }
 
-    /// The records of `network` that name the pod `pod` (same namespace and name), for a store
-    /// that can answer that without a snapshot of the network (an index by pod identity): a
-    /// re-created pod finds its sticky address in one read however full the pool is. `None`
-    /// (the default): no such index; the engine finds the sticky address on its walk. Entries
-    /// may be stale (a cache): a claim is still conditional on what is stored.
-    fn by_pod(&self, network: &str, pod: &PodRef) -> Result<Option<Vec<Lease>>, StoreError> {
-        let _ = (network, pod);
+    /// The records of `scope`'s network (in its domain) that name the pod `pod` (same namespace
+    /// and name), for a store that can answer that without a snapshot (an index by pod
+    /// identity): a re-created pod finds its sticky address in one read however full the pool
+    /// is. `None` (the default): no such index; the engine finds the sticky address on its walk.
+    /// Entries may be stale (a cache): a claim is still conditional on what is stored.
+    fn by_pod(&self, scope: &Scope, pod: &PodRef) -> Result<Option<Vec<Lease>>, StoreError> {
+        let _ = (scope, pod);
         Ok(None)
     }
 
-    /// The records GC on this node may judge: for a node-local store all of `network`, for a
+    /// The records GC on this node may judge: `scope`'s network's own (never another network's,
+    /// whose runtime lists other attachments), for a node-local store all of them, for a
     /// cluster-wide store only those this node holds.
-    fn list_mine(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
-        self.list(network)
+    fn list_mine(&self, scope: &Scope) -> Result<Vec<Lease>, StoreError> {
+        Ok(self
+            .list(scope)?
+            .into_iter()
+            .filter(|l| l.network == scope.network)
+            .collect())
     }
 
-    /// Create `new` if no record exists for (`new.network`, `new.address`) (`expected = None`),
-    /// or replace `expected` with `new` only if the stored record still has `expected.version`.
+    /// Create `new` if no record exists for its address in its domain (`expected = None`), or
+    /// replace `expected` with `new` only if the stored record still has `expected.version`.
     /// On success returns the stored record with its new `version`. `new.version` is ignored.
     fn claim(&self, new: Lease, expected: Option<&Lease>) -> CasResult<Lease>;
 
@@ -179,20 +190,20 @@ pub trait LeaseStore {
 }
 
 impl<T: LeaseStore + ?Sized> LeaseStore for &T {
-    fn list(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
-        (**self).list(network)
+    fn list(&self, scope: &Scope) -> Result<Vec<Lease>, StoreError> {
+        (**self).list(scope)
     }
-    fn get(&self, network: &str, address: IpAddr) -> Result<Option<Lease>, StoreError> {
-        (**self).get(network, address)
+    fn get(&self, scope: &Scope, address: IpAddr) -> Result<Option<Lease>, StoreError> {
+        (**self).get(scope, address)
     }
     fn index(&self) -> Option<&dyn AttachmentIndex> {
         (**self).index()
     }
-    fn list_mine(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
-        (**self).list_mine(network)
+    fn list_mine(&self, scope: &Scope) -> Result<Vec<Lease>, StoreError> {
+        (**self).list_mine(scope)
     }
-    fn by_pod(&self, network: &str, pod: &PodRef) -> Result<Option<Vec<Lease>>, StoreError> {
-        (**self).by_pod(network, pod)
+    fn by_pod(&self, scope: &Scope, pod: &PodRef) -> Result<Option<Vec<Lease>>, StoreError> {
+        (**self).by_pod(scope, pod)
     }
     fn claim(&self, new: Lease, expected: Option<&Lease>) -> CasResult<Lease> {
         (**self).claim(new, expected)
@@ -209,13 +220,17 @@ impl<T: LeaseStore + ?Sized> LeaseStore for &T {
 }
 
 /// Contract checks every store should apply to `claim`: `expected` must be a stored record
-/// (has a version) of the same network and address as `new`.
+/// (has a version) of the same address in the same domain as `new` (its network may differ: an
+/// address passes between the networks of a domain).
 pub fn validate_claim(new: &Lease, expected: Option<&Lease>) -> Result<(), StoreError> {
     if let Some(e) = expected {
-        if e.network != new.network || e.address != new.address {
+        if e.domain != new.domain || e.address != new.address {
             return Err(StoreError::Invalid(format!(
-                "claim of {} in network {} expects the record of {} in network {}",
-                new.address, new.network, e.address, e.network
+                "claim of {} in {} expects the record of {} in {}",
+                new.address,
+                domain_text(new.domain.as_deref()),
+                e.address,
+                domain_text(e.domain.as_deref())
             )));
         }
         if e.version.is_none() {
@@ -226,6 +241,14 @@ pub fn validate_claim(new: &Lease, expected: Option<&Lease>) -> Result<(), Store
         }
     }
     Ok(())
+}
+
+/// A domain as the operator reads it: "the cluster" or "isolated fabric `name`".
+pub fn domain_text(domain: Option<&str>) -> String {
+    match domain {
+        None => "the cluster-wide domain".to_string(),
+        Some(d) => format!("isolated fabric {d}"),
+    }
 }
 
 // ----- the attachment index: how a point-lookup store finds an attachment's leases (the node

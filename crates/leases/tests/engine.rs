@@ -41,7 +41,7 @@ impl Fx {
     }
     fn a(&self) -> Allocator<'_> {
         Allocator::new(
-            NET,
+            scope(NET),
             self.ranges.clone(),
             self.policy.clone(),
             &self.store,
@@ -50,7 +50,7 @@ impl Fx {
         )
     }
     fn leases(&self) -> Vec<Lease> {
-        let mut v = self.store.list(NET).unwrap();
+        let mut v = self.store.list(&scope(NET)).unwrap();
         v.sort_by_key(|l| l.address);
         v
     }
@@ -133,7 +133,7 @@ fn check_requires_every_range() {
         .add(&add_req("c1", "net1", pod("ns", "p", "u")))
         .unwrap();
     let two = Allocator::new(
-        NET,
+        scope(NET),
         vec![range("10.0.0.0/24"), range("fd00::/64")],
         fx.policy.clone(),
         &fx.store,
@@ -226,7 +226,7 @@ fn requested_addresses() {
         .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "requested address 10.0.0.77 is held by pod ns/p1 (container c1, interface net1)"
+        "requested address 10.0.0.77 is held by pod ns/p1 (container c1, interface net1, network net-a)"
     );
     // the gateway/network address cannot be requested
     let e = a
@@ -560,13 +560,13 @@ fn probe_runs_after_claim_outside_lock() {
         fn probe(&self, address: IpAddr, _r: &IpRange) -> Result<ProbeOutcome, ProbeError> {
             let lock = std::fs::OpenOptions::new()
                 .write(true)
-                .open(self.store.lock_path(NET))
+                .open(self.store.lock_path(None))
                 .unwrap();
             let unlocked = lock.try_lock().is_ok();
             drop(lock);
             let claimed = self
                 .store
-                .list(NET)
+                .list(&scope(NET))
                 .unwrap()
                 .iter()
                 .any(|l| l.address == address && l.is_leased());
@@ -582,7 +582,7 @@ fn probe_runs_after_claim_outside_lock() {
     };
     let clock = FakeClock::new(T0);
     let a = Allocator::new(
-        NET,
+        scope(NET),
         vec![range("10.0.0.0/24")],
         Policy::default(),
         &store,
@@ -693,7 +693,7 @@ fn gc_releases_invalid_attachments_and_reports_errors() {
     let flaky = FlakyStore::new(FileStore::new(dir.path()));
     let clock = FakeClock::new(T0);
     let a = Allocator::new(
-        NET,
+        scope(NET),
         vec![range("10.0.0.0/24")],
         Policy::default(),
         &flaky,
@@ -723,7 +723,7 @@ fn gc_releases_invalid_attachments_and_reports_errors() {
     let state = |x| {
         flaky
             .inner
-            .list(NET)
+            .list(&scope(NET))
             .unwrap()
             .into_iter()
             .find(|l: &Lease| l.address == x)
@@ -820,7 +820,7 @@ fn status_reports_store_failures() {
     let store = FileStore::new(&file);
     let clock = FakeClock::new(T0);
     let a = Allocator::new(
-        NET,
+        scope(NET),
         vec![range("10.0.0.0/24")],
         Policy::default(),
         &store,
@@ -839,7 +839,14 @@ fn status_reports_store_failures() {
             vec!["10.0.0.2/32".parse().unwrap()],
         )
         .unwrap();
-    let a = Allocator::new(NET, vec![r], Policy::default(), &store, &NoProbe, &clock);
+    let a = Allocator::new(
+        scope(NET),
+        vec![r],
+        Policy::default(),
+        &store,
+        &NoProbe,
+        &clock,
+    );
     assert!(a.status().is_err());
     let e = a
         .add(&add_req("c", "eth0", Default::default()))
@@ -858,7 +865,7 @@ fn concurrent_adds_through_separate_handles_are_distinct() {
             std::thread::spawn(move || {
                 let store = FileStore::new(path);
                 let a = Allocator::new(
-                    NET,
+                    scope(NET),
                     vec![range("10.0.0.0/24")],
                     Policy::default(),
                     &store,
@@ -877,7 +884,7 @@ fn concurrent_adds_through_separate_handles_are_distinct() {
         .collect();
     let got: Vec<IpAddr> = threads.into_iter().map(|t| t.join().unwrap()).collect();
     assert_eq!(got.iter().collect::<HashSet<_>>().len(), 64);
-    let stored = FileStore::new(&path).list(NET).unwrap();
+    let stored = FileStore::new(&path).list(&scope(NET)).unwrap();
     assert_eq!(stored.len(), 64);
     assert!(stored.iter().all(|l| l.is_leased()));
 }
@@ -897,7 +904,7 @@ fn concurrent_adds_on_a_tight_range() {
                     .unwrap();
                 assert_eq!(r.usable_count(), 64);
                 let a = Allocator::new(
-                    NET,
+                    scope(NET),
                     vec![r],
                     Policy::default(),
                     &store,

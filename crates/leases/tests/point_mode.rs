@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use common::*;
 use tether_leases::{
     AllocError, Allocator, Attachment, AttachmentIndex, CasResult, FakeClock, FileJournal,
-    FileStore, JournalEntry, Lease, LeaseState, LeaseStore, NoProbe, PodRef, Policy,
+    FileStore, JournalEntry, Lease, LeaseState, LeaseStore, NoProbe, PodRef, Policy, Scope,
     ScriptedProber, StoreError, Taken, walk_start,
 };
 
@@ -41,7 +41,7 @@ impl Node {
         journal
             .rebuild(NET, || {
                 Ok(cluster
-                    .list(NET)?
+                    .list(&scope(NET))?
                     .into_iter()
                     .filter(|l| l.node.as_deref() == Some(node.as_str()))
                     .collect())
@@ -83,7 +83,7 @@ impl Node {
     }
 
     fn raw(&self) -> Vec<Lease> {
-        self.cluster.list(NET).unwrap()
+        self.cluster.list(&scope(NET)).unwrap()
     }
 
     fn rec(&self, a: IpAddr) -> Option<Lease> {
@@ -92,17 +92,17 @@ impl Node {
 }
 
 impl LeaseStore for Node {
-    fn list(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
+    fn list(&self, scope: &Scope) -> Result<Vec<Lease>, StoreError> {
         self.reach()?;
         self.lists.set(self.lists.get() + 1);
-        self.cluster.list(network)
+        self.cluster.list(scope)
     }
-    fn get(&self, network: &str, address: IpAddr) -> Result<Option<Lease>, StoreError> {
+    fn get(&self, scope: &Scope, address: IpAddr) -> Result<Option<Lease>, StoreError> {
         self.reach()?;
         self.gets.set(self.gets.get() + 1);
         Ok(self
             .cluster
-            .list(network)?
+            .list(scope)?
             .into_iter()
             .find(|l| l.address == address))
     }
@@ -124,7 +124,7 @@ impl LeaseStore for Node {
     fn index(&self) -> Option<&dyn AttachmentIndex> {
         Some(&self.journal)
     }
-    fn by_pod(&self, network: &str, pod: &PodRef) -> Result<Option<Vec<Lease>>, StoreError> {
+    fn by_pod(&self, scope: &Scope, pod: &PodRef) -> Result<Option<Vec<Lease>>, StoreError> {
         self.reach()?;
         if !self.pod_index.get() {
             return Ok(None);
@@ -132,18 +132,18 @@ impl LeaseStore for Node {
         self.by_pod_reads.set(self.by_pod_reads.get() + 1);
         Ok(Some(
             self.cluster
-                .list(network)?
+                .list(scope)?
                 .into_iter()
                 .filter(|l| l.pod.same_name(pod))
                 .collect(),
         ))
     }
-    fn list_mine(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
+    fn list_mine(&self, scope: &Scope) -> Result<Vec<Lease>, StoreError> {
         self.reach()?;
         self.lists.set(self.lists.get() + 1);
         Ok(self
             .cluster
-            .list(network)?
+            .list(scope)?
             .into_iter()
             .filter(|l| l.node.as_deref() == Some(self.name.as_str()))
             .collect())
@@ -156,7 +156,14 @@ fn alloc<'a>(
     prober: &'a dyn tether_leases::Prober,
     clock: &'a FakeClock,
 ) -> Allocator<'a> {
-    Allocator::new(NET, vec![range(r)], Policy::default(), node, prober, clock)
+    Allocator::new(
+        scope(NET),
+        vec![range(r)],
+        Policy::default(),
+        node,
+        prober,
+        clock,
+    )
 }
 
 fn req_on(node: &Node, cid: &str, p: tether_leases::PodRef) -> tether_leases::AddRequest {
@@ -265,6 +272,7 @@ fn a_claim_cut_short_is_found_by_the_journal() {
     let addr = ip("10.0.0.77");
     let lease = Lease {
         network: NET.into(),
+        domain: None,
         address: addr,
         prefix_len: 24,
         range_index: Some(0),
@@ -581,7 +589,7 @@ fn journal_rebuild_finds_this_nodes_leases_once() {
         n.journal
             .rebuild(NET, || {
                 calls.set(calls.get() + 1);
-                n.list_mine(NET)
+                n.list_mine(&scope(NET))
             })
             .unwrap()
     };
@@ -602,7 +610,7 @@ fn a_failed_repeat_add_keeps_what_the_attachment_held() {
     let n = Node::new(&c, &d, "a");
     let clock = FakeClock::new(1_000_000);
     let one = Allocator::new(
-        NET,
+        scope(NET),
         vec![range("10.0.0.0/24")],
         Policy::default(),
         &n,
@@ -613,7 +621,7 @@ fn a_failed_repeat_add_keeps_what_the_attachment_held() {
     let held = one.add(&req).unwrap()[0].address;
     let full = with_requested(req_on(&n, "other", pod("ns", "other", "u")), &["10.9.0.1"]);
     let two = Allocator::new(
-        NET,
+        scope(NET),
         vec![range("10.0.0.0/24"), range("10.9.0.1-10.9.0.1/24")],
         Policy::default(),
         &n,
@@ -746,7 +754,7 @@ fn a_journaled_address_taken_by_another_pod_meanwhile_stays_with_that_pod() {
     a.add(&req_on(&n, "c2", pod("ns", "p1", "u1"))).unwrap();
     // Meanwhile, elsewhere (the node was cut off long enough for the controller to release its
     // leases), the address went to another pod.
-    let rec = n.cluster.list(NET).unwrap().remove(0);
+    let rec = n.cluster.list(&scope(NET)).unwrap().remove(0);
     let released = n.cluster.release(&rec, 1_000_100).unwrap().unwrap();
     let mut theirs = released.clone();
     theirs.state = LeaseState::Leased;

@@ -21,7 +21,7 @@ use tether_kube_store::{
     ApiClient, Cluster, CrdState, KubeSettings, KubeStore, KubeStoreError, NodeScope,
     check_credentials,
 };
-use tether_leases::{Allocator, NoProbe, SystemClock};
+use tether_leases::{Allocator, NoProbe, Scope, SystemClock};
 use tether_link::Netlink;
 use tether_pool::{PoolConfig, ProbeConfig, StoreKind};
 use tether_wire::{ProbeBudget, ProbeOutcome};
@@ -121,7 +121,8 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
         Ok(s) => s,
         Err(e) => return r.fail("store", e),
     };
-    let leases = match open.store().list(&cfg.network_name) {
+    let scope = Scope::new(cfg.network_name.clone(), cfg.domain.clone());
+    let leases = match open.store().list(&scope) {
         Ok(l) => {
             r.ok(
                 "store",

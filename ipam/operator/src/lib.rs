@@ -9,6 +9,7 @@ pub mod kube;
 pub mod leader;
 pub mod metrics;
 pub mod monitor;
+pub mod nads;
 pub mod observers;
 pub mod options;
 pub mod output;

@@ -28,13 +28,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-use tether_kube_store::{KubeStoreError, NadConfig, PodWarning, Posted};
-use tether_leases::{Allocator, FileStore, Lease, LeaseState, LeaseStore, NoProbe, SystemClock};
+use tether_kube_store::{Kinds, KubeStoreError, NadConfig, PodWarning, Posted};
+use tether_leases::{
+    Allocator, CasResult, FileStore, Lease, LeaseState, LeaseStore, NoProbe, Scope, StoreError,
+    SystemClock,
+};
 use tether_pool::{PoolConfig, StoreKind};
 
 use crate::kube::Kube;
 use crate::metrics::{PoolGauge, Registry, store_label};
+use crate::nads::nad_networks;
 use crate::options::Options;
 use crate::report::{StoreName, now_s};
 
@@ -131,19 +134,14 @@ impl Monitor {
         }
         let mut file_networks = Vec::new();
         if let Some(dir) = self.data_dir.as_ref().filter(|_| !self.controller) {
-            let fs = FileStore::new(dir.clone());
-            match fs.networks() {
-                Ok(nets) => {
-                    for n in nets {
-                        match fs.list(&n) {
-                            Ok(ls) => tally(StoreName::File, ls),
-                            Err(e) => errors
-                                .push(format!("reading network {n} in {}: {e}", dir.display())),
-                        }
-                        file_networks.push(n);
-                    }
+            match FileStore::new(dir.clone()).records() {
+                Ok(ls) => {
+                    file_networks = ls.iter().map(|l| l.network.clone()).collect();
+                    file_networks.sort();
+                    file_networks.dedup();
+                    tally(StoreName::File, ls);
                 }
-                Err(e) => errors.push(format!("listing the networks in {}: {e}", dir.display())),
+                Err(e) => errors.push(format!("reading the leases in {}: {e}", dir.display())),
             }
         }
         if !self.controller {
@@ -296,21 +294,27 @@ impl Monitor {
             }
         };
         let mut out = Vec::new();
+        // The cluster store's domain records, one LIST for every network of the round.
+        let mut listed: Option<Vec<Lease>> = None;
         for nc in network_configs(&nads, &mut self.warned) {
             let cfg = &nc.cfg;
             let (which, node, usage) = match cfg.store {
                 StoreKind::Kubernetes if reporter => {
-                    kube.restart_budget();
+                    if listed.is_none() {
+                        kube.restart_budget();
+                        match kube.leases.list_every(Kinds::Domain) {
+                            Ok(l) => listed = Some(l),
+                            Err(e) => {
+                                errors.push(format!("listing the leases (pool counts): {e}"));
+                                return None;
+                            }
+                        }
+                    }
+                    let records = Listed(listed.as_deref().unwrap_or_default());
                     (
                         StoreName::Kubernetes,
                         None,
-                        Allocator::from_config(
-                            cfg,
-                            &kube.leases as &dyn LeaseStore,
-                            &NoProbe,
-                            &SystemClock,
-                        )
-                        .usage(),
+                        Allocator::from_config(cfg, &records, &NoProbe, &SystemClock).usage(),
                     )
                 }
                 StoreKind::File if file_networks.contains(&cfg.network_name) => {
@@ -344,77 +348,59 @@ impl Monitor {
 /// One configuration per network from the NADs using tether-ipam (first NAD by namespace/name
 /// wins; one with other ranges is named in a warning, once).
 fn network_configs(nads: &[NadConfig], warned: &mut HashSet<String>) -> Vec<NetworkConfig> {
-    let mut sorted: Vec<&NadConfig> = nads.iter().collect();
-    sorted.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     let mut by_network: BTreeMap<String, NetworkConfig> = BTreeMap::new();
-    for nad in sorted {
-        let name = format!("{}/{}", nad.namespace, nad.name);
-        for raw in tether_ipam_configs(&nad.config, &nad.name) {
-            let cfg = match PoolConfig::from_value(&raw) {
-                Ok(c) => c,
-                Err(e) => {
-                    log::debug!("monitor: NAD {name}: {e}");
-                    continue;
-                }
-            };
-            match by_network.get(&cfg.network_name) {
-                Some(first) if first.cfg.ranges != cfg.ranges => {
-                    if warned.insert(format!("ranges:{}:{name}", cfg.network_name)) {
-                        log::warn!(
-                            "monitor: NADs {} and {name} give network {} different ranges; its pool metrics use {}'s",
-                            first.nad,
-                            cfg.network_name,
-                            first.nad
-                        );
-                    }
-                }
-                Some(_) => {}
-                None => {
-                    by_network.insert(
-                        cfg.network_name.clone(),
-                        NetworkConfig {
-                            nad: name.clone(),
-                            cfg,
-                        },
+    for n in nad_networks(nads) {
+        match by_network.get(&n.cfg.network_name) {
+            Some(first) if first.cfg.ranges != n.cfg.ranges => {
+                if warned.insert(format!("ranges:{}:{}", n.cfg.network_name, n.nad)) {
+                    log::warn!(
+                        "monitor: NADs {} and {} give network {} different ranges; its pool metrics use {}'s",
+                        first.nad,
+                        n.nad,
+                        n.cfg.network_name,
+                        first.nad
                     );
                 }
+            }
+            Some(_) => {}
+            None => {
+                by_network.insert(
+                    n.cfg.network_name.clone(),
+                    NetworkConfig {
+                        nad: n.nad,
+                        cfg: n.cfg,
+                    },
+                );
             }
         }
     }
     by_network.into_values().collect()
 }
 
-/// The network configurations in a NAD's `spec.config` whose IPAM is tether-ipam: the config
-/// itself, or each plugin of a conflist (with the list's `name` and `cniVersion`). Without a
-/// `name`, the NAD's name is the network's, as Multus makes it.
-pub fn tether_ipam_configs(text: &str, nad_name: &str) -> Vec<Value> {
-    let Ok(mut v) = serde_json::from_str::<Value>(text) else {
-        return Vec::new();
-    };
-    if let Some(obj) = v.as_object_mut()
-        && !obj.contains_key("name")
-    {
-        obj.insert("name".into(), Value::from(nad_name));
-    }
-    let ours = |p: &Value| p.pointer("/ipam/type").and_then(Value::as_str) == Some("tether-ipam");
-    match v.get("plugins").and_then(Value::as_array) {
-        Some(plugins) => plugins
+/// The cluster store's records as listed once for a round: a pool is counted against every
+/// record of its domain in its ranges, whichever network holds it (NADs may overlap).
+struct Listed<'a>(&'a [Lease]);
+
+impl LeaseStore for Listed<'_> {
+    fn list(&self, scope: &Scope) -> Result<Vec<Lease>, StoreError> {
+        Ok(self
+            .0
             .iter()
-            .filter(|p| ours(p))
-            .map(|p| {
-                let mut p = p.clone();
-                for k in ["name", "cniVersion"] {
-                    if let (Some(obj), Some(val)) = (p.as_object_mut(), v.get(k))
-                        && !obj.contains_key(k)
-                    {
-                        obj.insert(k.to_string(), val.clone());
-                    }
-                }
-                p
-            })
-            .collect(),
-        None if ours(&v) => vec![v],
-        None => Vec::new(),
+            .filter(|l| l.in_domain(scope.domain.as_deref()))
+            .cloned()
+            .collect())
+    }
+    fn claim(&self, new: Lease, _: Option<&Lease>) -> CasResult<Lease> {
+        Err(StoreError::Invalid(format!(
+            "the monitor's list is read only (a claim of {})",
+            new.address
+        )))
+    }
+    fn remove(&self, expected: &Lease) -> CasResult<()> {
+        Err(StoreError::Invalid(format!(
+            "the monitor's list is read only (a removal of {})",
+            expected.address
+        )))
     }
 }
 
@@ -431,6 +417,7 @@ fn conflict_message(l: &Lease, mac: &str, node: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nads::tether_ipam_configs;
 
     #[test]
     fn finds_tether_ipam_in_configs_and_conflists() {

@@ -173,23 +173,18 @@ impl OpenStore {
         c
     }
 
-    /// Leases of `only`, or of every network.
+    /// Leases of `only` (those its network holds, in any domain), or of every network.
     pub fn leases(&self, only: Option<&str>) -> Result<Vec<Lease>, String> {
-        if let Some(n) = only {
-            return self.store().list(n).map_err(|e| e.to_string());
-        }
-        match &self.backend {
-            Backend::File(fs) => {
-                let mut all = Vec::new();
-                for n in fs.networks().map_err(|e| e.to_string())? {
-                    all.extend(fs.list(&n).map_err(|e| e.to_string())?);
-                }
-                Ok(all)
-            }
+        let all = match &self.backend {
+            Backend::File(fs) => fs.records().map_err(|e| e.to_string())?,
             Backend::Kube(k) => {
                 k.restart_budget();
-                k.list_all().map_err(|e| e.to_string())
+                k.list_all().map_err(|e| e.to_string())?
             }
-        }
+        };
+        Ok(match only {
+            Some(n) => all.into_iter().filter(|l| l.network == n).collect(),
+            None => all,
+        })
     }
 }

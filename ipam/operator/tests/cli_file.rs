@@ -103,7 +103,7 @@ fn release_refuses_leased_without_api_and_force_overrides() {
         stderr(&o)
     );
     assert!(
-        fs.list("net-a")
+        fs.list_mine(&scope_of("net-a"))
             .unwrap()
             .iter()
             .any(|l| l.address.to_string() == "10.3.0.10" && l.is_leased())
@@ -125,7 +125,7 @@ fn release_refuses_leased_without_api_and_force_overrides() {
     assert_eq!(v["released"], "10.3.0.10");
     assert_eq!(v["was"]["state"], "leased");
     assert!(
-        !fs.list("net-a")
+        !fs.list_mine(&scope_of("net-a"))
             .unwrap()
             .iter()
             .any(|l| l.address.to_string() == "10.3.0.10")
@@ -142,7 +142,7 @@ fn release_refuses_leased_without_api_and_force_overrides() {
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).contains("cooldown ends now"), "{}", stdout(&o));
-    assert!(fs.list("net-b").unwrap().is_empty());
+    assert!(fs.list_mine(&scope_of("net-b")).unwrap().is_empty());
 
     // Unknown address: failed (1); bad address: usage (2).
     assert_eq!(
@@ -486,7 +486,7 @@ fn node_agent_once_installs_and_reconciles() {
     assert!(bin.join("tether-ipam").is_file() && dir.join("out/tether.kubeconfig").is_file());
     assert!(
         matches!(
-            fs.list("fnet").unwrap()[0].state,
+            fs.list_mine(&scope_of("fnet")).unwrap()[0].state,
             LeaseState::Released { .. }
         ),
         "file store reconciled"

@@ -252,7 +252,7 @@ fn file_store_with_a_kubeconfig_checks_pods_too() {
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let left: Vec<String> = fs
-        .list("fnet")
+        .list_mine(&scope_of("fnet"))
         .unwrap()
         .iter()
         .map(|l| l.address.to_string())

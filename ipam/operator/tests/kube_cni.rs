@@ -34,6 +34,7 @@ fn call_as(node: Option<&str>, verb: &str, cid: &str, conf: &Value) -> (i32, Val
 fn conf(kubeconfig: &std::path::Path, timeout_s: u64, network: &str) -> Value {
     json!({"cniVersion": "1.1.0", "name": network, "type": "tether-ipvlan",
            "ipam": {"type": "tether-ipam", "range": "10.20.30.241-10.20.30.250/24", "probe": false,
+                    "isolated_fabric": fabric_of(network),
                     "kubernetes": {"kubeconfig": kubeconfig, "timeout_s": timeout_s}}})
 }
 
@@ -122,7 +123,7 @@ fn gc_on_one_node_releases_only_that_nodes_stale_leases() {
         cnitool.display()
     );
     let ipam = |node: &str| {
-        json!({"type": "tether-ipam", "range": "10.20.31.0/24", "probe": false,
+        json!({"type": "tether-ipam", "range": "10.20.31.0/24", "probe": false, "isolated_fabric": fabric_of(net),
                "dataDir": env.dir.join(node), "kubernetes": {"kubeconfig": env.kubeconfig}})
     };
     let conf_on = |node: &str| json!({"cniVersion": "1.1.0", "name": net, "type": "tether-ipvlan", "ipam": ipam(node)});

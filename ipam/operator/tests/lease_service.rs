@@ -23,7 +23,7 @@ use tether_leases::{Lease, LeaseState, PodRef};
 fn conf(network: &str) -> Value {
     json!({"cniVersion": "1.0.0", "name": network, "type": "tether-ipvlan", "master": "lo",
            "ipam": {"type": "tether-ipam", "range": "10.91.0.0/16", "probe": false,
-                    "store": "kubernetes"}})
+                    "isolated_fabric": fabric_of(network), "store": "kubernetes"}})
 }
 
 /// A service for `node` on a socket in its directory.
@@ -134,6 +134,7 @@ fn another_store_is_not_served_and_the_node_scope_holds_through_the_service() {
         ],
         &json!({"cniVersion": "1.0.0", "name": net, "type": "tether-ipam",
                 "ipam": {"type": "tether-ipam", "range": "10.92.0.0/16", "probe": false,
+                         "isolated_fabric": fabric_of(net),
                          "dataDir": n.dir.join("other"), "kubernetes": {"kubeconfig": copy}}}),
     );
     assert_eq!(code, 0, "{r}");
@@ -168,6 +169,7 @@ fn another_store_is_not_served_and_the_node_scope_holds_through_the_service() {
     );
     let stolen = Lease {
         network: net.to_string(),
+        domain: Some(fabric_of(net)),
         address: "10.91.0.9".parse().unwrap(),
         prefix_len: 16,
         range_index: Some(0),

@@ -222,7 +222,8 @@ fn pool_gauges_follow_the_leases_and_a_conflict_is_an_event_on_the_pod_once() {
     let victim_uid = env.pod(ns, "victim", "u-v", n1);
     let alive = env.pod(ns, "alive", "u-a", n1);
     let conf = json!({"cniVersion": "1.0.0", "name": net, "type": "tether-ipvlan", "master": "lo",
-        "ipam": {"type": "tether-ipam", "range": "10.78.0.1-10.78.0.6/24", "store": "kubernetes"}});
+        "ipam": {"type": "tether-ipam", "range": "10.78.0.1-10.78.0.6/24", "store": "kubernetes",
+                 "isolated_fabric": fabric_of(net)}});
     let _nad = nad(&env, ns, "mgmt", &conf);
     let cfg = PoolConfig::from_value(&conf).unwrap();
     let store = KubeStore::connect(env.settings()).unwrap();
@@ -413,10 +414,11 @@ fn file_store_pools_are_per_node_and_their_conflicts_are_events_too() {
     let uid = env.pod(ns, "victim", "u-v", n1);
     let data = env.dir.join("data");
     let conf = json!({"cniVersion": "1.0.0", "name": net, "plugins": [{"type": "tether-ipvlan", "master": "lo",
-        "ipam": {"type": "tether-ipam", "range": "10.79.0.0/29", "dataDir": data}}]});
+        "ipam": {"type": "tether-ipam", "range": "10.79.0.0/29", "dataDir": data,
+                 "isolated_fabric": fabric_of(net)}}]});
     let _nad = nad(&env, ns, "local", &conf);
     let cfg = PoolConfig::from_value(
-        &tether_operator::monitor::tether_ipam_configs(&conf.to_string(), "local")[0],
+        &tether_operator::nads::tether_ipam_configs(&conf.to_string(), "local")[0],
     )
     .unwrap();
     let fs = FileStore::new(data.clone());
@@ -485,7 +487,8 @@ fn without_rbac_for_events_the_conflict_is_still_counted_and_the_failure_shows()
         sample(m, "tether_monitor_last_run_timestamp_seconds", &[]).is_some()
     });
     let cfg = PoolConfig::from_value(
-        &json!({"name": net, "ipam": {"range": "10.81.0.0/29", "store": "kubernetes"}}),
+        &json!({"name": net, "ipam": {"range": "10.81.0.0/29", "store": "kubernetes",
+                                      "isolated_fabric": fabric_of(net)}}),
     )
     .unwrap();
     let store = KubeStore::connect(env.settings()).unwrap();

@@ -198,7 +198,7 @@ fn pod_created_while_reconcile_runs_is_safe_within_grace() {
     if env.is_real() {
         // Record the pod's real uid, as the runtime's ADD would have.
         let s = env.store();
-        let cur = s.list(net).unwrap().into_iter().next().unwrap();
+        let cur = s.list(&scope_of(net)).unwrap().into_iter().next().unwrap();
         let mut l = cur.clone();
         l.pod = tether_leases::PodRef::new(ns, "starting", &uid);
         s.update(l, &cur).unwrap().unwrap();
@@ -425,7 +425,7 @@ fn file_store_is_reconciled_for_this_node() {
         vec!["10.1.0.2:File".to_string(), "10.2.0.1:File".to_string()]
     );
     let state = |net: &str, a: &str| {
-        fs.list(net)
+        fs.list(&scope_of(net))
             .unwrap()
             .into_iter()
             .find(|l| l.address.to_string() == a)

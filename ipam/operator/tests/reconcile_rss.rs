@@ -123,7 +123,7 @@ fn measure(tag: &str, pods_on_me: usize, nodes: usize) {
         use tether_leases::LeaseStore;
         store.restart_budget();
         store
-            .list(net)
+            .list(&scope_of(net))
             .unwrap()
             .iter()
             .filter(|l| !l.is_leased())

@@ -11,7 +11,8 @@ pub mod requests;
 
 use tether_cni::result::IpConfig;
 use tether_cni::{Added, CniError, CniResult, MasterKeys, Plugin, Request, code};
-use tether_kube_store::{KubeSettings, KubeStore, KubeStoreError};
+use tether_kube_store::by_network::mirrors_wanted;
+use tether_kube_store::{KubeSettings, KubeStore, KubeStoreError, LegacyMirrors};
 use tether_lease_service::{ServedStore, open_served, socket_path};
 
 /// The node journal of the Kubernetes store, under `dataDir`.
@@ -124,6 +125,11 @@ impl Store {
                 let mut s = KubeSettings::from_pool_config(cfg).map_err(kube_error)?;
                 s.node = node_name();
                 s.journal_dir = Some(cfg.data_dir.join(JOURNAL_DIR));
+                // While a tether-ipam from before uniqueness domains may still run somewhere,
+                // the node-agent says so beside the kubeconfig it writes; the direct path then
+                // keeps mirrors (the agent's own store does on the served path).
+                let mirrors = s.kubeconfig.as_deref().is_some_and(mirrors_wanted);
+                s.legacy_mirrors = LegacyMirrors::new(mirrors);
                 let served = match (path, socket_path()) {
                     (Path::AgentFirst, Some(socket)) => open_served(&socket, &s),
                     _ => None,

@@ -238,8 +238,11 @@ impl Net {
         PathBuf::from(self.ipam["dataDir"].as_str().unwrap())
     }
 
+    /// The state file of this network's uniqueness domain (`ipam.isolated_fabric`, else the
+    /// cluster's), which the network shares with the others of its domain on this data dir.
     pub fn state_path(&self) -> PathBuf {
-        self.data_dir().join(format!("{}.json", self.name))
+        let fabric = self.ipam.get("isolated_fabric").and_then(Value::as_str);
+        tether_leases::FileStore::new(self.data_dir()).state_path(fabric)
     }
 
     /// The network configuration, with `extra` top-level keys merged in.

@@ -34,8 +34,11 @@ pub fn occupied_hosts(n: usize) -> BTreeSet<u32> {
     set
 }
 
+/// The isolated fabric of OTHER_NETWORK's records.
+pub const OTHER_FABRIC: &str = "bench-other";
+
 /// IPLeases as tether-ipam writes them (crd.rs naming and labels), state Leased with a fake
-/// holder: `occupied` in SCALE_NETWORK, and `others` more in OTHER_NETWORK.
+/// holder: `occupied` in SCALE_NETWORK, and `others` more in OTHER_NETWORK (its own fabric).
 pub fn prefill(occupied: &BTreeSet<u32>, others: usize) -> Vec<IPLease> {
     let since = time_text(
         std::time::SystemTime::now()
@@ -53,8 +56,12 @@ pub fn prefill(occupied: &BTreeSet<u32>, others: usize) -> Vec<IPLease> {
         .map(|(i, (network, h))| {
             let addr = host(h);
             let node = format!("prefill-node-{:02}", i % 50);
+            // The other network's records stand for the rest of a cluster's leases, in ranges of
+            // their own: an isolated fabric keeps them off the measured network's addresses.
+            let fabric = (network == OTHER_NETWORK).then(|| OTHER_FABRIC.to_string());
             let spec = IPLeaseSpec {
                 network: network.to_string(),
+                isolated_fabric: fabric.clone(),
                 address: addr.to_string(),
                 prefix_length: 16,
                 range_index: Some(0),
@@ -71,7 +78,7 @@ pub fn prefill(occupied: &BTreeSet<u32>, others: usize) -> Vec<IPLease> {
                 released_at: None,
                 quarantine: None,
             };
-            let mut o = IPLease::new(&object_name(network, IpAddr::V4(addr)), spec);
+            let mut o = IPLease::new(&object_name(fabric.as_deref(), IpAddr::V4(addr)), spec);
             o.metadata.labels = Some(BTreeMap::from([
                 (NETWORK_LABEL.to_string(), label_value(network)),
                 (NODE_LABEL.to_string(), label_value(&node)),

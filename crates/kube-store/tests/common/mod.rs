@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tether_kube_store::{KubeSettings, KubeStore};
-use tether_leases::{AddRequest, Lease, LeaseState, LeaseStore, PodRef};
+use tether_leases::{AddRequest, Lease, LeaseState, LeaseStore, PodRef, Scope};
 use tether_pool::{IpRange, RequestedIp};
 
 /// A temporary directory removed on drop.
@@ -44,6 +44,21 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// The isolated fabric of a test's network: tests share one API server and many use the same
+/// ranges, so each test's network is a uniqueness domain of its own (the cluster-wide domain is
+/// tested with ranges no other test uses).
+pub fn fabric_of(network: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    network.hash(&mut h);
+    format!("t{:016x}", h.finish())
+}
+
+/// A test's network in its own fabric (see [`fabric_of`]).
+pub fn scope_of(network: &str) -> Scope {
+    Scope::new(network, Some(fabric_of(network)))
 }
 
 /// Why the tests that need [`Env`] are ignored by default (keep in sync with their attribute).
@@ -148,7 +163,7 @@ impl Env {
             list_from_cache: false,
             ..self.settings()
         }) {
-            for l in store.list(network).unwrap_or_default() {
+            for l in store.list(&scope_of(network)).unwrap_or_default() {
                 let _ = store.remove(&l);
             }
         }
@@ -363,6 +378,7 @@ pub fn with_requested(mut r: AddRequest, reqs: &[&str]) -> AddRequest {
 pub fn lease(network: &str, addr: &str, cid: &str) -> Lease {
     Lease {
         network: network.into(),
+        domain: Some(fabric_of(network)),
         address: ip(addr),
         prefix_len: 24,
         range_index: Some(0),
@@ -378,7 +394,7 @@ pub fn lease(network: &str, addr: &str, cid: &str) -> Lease {
 
 /// The leases of `network`, sorted by address.
 pub fn sorted(store: &dyn LeaseStore, network: &str) -> Vec<Lease> {
-    let mut v = store.list(network).unwrap();
+    let mut v = store.list(&scope_of(network)).unwrap();
     v.sort_by_key(|l| l.address);
     v
 }

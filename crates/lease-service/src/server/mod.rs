@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use tether_kube_store::{Change, KubeSettings, KubeStore, RequestCounts};
+use tether_kube_store::{Change, Kinds, KubeSettings, KubeStore, RequestCounts};
 use tether_leases::{LeaseStore, StoreError};
 use tether_trusted_fs::{Place, TrustedDir};
 
@@ -346,10 +346,10 @@ impl Shared {
             Request::Hello { .. } => Reply::Refused {
                 reason: "already welcomed".into(),
             },
-            Request::Get { network, address } => {
-                match kept(&network).and_then(|c| c.get(address)) {
+            Request::Get { scope, address } => {
+                match kept(&scope.network).and_then(|c| c.get(scope.domain.as_deref(), address)) {
                     Some(lease) => cached(Reply::Record { lease }),
-                    None => match store.get(&network, address) {
+                    None => match store.get(&scope, address) {
                         Ok(lease) => Reply::Record { lease },
                         Err(e) => failure(e),
                     },
@@ -378,11 +378,11 @@ impl Shared {
                 Ok(Err(t)) => Reply::Taken { current: t.current },
                 Err(e) => failure(e),
             },
-            Request::List { network } => {
-                let all = kept(&network).and_then(|c| c.of_network());
+            Request::List { scope } => {
+                let all = kept(&scope.network).and_then(|c| c.of_network(&scope));
                 match all {
                     Some(leases) => cached(Reply::Records { leases }),
-                    None => match store.list(&network) {
+                    None => match store.list(&scope) {
                         Ok(leases) => Reply::Records { leases },
                         Err(e) => failure(e),
                     },
@@ -391,21 +391,23 @@ impl Shared {
             Request::ListNode { network } => {
                 match kept(&network).and_then(|c| c.of_node(&self.node)) {
                     Some(leases) => cached(Reply::Records { leases }),
-                    None => match store.list_network_node(&network, &self.node) {
+                    None => match store.list_network_node(&network, &self.node, Kinds::Domain) {
                         Ok(leases) => Reply::Records { leases },
                         Err(e) => failure(e.into()),
                     },
                 }
             }
-            Request::ByPod { network, pod } => match kept(&network).and_then(|c| c.by_pod(&pod)) {
-                Some(leases) => cached(Reply::Records { leases }),
-                None => match store.by_pod(&network, &pod) {
-                    Ok(leases) => Reply::Records {
-                        leases: leases.unwrap_or_default(),
+            Request::ByPod { scope, pod } => {
+                match kept(&scope.network).and_then(|c| c.by_pod(&scope, &pod)) {
+                    Some(leases) => cached(Reply::Records { leases }),
+                    None => match store.by_pod(&scope, &pod) {
+                        Ok(leases) => Reply::Records {
+                            leases: leases.unwrap_or_default(),
+                        },
+                        Err(e) => failure(e),
                     },
-                    Err(e) => failure(e),
-                },
-            },
+                }
+            }
         }
     }
 }

@@ -67,7 +67,7 @@ impl Allocator<'_> {
         for l in &out {
             log::info!(
                 "network {}: {} for container {} interface {} (pod {})",
-                self.network,
+                self.scope.network,
                 l.cidr(),
                 l.container_id,
                 l.ifname,
@@ -107,7 +107,12 @@ impl Allocator<'_> {
             return Ok(call);
         };
         self.settle_quietly();
-        let lookup = ix.lookup(&self.network, &req.container_id, &req.ifname, &req.pod)?;
+        let lookup = ix.lookup(
+            &self.scope.network,
+            &req.container_id,
+            &req.ifname,
+            &req.pod,
+        )?;
         let entry = JournalEntry {
             container_id: req.container_id.clone(),
             ifname: req.ifname.clone(),
@@ -154,12 +159,12 @@ impl Allocator<'_> {
         // What this attachment holds now; anything it was about to claim and did not is dropped
         // (or the whole entry, when the ADD failed and was rolled back).
         j.entry.leases = kept;
-        if let Err(e) = j.index.record(&self.network, &j.entry) {
+        if let Err(e) = j.index.record(&self.scope.network, &j.entry) {
             if !failed {
                 self.rollback(std::mem::take(&mut call.written));
                 return Err(e.into());
             }
-            log::error!("network {}: {e}", self.network);
+            log::error!("network {}: {e}", self.scope.network);
         }
         self.forget_taken_over(j);
         Ok(())
@@ -168,7 +173,7 @@ impl Allocator<'_> {
     /// Every record of the network into `call.view` (one `list`); what this call read or wrote
     /// itself is newer than a snapshot served from a cache and wins.
     fn snapshot(&self, call: &mut Call<'_>) -> Result<(), AllocError> {
-        for l in self.store.list(&self.network)? {
+        for l in self.store.list(&self.scope)? {
             if !call.seen.contains(&l.address) {
                 call.view.insert(l.address, l);
             }
@@ -184,7 +189,7 @@ impl Allocator<'_> {
         address: IpAddr,
     ) -> Result<Option<Lease>, AllocError> {
         if !call.complete && call.seen.insert(address) {
-            match self.store.get(&self.network, address)? {
+            match self.store.get(&self.scope, address)? {
                 Some(l) => call.view.insert(address, l),
                 None => call.view.remove(&address),
             };
@@ -271,7 +276,7 @@ impl Allocator<'_> {
             // A long walk: one snapshot, then the same rules as a node-local store.
             log::info!(
                 "network {}: no address found within {} reads in range {}; reading the whole network",
-                self.network,
+                self.scope.network,
                 self.policy.max_point_reads,
                 range
             );
@@ -341,7 +346,7 @@ impl Allocator<'_> {
         };
         log::info!(
             "network {}: {} moves from container {} to {} (pod {} re-created its sandbox)",
-            self.network,
+            self.scope.network,
             l.address,
             from,
             req.container_id,
@@ -363,7 +368,7 @@ impl Allocator<'_> {
         if call.by_pod.is_none() {
             call.by_pod = Some(
                 self.store
-                    .by_pod(&self.network, &req.pod)?
+                    .by_pod(&self.scope, &req.pod)?
                     .unwrap_or_default(),
             );
         }
@@ -383,6 +388,7 @@ impl Allocator<'_> {
         records
             .filter(|l| {
                 matches!(l.state, LeaseState::Released { .. })
+                    && l.network == self.scope.network
                     && l.pod.same_name(&req.pod)
                     && l.ifname == req.ifname
                     && self.range_of(l) == Some(i)
@@ -432,9 +438,10 @@ impl Allocator<'_> {
                     if !(l.pod.same_pod(&req.pod) && l.ifname == req.ifname) {
                         return Err(AllocError::HeldByOther {
                             address: w.address,
-                            holder: l.pod.to_string(),
-                            container_id: l.container_id.clone(),
-                            ifname: l.ifname.clone(),
+                            holder: format!(
+                                "pod {} (container {}, interface {}, network {})",
+                                l.pod, l.container_id, l.ifname, l.network
+                            ),
                         });
                     }
                     // Same pod, new sandbox: take it over without probing.
@@ -449,7 +456,7 @@ impl Allocator<'_> {
                 Claimed::Lost => continue,
                 Claimed::InUse(mac) => {
                     return Err(AllocError::RequestedInUse {
-                        network: self.network.clone(),
+                        network: self.scope.network.clone(),
                         address: w.address,
                         mac,
                         quarantine_s: self.policy.quarantine_s,
@@ -458,7 +465,7 @@ impl Allocator<'_> {
             }
         }
         Err(AllocError::Contention {
-            network: self.network.clone(),
+            network: self.scope.network.clone(),
             address: w.address,
             attempts: self.policy.max_attempts,
         })
@@ -478,14 +485,17 @@ impl Allocator<'_> {
                 None => self.store.remove(&w.now).map(|r| r.err()),
             };
             match res {
-                Ok(None) => log::debug!("network {}: rolled back {addr}", self.network),
+                Ok(None) => log::debug!("network {}: rolled back {addr}", self.scope.network),
                 Ok(Some(t)) => {
-                    log::warn!("network {}: rollback of {addr} skipped: {t}", self.network)
+                    log::warn!(
+                        "network {}: rollback of {addr} skipped: {t}",
+                        self.scope.network
+                    )
                 }
                 Err(e) => {
                     log::error!(
                         "network {}: rollback of {addr} failed: {e}; GC or DEL will release it",
-                        self.network
+                        self.scope.network
                     );
                     stuck.push(w.now);
                 }
@@ -507,8 +517,8 @@ impl Allocator<'_> {
             if kept.len() != old.leases.len() {
                 let mut e = old.clone();
                 e.leases = kept;
-                if let Err(err) = j.index.record(&self.network, &e) {
-                    log::warn!("network {}: {err}", self.network);
+                if let Err(err) = j.index.record(&self.scope.network, &e) {
+                    log::warn!("network {}: {err}", self.scope.network);
                 }
             }
         }
@@ -535,7 +545,8 @@ impl Allocator<'_> {
         now: u64,
     ) -> Lease {
         Lease {
-            network: self.network.clone(),
+            network: self.scope.network.clone(),
+            domain: self.scope.domain.clone(),
             address,
             prefix_len,
             range_index: Some(i),

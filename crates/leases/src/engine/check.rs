@@ -11,13 +11,18 @@ impl Allocator<'_> {
             Some(ix) => {
                 self.settle_quietly();
                 let mut cur = Vec::new();
-                let entry = ix.lookup(&self.network, container_id, ifname, &PodRef::default())?;
+                let entry = ix.lookup(
+                    &self.scope.network,
+                    container_id,
+                    ifname,
+                    &PodRef::default(),
+                )?;
                 for l in entry.mine.iter().flat_map(|e| &e.leases) {
-                    cur.extend(self.store.get(&self.network, l.address)?);
+                    cur.extend(self.store.get(&self.scope, l.address)?);
                 }
                 cur
             }
-            None => self.store.list(&self.network)?,
+            None => self.store.list(&self.scope)?,
         };
         let mine: Vec<&Lease> = all
             .iter()
@@ -33,7 +38,7 @@ impl Allocator<'_> {
                 None => String::new(),
             };
             return Err(AllocError::NoLease {
-                network: self.network.clone(),
+                network: self.scope.network.clone(),
                 container_id: container_id.to_string(),
                 ifname: ifname.to_string(),
                 detail,
@@ -45,7 +50,7 @@ impl Allocator<'_> {
                 Some(l) => out.push((*l).clone()),
                 None => {
                     return Err(AllocError::MissingRange {
-                        network: self.network.clone(),
+                        network: self.scope.network.clone(),
                         container_id: container_id.to_string(),
                         ifname: ifname.to_string(),
                         range: r.to_string(),

@@ -31,7 +31,7 @@ impl Allocator<'_> {
             && !j.entry.leases.iter().any(|l| l.address == address)
         {
             j.entry.leases.push(new.clone());
-            j.index.record(&self.network, &j.entry)?;
+            j.index.record(&self.scope.network, &j.entry)?;
         }
         call.seen.insert(address);
         let got = match self.store.claim(new, expected.as_ref())? {
@@ -58,7 +58,7 @@ impl Allocator<'_> {
                 let at = self.clock.now();
                 log::warn!(
                     "network {}: {} answered the conflict probe from MAC {}; quarantining it for {}s",
-                    self.network,
+                    self.scope.network,
                     address,
                     mac,
                     self.policy.quarantine_s
@@ -78,7 +78,7 @@ impl Allocator<'_> {
                     Err(Taken { current }) => {
                         log::warn!(
                             "network {}: could not quarantine {address}: it changed meanwhile",
-                            self.network
+                            self.scope.network
                         );
                         match current {
                             Some(c) => call.view.insert(address, c),

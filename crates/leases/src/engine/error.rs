@@ -30,18 +30,13 @@ pub enum AllocError {
         range: String,
     },
     /// A requested address is leased by another attachment.
-    #[error(
-        "requested address {address} is held by pod {holder} (container {container_id}, interface {ifname})"
-    )]
+    #[error("requested address {address} is held by {holder}")]
     HeldByOther {
         /// The address.
         address: IpAddr,
-        /// Holder pod, `namespace/name` or `(unknown pod)`.
+        /// Who: `pod <namespace/name> (container <id>, interface <ifname>, network <name>)`, the
+        /// network being any of the address's domain.
         holder: String,
-        /// Holder container ID.
-        container_id: String,
-        /// Holder interface.
-        ifname: String,
     },
     /// The attachment already holds another address in the range of a requested one.
     #[error(

@@ -46,7 +46,7 @@ impl Allocator<'_> {
         // Work left from an outage first: a re-keyed sandbox's records still name the old one.
         self.settle_pending()?;
         let mut report = GcReport::default();
-        let entries = match self.store.index().map(|ix| ix.entries(&self.network)) {
+        let entries = match self.store.index().map(|ix| ix.entries(&self.scope.network)) {
             Some(Ok(e)) => e,
             Some(Err(e)) => {
                 report.errors.push(e.into());
@@ -67,7 +67,7 @@ impl Allocator<'_> {
                 keep.insert((from, e.ifname.as_str()));
             }
         }
-        let all = self.store.list_mine(&self.network)?;
+        let all = self.store.list_mine(&self.scope)?;
         for l in all.iter().filter(|l| l.is_leased()) {
             if keep.contains(&(l.container_id.as_str(), l.ifname.as_str())) {
                 continue;
@@ -77,7 +77,7 @@ impl Allocator<'_> {
                 Ok(Some(r)) => {
                     log::info!(
                         "network {}: GC released {} of container {} interface {}",
-                        self.network,
+                        self.scope.network,
                         r.address,
                         cid,
                         ifn
@@ -97,7 +97,7 @@ impl Allocator<'_> {
                     leases: Vec::new(),
                     ..e.clone()
                 };
-                if let Err(err) = ix.record(&self.network, &gone) {
+                if let Err(err) = ix.record(&self.scope.network, &gone) {
                     report.errors.push(err.into());
                 }
             }

@@ -20,7 +20,7 @@
 use tether_pool::{IpRange, PoolConfig};
 
 use crate::clock::Clock;
-use crate::model::Lease;
+use crate::model::{Lease, Scope};
 use crate::probe::Prober;
 use crate::store::LeaseStore;
 
@@ -95,9 +95,10 @@ impl Policy {
     }
 }
 
-/// The allocation engine for one network. See the crate docs for the semantics.
+/// The allocation engine for one network in its uniqueness domain. See the crate docs for the
+/// semantics.
 pub struct Allocator<'a> {
-    network: String,
+    scope: Scope,
     ranges: Vec<IpRange>,
     policy: Policy,
     store: &'a dyn LeaseStore,
@@ -106,9 +107,9 @@ pub struct Allocator<'a> {
 }
 
 impl<'a> Allocator<'a> {
-    /// An engine for `network` with `ranges`.
+    /// An engine for the network and domain of `scope`, with `ranges`.
     pub fn new(
-        network: impl Into<String>,
+        scope: Scope,
         ranges: Vec<IpRange>,
         policy: Policy,
         store: &'a dyn LeaseStore,
@@ -116,7 +117,7 @@ impl<'a> Allocator<'a> {
         clock: &'a dyn Clock,
     ) -> Allocator<'a> {
         Allocator {
-            network: network.into(),
+            scope,
             ranges,
             policy,
             store,
@@ -125,7 +126,7 @@ impl<'a> Allocator<'a> {
         }
     }
 
-    /// An engine for the network, ranges, cooldown and quarantine of `cfg`.
+    /// An engine for the network, domain, ranges, cooldown and quarantine of `cfg`.
     pub fn from_config(
         cfg: &PoolConfig,
         store: &'a dyn LeaseStore,
@@ -133,7 +134,7 @@ impl<'a> Allocator<'a> {
         clock: &'a dyn Clock,
     ) -> Allocator<'a> {
         Allocator::new(
-            cfg.network_name.clone(),
+            Scope::new(cfg.network_name.clone(), cfg.domain.clone()),
             cfg.ranges.clone(),
             Policy::from_config(cfg),
             store,
@@ -144,7 +145,12 @@ impl<'a> Allocator<'a> {
 
     /// The network name.
     pub fn network(&self) -> &str {
-        &self.network
+        &self.scope.network
+    }
+
+    /// The network and its domain.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
     }
 
     /// The ranges.

@@ -73,13 +73,13 @@ impl Allocator<'_> {
             rekey_from: Some(from),
             release: false,
         });
-        j.index.record(&self.network, &j.entry)?;
+        j.index.record(&self.scope.network, &j.entry)?;
         self.forget_taken_over(j);
         if let Some(from) = &rekey_from {
             log::warn!(
                 "network {}: the store is unreachable; pod {} (sandbox re-created, container {from} → {}) gets {} \
                  again from the node journal; the store is updated when it answers",
-                self.network,
+                self.scope.network,
                 req.pod,
                 req.container_id,
                 leases
@@ -110,7 +110,7 @@ impl Allocator<'_> {
                     log::warn!(
                         "network {}: {} (pod {}'s address in the node journal) answered the probe from MAC {mac}; \
                          not handing it out while the store cannot confirm who holds it",
-                        self.network,
+                        self.scope.network,
                         l.address,
                         req.pod
                     );
@@ -146,11 +146,11 @@ impl Allocator<'_> {
     ) -> Result<(), AllocError> {
         let p = entry.pending.get_or_insert_with(Pending::default);
         p.release = true;
-        ix.record(&self.network, &entry)?;
+        ix.record(&self.scope.network, &entry)?;
         log::warn!(
             "network {}: the store is unreachable; the release of {} (container {} interface {}) is recorded in the \
              node journal and done when it answers (the address stays leased until then)",
-            self.network,
+            self.scope.network,
             entry
                 .leases
                 .iter()
@@ -171,7 +171,7 @@ impl Allocator<'_> {
         let Some(ix) = self.store.index() else {
             return Ok(());
         };
-        let entries = ix.take_pending(&self.network)?;
+        let entries = ix.take_pending(&self.scope.network)?;
         let mut first_unreachable = None;
         for e in entries {
             match self.settle(&e) {
@@ -182,14 +182,14 @@ impl Allocator<'_> {
                     } else {
                         log::error!(
                             "network {}: settling container {} interface {} with the store: {err}",
-                            self.network,
+                            self.scope.network,
                             e.container_id,
                             e.ifname
                         );
                     }
                     // Still owed: marked again.
-                    if let Err(rec) = ix.record(&self.network, &e) {
-                        log::error!("network {}: {rec}", self.network);
+                    if let Err(rec) = ix.record(&self.scope.network, &e) {
+                        log::error!("network {}: {rec}", self.scope.network);
                     }
                 }
             }
@@ -216,7 +216,7 @@ impl Allocator<'_> {
         for l in &e.leases {
             let cur = match l.version {
                 Some(_) => Some(l.clone()),
-                None => self.store.get(&self.network, l.address)?,
+                None => self.store.get(&self.scope, l.address)?,
             };
             let Some(cur) = cur else {
                 continue;
@@ -225,7 +225,7 @@ impl Allocator<'_> {
                 if let Some(r) = self.release_if_ours(&cur, now, held_by_entry)? {
                     log::info!(
                         "network {}: released {} of container {} (DEL while the store was unreachable)",
-                        self.network,
+                        self.scope.network,
                         r.address,
                         e.container_id
                     );
@@ -241,7 +241,7 @@ impl Allocator<'_> {
             pending: None,
             ..e.clone()
         };
-        Ok(ix.record(&self.network, &done)?)
+        Ok(ix.record(&self.scope.network, &done)?)
     }
 
     /// The record of `journaled`'s address rewritten to the attachment of `e`, starting from
@@ -264,7 +264,7 @@ impl Allocator<'_> {
                         "network {}: {} is held by {} (container {}, {:?}) in the store, but pod {} got it again from the \
                          node journal while the store was unreachable; the two may collide on the wire: delete pod {} so it \
                          gets a new address",
-                        self.network,
+                        self.scope.network,
                         c.address,
                         c.pod,
                         c.container_id,
@@ -288,7 +288,7 @@ impl Allocator<'_> {
                 Ok(l) => {
                     log::info!(
                         "network {}: {} moved to container {} in the store (sandbox re-created while it was unreachable)",
-                        self.network,
+                        self.scope.network,
                         l.address,
                         e.container_id
                     );
@@ -298,7 +298,7 @@ impl Allocator<'_> {
             }
         }
         Err(AllocError::Contention {
-            network: self.network.clone(),
+            network: self.scope.network.clone(),
             address: journaled.address,
             attempts: self.policy.max_attempts,
         })
@@ -312,7 +312,7 @@ impl Allocator<'_> {
         if let Err(e) = self.settle_pending() {
             log::debug!(
                 "network {}: pending journal work left for later: {e}",
-                self.network
+                self.scope.network
             );
         }
     }

@@ -20,7 +20,12 @@ impl Allocator<'_> {
             Some(ix) => {
                 self.settle_quietly();
                 let entry = ix
-                    .lookup(&self.network, container_id, ifname, &PodRef::default())?
+                    .lookup(
+                        &self.scope.network,
+                        container_id,
+                        ifname,
+                        &PodRef::default(),
+                    )?
                     .mine;
                 let Some(entry) = entry else {
                     return Ok(Vec::new());
@@ -31,7 +36,7 @@ impl Allocator<'_> {
                 }
             }
             None => {
-                let all = self.store.list(&self.network)?;
+                let all = self.store.list(&self.scope)?;
                 let cands = all.iter().filter(|l| ours(l)).cloned().collect();
                 (cands, all, None)
             }
@@ -50,12 +55,12 @@ impl Allocator<'_> {
         }
         if let Some((ix, mut entry)) = entry {
             entry.leases.clear();
-            ix.record(&self.network, &entry)?;
+            ix.record(&self.scope.network, &entry)?;
         }
         for l in &released {
             log::info!(
                 "network {}: released {} of container {} interface {}",
-                self.network,
+                self.scope.network,
                 l.address,
                 container_id,
                 ifname
@@ -64,7 +69,7 @@ impl Allocator<'_> {
         let mut errs = Vec::new();
         self.prune(&all, now, self.policy.prune_per_del, &mut errs);
         for e in errs {
-            log::warn!("network {}: pruning old records: {e}", self.network);
+            log::warn!("network {}: pruning old records: {e}", self.scope.network);
         }
         Ok(released)
     }
@@ -89,7 +94,7 @@ impl Allocator<'_> {
         for l in &entry.leases {
             let cur = match l.version {
                 Some(_) => Some(l.clone()),
-                None => match self.store.get(&self.network, l.address) {
+                None => match self.store.get(&self.scope, l.address) {
                     Ok(c) => c,
                     Err(e) if e.is_transient() => return Ok(None),
                     Err(e) => return Err(e.into()),
@@ -117,7 +122,7 @@ impl Allocator<'_> {
                 Err(e) => {
                     log::error!(
                         "network {}: releasing {} failed: {e}",
-                        self.network,
+                        self.scope.network,
                         l.address
                     );
                     first_err.get_or_insert(e);
@@ -143,7 +148,7 @@ impl Allocator<'_> {
             }
         }
         Err(AllocError::Contention {
-            network: self.network.clone(),
+            network: self.scope.network.clone(),
             address: l.address,
             attempts: self.policy.max_attempts,
         })

@@ -25,7 +25,7 @@ impl Allocator<'_> {
     /// STATUS: per-range occupancy; `Err` when the store cannot be used or some range has no
     /// address left for a new ADD (every usable address leased or quarantined).
     pub fn status(&self) -> Result<Vec<RangeStatus>, AllocError> {
-        let all = self.store.list(&self.network)?;
+        let all = self.store.list(&self.scope)?;
         let now = self.clock.now();
         let mut out = Vec::new();
         for i in 0..self.ranges.len() {
@@ -41,7 +41,7 @@ impl Allocator<'_> {
     /// Every range's counts, full ones included (STATUS fails at the first full range): for
     /// monitoring, where a full range is the number that matters most.
     pub fn usage(&self) -> Result<Vec<RangeStatus>, AllocError> {
-        let all = self.store.list(&self.network)?;
+        let all = self.store.list(&self.scope)?;
         let now = self.clock.now();
         Ok((0..self.ranges.len())
             .map(|i| self.range_status(i, all.iter(), now))
@@ -51,7 +51,7 @@ impl Allocator<'_> {
     /// The error of a range with nothing left to hand out, with its counts.
     pub(super) fn exhausted(&self, st: RangeStatus) -> AllocError {
         AllocError::Exhausted {
-            network: self.network.clone(),
+            network: self.scope.network.clone(),
             range: st.range,
             usable: st.usable,
             leased: st.leased,

@@ -32,7 +32,7 @@ impl Conflicts {
         self.in_use.push((address, mac.clone()));
         if self.in_use.len() >= a.policy.max_probe_conflicts {
             return Err(AllocError::TooManyConflicts {
-                network: a.network.clone(),
+                network: a.scope.network.clone(),
                 range: range.to_string(),
                 conflicts: self.in_use.len(),
                 last: address,
@@ -123,6 +123,7 @@ impl Allocator<'_> {
                 None => None,
                 Some(l)
                     if matches!(l.state, LeaseState::Released { .. })
+                        && l.network == self.scope.network
                         && l.pod.same_name(&req.pod)
                         && l.ifname == req.ifname =>
                 {
@@ -287,7 +288,7 @@ impl Allocator<'_> {
                     {
                         log::warn!(
                             "network {}: range {} has no address outside its cooldown; reusing {} released at {}",
-                            self.network,
+                            self.scope.network,
                             range,
                             l.address,
                             old.since
@@ -313,7 +314,7 @@ impl Allocator<'_> {
         if !conflicts.in_use.is_empty() {
             // Say why: the last free candidates are used by someone else on the segment.
             return AllocError::InUseOnSegment {
-                network: self.network.clone(),
+                network: self.scope.network.clone(),
                 range: st.range,
                 in_use: conflicts.in_use.into_boxed_slice(),
                 usable: st.usable,

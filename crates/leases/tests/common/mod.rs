@@ -5,8 +5,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tether_leases::{AddRequest, CasResult, Lease, LeaseStore, PodRef, StoreError, Taken};
+use tether_leases::{AddRequest, CasResult, Lease, LeaseStore, PodRef, Scope, StoreError, Taken};
 use tether_pool::{IpRange, RequestedIp};
+
+/// `network` in the cluster-wide domain.
+pub fn scope(network: &str) -> Scope {
+    Scope::cluster(network)
+}
 
 /// A temporary directory removed on drop.
 pub struct TempDir(PathBuf);
@@ -101,8 +106,8 @@ impl<S: LeaseStore> FlakyStore<S> {
 }
 
 impl<S: LeaseStore> LeaseStore for FlakyStore<S> {
-    fn list(&self, network: &str) -> Result<Vec<Lease>, StoreError> {
-        self.inner.list(network)
+    fn list(&self, scope: &Scope) -> Result<Vec<Lease>, StoreError> {
+        self.inner.list(scope)
     }
     fn claim(&self, new: Lease, expected: Option<&Lease>) -> CasResult<Lease> {
         self.check(new.address)?;

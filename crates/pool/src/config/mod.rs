@@ -15,7 +15,8 @@ mod ranges;
 mod sections;
 use ranges::parse_ranges;
 use sections::{
-    parse_data_dir, parse_dns, parse_kubernetes, parse_probe, parse_routes, parse_store,
+    parse_data_dir, parse_dns, parse_isolated_fabric, parse_kubernetes, parse_probe, parse_routes,
+    parse_store,
 };
 
 /// Default state directory of the node-local file store.
@@ -159,8 +160,13 @@ pub use tether_cni::result::{Dns, Route};
 /// The typed `ipam` configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolConfig {
-    /// `ipam.network_name`, default the top-level `name`. Leases are kept per network name.
+    /// `ipam.network_name`, default the top-level `name`: names the network on its leases, its
+    /// node journal and its metrics. It does not separate address spaces: see `domain`.
     pub network_name: String,
+    /// `ipam.isolated_fabric`: the uniqueness domain of this network's addresses when it is not
+    /// the cluster. An address is handed out once per domain, whichever network (NAD) asks; only
+    /// networks on fabrics that share no segment and reuse address space name one.
+    pub domain: Option<String>,
     /// One entry per address handed out per attachment: the top-level `range` first (if set),
     /// then each `ipRanges` entry.
     pub ranges: Vec<IpRange>,
@@ -218,6 +224,8 @@ impl PoolConfig {
             None => name.ok_or(ConfigError::NoNetworkName)?.to_string(),
         };
 
+        let domain = parse_isolated_fabric(ipam)?;
+
         let gateway = match opt_str(ipam, "gateway", "ipam.gateway")? {
             Some(g) => Some(ip_value("ipam.gateway", ipam.get("gateway").unwrap(), g)?),
             None => None,
@@ -243,6 +251,7 @@ impl PoolConfig {
 
         Ok(PoolConfig {
             network_name,
+            domain,
             ranges,
             gateway,
             routes,

@@ -1,4 +1,5 @@
-//! The `routes`, `dns`, `probe`, `kubernetes`, `store` and `dataDir` sections of the `ipam` object.
+//! The `routes`, `dns`, `probe`, `kubernetes`, `store`, `dataDir` and `isolated_fabric` sections of
+//! the `ipam` object.
 
 use std::path::PathBuf;
 
@@ -204,4 +205,44 @@ pub(super) fn parse_data_dir(ipam: &Map<String, Value>) -> Result<PathBuf, Confi
         )),
         None => Ok(PathBuf::from(DEFAULT_DATA_DIR)),
     }
+}
+
+/// The longest `isolated_fabric` name: it becomes part of every lease object's name.
+pub const MAX_FABRIC_NAME: usize = 40;
+
+/// `isolated_fabric`: a lowercase DNS label that starts with a letter (it ends the name of every
+/// lease object of the domain, `<address>.<fabric>`), and that does not read as an IPv6 address
+/// once its dashes are colons (so no such name can be taken for an address part).
+pub(super) fn parse_isolated_fabric(
+    ipam: &Map<String, Value>,
+) -> Result<Option<String>, ConfigError> {
+    const KEY: &str = "ipam.isolated_fabric";
+    let Some(name) = opt_str(ipam, "isolated_fabric", KEY)? else {
+        return Ok(None);
+    };
+    let raw = &ipam["isolated_fabric"];
+    let b = name.as_bytes();
+    let label = b.len() <= MAX_FABRIC_NAME
+        && b[0].is_ascii_lowercase()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[b.len() - 1].is_ascii_alphanumeric();
+    if !label {
+        return Err(ConfigError::invalid(
+            KEY,
+            raw,
+            format!(
+                "must be a lowercase name of at most {MAX_FABRIC_NAME} letters, digits and '-', starting with a \
+                 letter and ending with a letter or digit (it names the isolated fabric, e.g. \"rail-3\")"
+            ),
+        ));
+    }
+    if name.replace('-', ":").parse::<std::net::Ipv6Addr>().is_ok() {
+        return Err(ConfigError::invalid(
+            KEY,
+            raw,
+            "reads as an IPv6 address; choose a name that does not (e.g. \"rail-3\")",
+        ));
+    }
+    Ok(Some(name.to_string()))
 }

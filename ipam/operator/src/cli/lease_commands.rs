@@ -161,9 +161,25 @@ pub(super) fn release(
     output: Output,
 ) -> Result<i32, String> {
     let (open, _) = OpenStore::open(args)?;
-    let leases = open.store().list(network).map_err(|e| e.to_string())?;
-    let Some(lease) = leases.iter().find(|l| l.address == address) else {
-        return Err(format!("network {network} has no record of {address}"));
+    let records: Vec<Lease> = open
+        .leases(None)?
+        .into_iter()
+        .filter(|l| l.address == address)
+        .collect();
+    let Some(lease) = records.iter().find(|l| l.network == network) else {
+        // One record per address of a domain: another network of the domain may hold it.
+        let others: Vec<String> = records
+            .iter()
+            .map(|l| format!("network {}", l.network))
+            .collect();
+        return Err(if others.is_empty() {
+            format!("network {network} has no record of {address}")
+        } else {
+            format!(
+                "network {network} has no record of {address}; {} holds it: name that network with --network",
+                others.join(" and ")
+            )
+        });
     };
     let why = match &lease.state {
         LeaseState::Leased if force => "forced (--force)".to_string(),

@@ -244,23 +244,11 @@ impl Reconciler {
         }
         // The node-local file store.
         if let Some(dir) = &self.opts.data_dir {
-            let fs = FileStore::new(dir.clone());
-            match fs.networks() {
-                Ok(nets) => {
-                    for n in nets {
-                        match fs.list(&n) {
-                            Ok(leases) => {
-                                self.judge(StoreName::File, &leases, &pods, now, kube, &mut r)
-                            }
-                            Err(e) => r
-                                .errors
-                                .push(format!("reading network {n} in {}: {e}", dir.display())),
-                        }
-                    }
-                }
+            match FileStore::new(dir.clone()).records() {
+                Ok(leases) => self.judge(StoreName::File, &leases, &pods, now, kube, &mut r),
                 Err(e) => r
                     .errors
-                    .push(format!("listing the networks in {}: {e}", dir.display())),
+                    .push(format!("reading the leases in {}: {e}", dir.display())),
             }
         }
         // Only an agent that sweeps (a cluster without the node-scope policy) lists the other

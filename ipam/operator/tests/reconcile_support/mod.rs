@@ -30,7 +30,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::{Value, json};
 use tether_apiserver_double::ApiServerDouble;
 use tether_kube_store::{KubeSettings, KubeStore};
-use tether_leases::{Lease, LeaseState, LeaseStore, PodRef};
+use tether_leases::{Lease, LeaseState, LeaseStore, PodRef, Scope};
 
 /// A temporary directory removed on drop.
 pub struct TempDir(PathBuf);
@@ -331,7 +331,7 @@ impl Env {
             ..self.settings()
         })
         .unwrap();
-        store.list(network).unwrap()
+        store.list(&scope_of(network)).unwrap()
     }
 
     /// The IPLease objects of `network` as the API server returns them (real server only).
@@ -543,12 +543,28 @@ impl Cluster {
         path
     }
 }
-/// A NAD in `dir` using the Kubernetes store through `kubeconfig` (master lo, no probing).
+/// The isolated fabric of a test's network: tests share one API server and many use the same
+/// ranges, so each test's network is a uniqueness domain of its own (tests of the cluster-wide
+/// domain use ranges no other test uses).
+pub fn fabric_of(network: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    network.hash(&mut h);
+    format!("t{:016x}", h.finish())
+}
+
+/// A test's network in its own fabric (see [`fabric_of`]).
+pub fn scope_of(network: &str) -> Scope {
+    Scope::new(network, Some(fabric_of(network)))
+}
+
+/// A NAD in `dir` using the Kubernetes store through `kubeconfig` (master lo, no probing), in the
+/// network's own fabric.
 pub fn nad_file(dir: &Path, network: &str, kubeconfig: &Path) -> PathBuf {
     let p = dir.join(format!("{network}.json"));
     let v = json!({"cniVersion": "1.0.0", "name": network, "type": "tether-ipvlan", "master": "lo",
         "ipam": {"type": "tether-ipam", "range": "10.77.0.0/24", "probe": false, "store": "kubernetes",
-                 "kubernetes": {"kubeconfig": kubeconfig}}});
+                 "isolated_fabric": fabric_of(network), "kubernetes": {"kubeconfig": kubeconfig}}});
     std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
     p
 }
@@ -584,6 +600,7 @@ pub fn lease(
 ) -> Lease {
     Lease {
         network: network.into(),
+        domain: Some(fabric_of(network)),
         address: addr.parse().unwrap(),
         prefix_len: 24,
         range_index: Some(0),

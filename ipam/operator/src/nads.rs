@@ -1,0 +1,144 @@
+//! The networks the cluster's NetworkAttachmentDefinitions give tether-ipam: each tether-ipam
+//! configuration of each NAD, parsed, with its NAD and the attacher's `master`. Read by the pool
+//! metrics, by the move of records named by network into their domains (which domain a network
+//! is in), and by the overlap checks.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use tether_kube_store::NadConfig;
+use tether_pool::PoolConfig;
+
+/// One tether-ipam configuration of a NAD.
+#[derive(Debug, Clone)]
+pub struct NadNetwork {
+    /// `namespace/name` of the NAD.
+    pub nad: String,
+    /// The IPAM configuration.
+    pub cfg: PoolConfig,
+    /// The attacher's `master` (`None`: the interface of the default route, or the chained one).
+    pub master: Option<String>,
+}
+
+/// Every tether-ipam configuration of `nads`, in NAD order (namespace, name). One that does not
+/// parse is skipped (logged at debug): the plugin refuses it on its own, and `tether validate`
+/// says why.
+pub fn nad_networks(nads: &[NadConfig]) -> Vec<NadNetwork> {
+    let mut sorted: Vec<&NadConfig> = nads.iter().collect();
+    sorted.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    let mut out = Vec::new();
+    for nad in sorted {
+        let name = format!("{}/{}", nad.namespace, nad.name);
+        for raw in tether_ipam_configs(&nad.config, &nad.name) {
+            match PoolConfig::from_value(&raw) {
+                Ok(cfg) => out.push(NadNetwork {
+                    nad: name.clone(),
+                    master: raw
+                        .get("master")
+                        .and_then(Value::as_str)
+                        .map(str::trim)
+                        .filter(|m| !m.is_empty())
+                        .map(str::to_string),
+                    cfg,
+                }),
+                Err(e) => log::debug!("NAD {name}: {e}"),
+            }
+        }
+    }
+    out
+}
+
+/// The uniqueness domain of each network, as its NADs give it (the first NAD's, by namespace and
+/// name, when they disagree: the overlap checks report that).
+pub fn domains(nets: &[NadNetwork]) -> BTreeMap<String, Option<String>> {
+    let mut out = BTreeMap::new();
+    for n in nets {
+        out.entry(n.cfg.network_name.clone())
+            .or_insert_with(|| n.cfg.domain.clone());
+    }
+    out
+}
+
+/// The network configurations in a NAD's `spec.config` whose IPAM is tether-ipam: the config
+/// itself, or each plugin of a conflist (with the list's `name` and `cniVersion`). Without a
+/// `name`, the NAD's name is the network's, as Multus makes it.
+pub fn tether_ipam_configs(text: &str, nad_name: &str) -> Vec<Value> {
+    let Ok(mut v) = serde_json::from_str::<Value>(text) else {
+        return Vec::new();
+    };
+    if let Some(obj) = v.as_object_mut()
+        && !obj.contains_key("name")
+    {
+        obj.insert("name".into(), Value::from(nad_name));
+    }
+    let ours = |p: &Value| p.pointer("/ipam/type").and_then(Value::as_str) == Some("tether-ipam");
+    match v.get("plugins").and_then(Value::as_array) {
+        Some(plugins) => plugins
+            .iter()
+            .filter(|p| ours(p))
+            .map(|p| {
+                let mut p = p.clone();
+                for k in ["name", "cniVersion"] {
+                    if let (Some(obj), Some(val)) = (p.as_object_mut(), v.get(k))
+                        && !obj.contains_key(k)
+                    {
+                        obj.insert(k.to_string(), val.clone());
+                    }
+                }
+                p
+            })
+            .collect(),
+        None if ours(&v) => vec![v],
+        None => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nad(ns: &str, name: &str, config: &str) -> NadConfig {
+        NadConfig {
+            namespace: ns.into(),
+            name: name.into(),
+            config: config.into(),
+        }
+    }
+
+    #[test]
+    fn networks_domains_and_masters_of_the_nads() {
+        let nads = [
+            nad(
+                "b",
+                "rail",
+                r#"{"type":"tether-ipvlan","master":"enp6s0","ipam":{"type":"tether-ipam","range":"10.9.0.0/24","isolated_fabric":"rail-1"}}"#,
+            ),
+            nad(
+                "a",
+                "pool",
+                r#"{"plugins":[{"type":"tether-ipvlan","ipam":{"type":"tether-ipam","range":"10.8.0.0/24"}}],"name":"mgmt"}"#,
+            ),
+            nad(
+                "a",
+                "other",
+                r#"{"type":"macvlan","ipam":{"type":"host-local"}}"#,
+            ),
+            nad(
+                "a",
+                "broken",
+                r#"{"ipam":{"type":"tether-ipam","range":"x"}}"#,
+            ),
+        ];
+        let nets = nad_networks(&nads);
+        assert_eq!(nets.len(), 2);
+        assert_eq!(
+            (nets[0].nad.as_str(), nets[0].cfg.network_name.as_str()),
+            ("a/pool", "mgmt")
+        );
+        assert_eq!(nets[0].master, None);
+        assert_eq!(nets[1].master.as_deref(), Some("enp6s0"));
+        let d = domains(&nets);
+        assert_eq!(d["mgmt"], None);
+        assert_eq!(d["rail"].as_deref(), Some("rail-1"));
+    }
+}
