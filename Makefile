@@ -32,7 +32,7 @@ LAB_TESTS  := $(sort $(basename $(notdir $(wildcard conformance/tests/lab_*.rs))
 
 BENCH_BIN := $(CARGO) run --release --locked -p tether-conformance --bin
 
-.PHONY: peers bins bench bench-agents bench-attach bench-kube bench-ipam bench-probe bench-static all build install image render static-check test unit kube-up kube-down host-tests lab-tests conformance manifests fuzz-regressions fuzz driver deps demo fmt clippy clean
+.PHONY: previous peers bins bench bench-agents bench-attach bench-kube bench-ipam bench-probe bench-static all build install image render static-check test unit kube-up kube-down host-tests lab-tests conformance manifests fuzz-regressions fuzz driver deps demo fmt clippy clean
 
 all: build
 
@@ -110,10 +110,15 @@ LOGS := target/conformance
 # does not fail the run unless TETHER_REQUIRE_KUBE=1 (CI). KUBE_SKIP: ignored for another reason.
 KUBE      := conformance/kube/with-server.sh
 KUBE_SKIP := --skip rss_with_5000_pods
-unit:
+unit: previous
 	@mkdir -p $(LOGS)
 	$(KUBE) bash -c 'set -o pipefail; args=(); [ -n "$${TETHER_TEST_KUBECONFIG:-}" ] && args=(--include-ignored $(KUBE_SKIP)); \
 	  $(CARGO) test --locked --workspace -- "$${args[@]}" 2>&1 | tee $(LOGS)/unit.log'
+
+# tether-ipam of the commit before uniqueness domains (it names leases <network>.<address>), for the
+# upgrade test beside this version (ipam/operator/tests/lease_names.rs); built once from git history.
+previous:
+	conformance/upgrade/previous.sh
 
 # The API server alone, e.g. to run single tests against it by hand:
 #   make kube-up && export TETHER_TEST_KUBECONFIG=$PWD/target/peers-k8s/kubeconfig

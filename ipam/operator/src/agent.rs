@@ -17,10 +17,10 @@
 //! 5. The lease service ([`tether_lease_service::server`]) on `--lease-socket`, once the plugin's
 //!    kubeconfig is written: the plugins' lease-store requests on one kept connection, with the
 //!    plugin's own credential. Stopped first on SIGTERM, so plugins go on directly.
+//! 6. Follows the controller's word on lease names ([`crate::lease_names`]): before it installs
+//!    the plugins, and at every refresh.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,9 +28,12 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use tether_kube_store::ApiTraffic;
+use tether_kube_store::{ApiTraffic, LegacyMirrors};
 use tether_lease_service::{LeaseService, ServiceGauges, ServiceOptions};
 
+use crate::kube::Kube;
+use crate::lease_names::Follower;
+pub use crate::node_files::{write_atomic, write_private};
 use crate::observers::Observers;
 use crate::plugin_token::PluginToken;
 use crate::reconcile::{self, Reconciler};
@@ -60,37 +63,6 @@ impl ServiceAccount {
             server: format!("https://{host}:{port}"),
         })
     }
-}
-
-/// Write `bytes` to `path` atomically with `mode`. Returns false when the file already held them.
-pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<bool> {
-    if fs::read(path).is_ok_and(|old| old == bytes) {
-        // Keep the mode right even when the content is.
-        fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
-        return Ok(false);
-    }
-    let dir = path.parent().ok_or_else(|| {
-        std::io::Error::other(format!("{} has no parent directory", path.display()))
-    })?;
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.set_permissions(fs::Permissions::from_mode(mode))?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result.map(|()| true)
 }
 
 /// Copy each binary from `src` into `dst`; returns the names that changed.
@@ -140,20 +112,7 @@ pub fn write_kubeconfig(
     token: Option<&str>,
     out: &Path,
 ) -> Result<bool, String> {
-    let dir = out
-        .parent()
-        .ok_or_else(|| format!("{} has no parent directory", out.display()))?;
-    if !dir.is_dir() {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    }
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
-    write_atomic(out, kubeconfig(sa, token)?.as_bytes(), 0o600)
-        .map_err(|e| format!("writing {}: {e}", out.display()))
+    write_private(out, kubeconfig(sa, token)?.as_bytes())
 }
 
 /// The agent's options.
@@ -182,6 +141,11 @@ pub fn run(
     stop: Arc<AtomicBool>,
     mut each_pass: impl FnMut(),
 ) -> Result<(), String> {
+    // Mirrors of leases under their network's name until the controller says otherwise; this
+    // node's records named by network moved into their domains before its plugins are replaced.
+    let mirrors = LegacyMirrors::new(true);
+    let (follower, names_kube) = follower(opts, &mirrors);
+    follower.round(names_kube.as_ref());
     let changed = install_binaries(&opts.source_dir, &opts.cni_bin_dir)?;
     log::warn!(
         "installed into {}: {}",
@@ -217,9 +181,16 @@ pub fn run(
             // Keep the old kubeconfig: a transient read error must not break the plugin.
             Err(e) => log::error!("refreshing the kubeconfig: {e}"),
         }
+        follower.round(names_kube.as_ref());
         if let (None, Some(socket)) = (&service, &opts.lease_socket) {
             // Retried every refresh while it cannot start: the plugins go direct meanwhile.
-            service = start_service(socket, &opts.kubeconfig_out, &gauges, traffic.as_ref());
+            service = start_service(
+                socket,
+                &opts.kubeconfig_out,
+                &gauges,
+                traffic.as_ref(),
+                &mirrors,
+            );
         }
         if let Some(ro) = &reconcile {
             if opts.once {
@@ -276,16 +247,38 @@ pub fn run(
     }
 }
 
+/// Who follows the controller's word on lease names for this agent, and the API it reads it
+/// with (the reconciler's, this pod's credential; `None` without one).
+fn follower(opts: &AgentOptions, mirrors: &LegacyMirrors) -> (Follower, Option<Kube>) {
+    let ro = opts.reconcile.as_ref();
+    let node = ro
+        .map(|r| r.node.clone())
+        .or_else(|| std::env::var("NODE_NAME").ok())
+        .unwrap_or_default();
+    let namespace = ro
+        .map(|r| r.agent_namespace.clone())
+        .unwrap_or_else(crate::options::default_agent_namespace);
+    let kube = ro.and_then(|r| r.kube.as_ref()).and_then(|s| {
+        Kube::connect(s)
+            .map_err(|e| log::error!("lease names: {e}"))
+            .ok()
+    });
+    let f = Follower::new(&node, &namespace, &opts.kubeconfig_out, mirrors.clone());
+    (f, kube)
+}
+
 /// The lease service for the plugins' kubeconfig, or `None` (logged) when it cannot start now.
 fn start_service(
     socket: &Path,
     kubeconfig: &Path,
     gauges: &ServiceGauges,
     traffic: Option<&ApiTraffic>,
+    mirrors: &LegacyMirrors,
 ) -> Option<LeaseService> {
     let node = std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty());
     let mut opts = ServiceOptions::new(socket.to_path_buf(), kubeconfig.to_path_buf(), node);
     opts.gauges = gauges.clone();
+    opts.settings.legacy_mirrors = mirrors.clone();
     if let Some(t) = traffic {
         opts.settings.traffic = t.clone();
     }
@@ -310,6 +303,7 @@ pub fn serve_leases(opts: ServiceOptions, stop: &AtomicBool) -> Result<(), Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn tmp(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("tether-agent-{tag}-{}", std::process::id()));

@@ -154,6 +154,11 @@ impl Env {
     pub fn object(&self, name: &str) -> Option<serde_json::Value> {
         cluster::object(&self.kubeconfig, name)
     }
+
+    /// Create `obj` as it is (what another writer, e.g. an older tether, would have written).
+    pub fn create_object(&self, obj: &tether_kube_store::IPLease) {
+        cluster::create(&self.kubeconfig, obj)
+    }
 }
 
 impl Env {
@@ -227,6 +232,14 @@ mod cluster {
             .block_on(api.get_opt(name))
             .expect("GET IPLease")
             .map(|o| serde_json::to_value(o).unwrap())
+    }
+
+    pub fn create(kubeconfig: &Path, obj: &tether_kube_store::IPLease) {
+        let runtime = rt();
+        let api: Api<tether_kube_store::IPLease> = Api::all(client(&runtime, kubeconfig));
+        runtime
+            .block_on(api.create(&PostParams::default(), obj))
+            .expect("CREATE IPLease");
     }
 
     pub fn forbidding(env: &Env, verb: &str) -> Forbidden {

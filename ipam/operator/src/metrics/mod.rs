@@ -64,6 +64,9 @@ struct State {
     last_clean_pass: Option<u64>,
     monitor_errors: u64,
     last_monitor: Option<u64>,
+    /// The controller's word on lease names: (mirrors kept, records named by network,
+    /// addresses with two holders); `None` until its first pass.
+    lease_names: Option<(bool, usize, usize)>,
 }
 
 /// Label name of a store.
@@ -153,6 +156,11 @@ impl Registry {
     /// Replace the pool gauges.
     pub fn set_pools(&self, pools: Vec<PoolGauge>) {
         self.state().pools = pools;
+    }
+
+    /// The controller's last pass over lease names (see `crate::lease_names`).
+    pub fn set_lease_names(&self, mirrors: bool, by_network: usize, duplicates: usize) {
+        self.state().lease_names = Some((mirrors, by_network, duplicates));
     }
 
     /// Replace this node's record counts.
@@ -378,6 +386,26 @@ impl Registry {
                 .into_iter()
                 .collect(),
         );
+        if let Some((mirrors, by_network, duplicates)) = s.lease_names {
+            family(
+                "tether_lease_names_mirrored",
+                "gauge",
+                "1 while leases keep mirrors under the names tether used before uniqueness domains (a node-agent of that version may run).",
+                vec![(String::new(), f64::from(u8::from(mirrors)))],
+            );
+            family(
+                "tether_lease_records_named_by_network",
+                "gauge",
+                "Leases still named <network>.<address>, as before uniqueness domains, when the controller last looked.",
+                vec![(String::new(), by_network as f64)],
+            );
+            family(
+                "tether_lease_duplicates",
+                "gauge",
+                "Addresses the controller found leased twice in one domain (one named by network, one by address): one pod must get another address.",
+                vec![(String::new(), duplicates as f64)],
+            );
+        }
         drop(s);
         family(
             "tether_api_requests_total",

@@ -217,6 +217,20 @@ impl Reconciler {
         if self.opts.controller {
             self.sweep(now, kube, &mut r);
             self.reclaim_silent_nodes(now, kube, &mut r);
+            if full {
+                let names = crate::lease_names::controller_pass(
+                    kube,
+                    &self.opts.agent_namespace,
+                    &self.opts.agent_selector,
+                    now,
+                );
+                self.metrics.set_lease_names(
+                    names.mirrors,
+                    names.by_network,
+                    names.adoption.duplicates.len(),
+                );
+                r.errors.extend(names.adoption.errors);
+            }
             return r;
         }
         let pods = match self.node_pods(kube) {

@@ -362,6 +362,22 @@ impl Env {
         c.rt.block_on(c.client.request::<Value>(req))
     }
 
+    /// PUT `body` as the object `name` of the collection at `path` (or its `/status` with
+    /// `status`), on the real server.
+    pub fn put_json(&self, path: &str, name: &str, body: &Value) -> Result<Value, kube::Error> {
+        let Backend::Real(c) = &self.backend else {
+            panic!("put_json: real server only")
+        };
+        let req = kube::core::Request::new(path)
+            .replace(
+                name,
+                &PostParams::default(),
+                serde_json::to_vec(body).unwrap(),
+            )
+            .unwrap();
+        c.rt.block_on(c.client.request::<Value>(req))
+    }
+
     /// GET the object `name` of the collection at `path`, or the whole list (`None`), on the real
     /// server.
     pub fn get_json(&self, path: &str, name: Option<&str>) -> Result<Value, kube::Error> {
@@ -711,11 +727,24 @@ pub fn call_through(
     sandbox: &str,
     conf: &Value,
 ) -> (i32, Value) {
+    call_bin(&ipam_bin(), node, socket, verb, pod, sandbox, conf)
+}
+
+/// [`call_through`] with the tether-ipam binary `bin` (another version's).
+pub fn call_bin(
+    bin: &Path,
+    node: &Node,
+    socket: Option<&Path>,
+    verb: &str,
+    pod: &str,
+    sandbox: &str,
+    conf: &Value,
+) -> (i32, Value) {
     let mut conf = conf.clone();
     conf["ipam"]["kubernetes"] = json!({"kubeconfig": node.kubeconfig, "timeout_s": 10});
     conf["ipam"]["dataDir"] = json!(node.dir);
     run_ipam(
-        &ipam_bin(),
+        bin,
         &[
             ("CNI_COMMAND", verb.to_string()),
             ("CNI_CONTAINERID", format!("ctr-{sandbox}")),
