@@ -11,6 +11,8 @@
 #      (its DEL succeeds although no ADD can work with that config).
 #   5. The IPLease CRD missing (deleted, with no pod holding a tether address) → deploy/tether.yaml
 #      applied again.
+#   (Before 5.) Two NADs on one segment: a pod asking mgmt-fixed (the whole /24) for the address
+#      mgmt-pool gave trainer-0 is refused, naming the holder; deleting it leaves trainer-0's lease.
 # Times: fault seen (event) and fixed → Running, in $E2E_DIR/timings.txt.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/checks.sh"
@@ -107,6 +109,18 @@ if ! wait_for 60 gone nokubeconfig; then
 fi
 timing delete-failed-pod-to-gone "$(since "$t")"
 pass "nokubeconfig deleted (its DEL succeeds)"
+
+# ---- one address, one holder across NADs ---------------------------------------------------------
+# mgmt-fixed spans the /24 that mgmt-pool's range is part of: the address the pool gave trainer-0
+# is refused to a pod that asks mgmt-fixed for it.
+pooled=$(leases_json | jq -r '.items[] | select(.spec.pod.name == "trainer-0" and .spec.network == "mgmt-pool" and .spec.state == "Leased") | .spec.address')
+[ -n "$pooled" ] || fail "cross-nad: trainer-0 holds no mgmt-pool lease"
+busybox_pod cross '[{"name": "mgmt-fixed", "interface": "net1", "ips": ["'"$pooled"'/24"]}]'
+expect_event cross cross-nad 'error adding container to network "mgmt-fixed"' \
+  "requested address $pooled is held by pod default/trainer-0" 'network mgmt-pool'
+delete_pods 120 cross
+assert_leased "$pooled" trainer-0 net1
+pass "cross-nad: $pooled, from mgmt-pool, refused to a pod asking mgmt-fixed; still trainer-0's"
 
 # ---- 5. the IPLease CRD missing ------------------------------------------------------------------
 # Deleting the CRD deletes every IPLease: first every pod holding a tether address goes, or the

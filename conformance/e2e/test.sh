@@ -6,7 +6,8 @@
 #   1. (install.sh, run before this) deploy/tether.yaml applied unchanged, the node-agent Ready,
 #      the plugins and their kubeconfig (a node-bound token) on the node.
 #   2. The three NADs of deploy/examples, unchanged: mgmt-pool (.241-.250 but .245), mgmt-fixed
-#      (.224-.240, addresses named by the pod), compute (enp6s0, 192.168.100.10-250).
+#      (the whole /24 the pool is part of, addresses named by the pod), compute (enp6s0,
+#      192.168.100.10-250).
 #   3. A StatefulSet of two trainers (net1 from the pool, net2 compute) and one fixed-address pod
 #      (net1 10.20.30.240, net2) reach Running; net1/net2 are l2 ipvlan links with the right
 #      addresses; the pods ping each other over net2 and the gateway over net1; each address is

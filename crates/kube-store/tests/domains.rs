@@ -88,7 +88,7 @@ impl Drop for Two {
 /// the pool handed out, and the refusal names the address and who holds it.
 #[test]
 #[ignore = "needs a real API server: make test starts one (../shared/peers)"]
-fn overlapping_networks_share_one_holder_per_address() {
+fn item93_overlapping_networks_share_one_holder_per_address() {
     let t = Two::new("overlap", "10.201.0.0/24");
     let (n1, n2) = (t.env.node_store("node-1"), t.env.node_store("node-2"));
     let fixed = t.alloc(&t.fixed, "10.201.0.0/24", &n2);
@@ -150,7 +150,7 @@ fn overlapping_networks_share_one_holder_per_address() {
 /// address ends with one holder, and no two ADDs got the same address.
 #[test]
 #[ignore = "needs a real API server: make test starts one (../shared/peers)"]
-fn concurrent_fixed_requests_and_a_pool_burst_never_share_an_address() {
+fn item93_concurrent_fixed_requests_and_a_pool_burst_never_share_an_address() {
     let t = Two::new("burst", "10.201.1.0/24");
     let stores: Vec<KubeStore> = (0..4)
         .map(|i| t.env.node_store(&format!("node-{i}")))
@@ -205,7 +205,7 @@ fn concurrent_fixed_requests_and_a_pool_burst_never_share_an_address() {
 /// the cluster-wide domain, under two names.
 #[test]
 #[ignore = "needs a real API server: make test starts one (../shared/peers)"]
-fn an_isolated_fabric_reuses_the_clusters_addresses() {
+fn item94_an_isolated_fabric_reuses_the_clusters_addresses() {
     let t = Two::new("fabric", "10.201.2.0/24");
     let store = t.env.node_store("node-1");
     let rail = Scope::new(

@@ -214,7 +214,7 @@ fn assert_one_holder_each(env: &Env, when: &str) {
 /// this version, from the previous version's node journal, releases them).
 #[test]
 #[ignore = "needs a real API server: make test starts one (../shared/peers)"]
-fn an_upgrade_under_load_hands_out_nothing_twice() {
+fn item96_an_upgrade_under_load_hands_out_nothing_twice() {
     let _turn = TURNS.lock().unwrap_or_else(|p| p.into_inner());
     let old_bin = previous_ipam();
     let env = Env::real("roll");
