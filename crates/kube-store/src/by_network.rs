@@ -109,8 +109,17 @@ impl KubeStore {
     fn follow(&self, now: &Lease) -> Result<Result<(), Lease>, KubeStoreError> {
         let name = network_object_name(&now.network, now.address);
         let want = mirror_of(now);
+        // A new lease's mirror is usually missing: made at once, read only when that fails.
+        let mut current = if now.is_leased() {
+            match self.create_named(&want, Naming::Mirror)? {
+                Ok(_) => return Ok(Ok(())),
+                Err(Taken { current }) => current,
+            }
+        } else {
+            self.get_object(&name)?
+        };
         for _ in 0..MIRROR_ATTEMPTS {
-            let step = match self.get_object(&name)? {
+            let step = match current {
                 None if !now.is_leased() => return Ok(Ok(())),
                 None => self.create_named(&want, Naming::Mirror)?.map(drop),
                 Some(c) if now.is_leased() && held_the_old_way(&c, now) => return Ok(Err(c)),
@@ -126,8 +135,9 @@ impl KubeStore {
                 }
                 Some(_) => return Ok(Ok(())),
             };
-            if step.is_ok() {
-                return Ok(Ok(()));
+            match step {
+                Ok(()) => return Ok(Ok(())),
+                Err(Taken { current: c }) => current = c,
             }
         }
         Err(KubeStoreError::Contention {

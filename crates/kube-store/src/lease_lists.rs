@@ -28,7 +28,9 @@ use serde::Deserialize;
 use tether_leases::{Lease, PodRef};
 
 use crate::convert::{Kinds, Lenient, collect_leases, lease_of};
-use crate::crd::{IPLease, NODE_LABEL, POD_LABEL, label_value, network_selector, pod_label_value};
+use crate::crd::{
+    IPLease, MIRROR_LABEL, NODE_LABEL, POD_LABEL, label_value, network_selector, pod_label_value,
+};
 use crate::error::KubeStoreError;
 use crate::listing::ListRequest;
 use crate::store::KubeStore;
@@ -58,6 +60,15 @@ impl KubeStore {
     /// Every record of the `kinds` wanted.
     pub fn list_every(&self, kinds: Kinds) -> Result<Vec<Lease>, KubeStoreError> {
         self.list_selected(None, "LIST of ipleases of every network", kinds, |_| true)
+    }
+
+    /// The mirrors kept under network names (label [`MIRROR_LABEL`]): what is left to delete
+    /// once no tether from before uniqueness domains runs, without reading every lease.
+    pub fn list_mirrors(&self) -> Result<Vec<Lease>, KubeStoreError> {
+        let sel = format!("{MIRROR_LABEL}=true");
+        self.list_selected(Some(&sel), "LIST of mirrored ipleases", Kinds::All, |_| {
+            true
+        })
     }
 
     /// The leases recorded for `node` (label selector on the node label, then `spec.node ==

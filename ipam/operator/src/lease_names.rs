@@ -106,7 +106,14 @@ pub fn controller_pass(kube: &Kube, agent_ns: &str, agent_sel: &str, now: u64) -
     let published = kube.cluster.config_map(agent_ns, SWITCH_CONFIG_MAP);
     let was_off = matches!(&published, Ok(Some(cm)) if cm.data.get(SWITCH_KEY).map(String::as_str) == Some("false"));
     kube.restart_budget();
-    let records = match kube.leases.list_every(Kinds::All) {
+    // Once off, with no old agent, no record named by network can appear: only stray mirrors
+    // (a plugin that had not heard yet) are left to delete, found without reading every lease.
+    let listed = if was_off && old.is_none() {
+        kube.leases.list_mirrors()
+    } else {
+        kube.leases.list_every(Kinds::All)
+    };
+    let records = match listed {
         Ok(l) => l,
         Err(e) => {
             r.mirrors = true;

@@ -55,6 +55,7 @@ pub fn lease_json(l: &Lease, now: u64) -> Value {
     };
     json!({
         "network": l.network,
+        "isolatedFabric": l.domain,
         "address": l.address.to_string(),
         "prefixLength": l.prefix_len,
         "containerID": l.container_id,
@@ -95,7 +96,11 @@ pub(super) fn leases(
                 .iter()
                 .map(|l| {
                     vec![
-                        l.network.clone(),
+                        match &l.domain {
+                            // The address is unique only within its isolated fabric.
+                            Some(f) => format!("{} ({f})", l.network),
+                            None => l.network.clone(),
+                        },
                         format!("{}/{}", l.address, l.prefix_len),
                         pod_text(l),
                         l.node.clone().unwrap_or_default(),
