@@ -13,6 +13,7 @@ pub mod nads;
 pub mod observers;
 pub mod options;
 pub mod output;
+pub mod overlap;
 pub mod plugin_token;
 pub mod reconcile;
 pub mod report;
