@@ -15,6 +15,7 @@ use tether_leases::RangeStatus;
 use crate::report::{PassReport, StoreName};
 
 mod endpoint;
+mod nad_overlaps;
 pub use endpoint::{parse_listen_addr, serve, start};
 
 /// Counts of one range of one network.
@@ -64,6 +65,8 @@ struct State {
     last_clean_pass: Option<u64>,
     monitor_errors: u64,
     last_monitor: Option<u64>,
+    /// The leading controller's overlap findings by kind (`None`: not checked here).
+    nad_overlaps: Option<BTreeMap<&'static str, u64>>,
 }
 
 /// Label name of a store.
@@ -377,6 +380,12 @@ impl Registry {
                 .map(|t| (String::new(), t as f64))
                 .into_iter()
                 .collect(),
+        );
+        family(
+            "tether_nad_overlaps",
+            "gauge",
+            "Overlap findings among the cluster's NADs (the leading controller): ranges of two uniqueness domains on one master, or of one domain with another prefix or gateway.",
+            nad_overlaps::samples(&s),
         );
         drop(s);
         family(
