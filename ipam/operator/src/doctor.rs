@@ -260,8 +260,8 @@ fn check_overlaps(cluster: &Cluster, path: &PathBuf, r: &mut Report) {
         r.ok(
             CHECK,
             format!(
-                "no range of the cluster's {} other tether-ipam network(s) overlaps network {}'s in another \
-                 uniqueness domain on its master, or in its domain with another prefix or gateway",
+                "compared with {} tether-ipam network(s) of the cluster's NADs: none overlaps network {}'s in \
+                 another uniqueness domain on its master, or in its domain with another prefix or gateway",
                 nets.len() - 1,
                 me.cfg.network_name
             ),
