@@ -94,13 +94,12 @@ impl Side {
     /// Everything that makes this side what it is, for [`Finding::identity`].
     fn identity(&self) -> String {
         format!(
-            "{}|{}|{}|{}|{}/{}|{}",
+            "{}|{}|{}|{}|{}|{}",
             self.nad,
             self.network,
             self.domain.as_deref().unwrap_or_default(),
             self.master.as_deref().unwrap_or_default(),
             self.range,
-            self.range.prefix_len(),
             self.gateway.map(|g| g.to_string()).unwrap_or_default(),
         )
     }
@@ -187,10 +186,23 @@ impl Finding {
                         ));
                     }
                 }
+                let on = if a.master == b.master {
+                    master_text(a.master.as_deref())
+                } else {
+                    format!(
+                        "masters {} and {}",
+                        a.master
+                            .as_deref()
+                            .unwrap_or("(none: the default route's interface)"),
+                        b.master
+                            .as_deref()
+                            .unwrap_or("(none: the default route's interface)")
+                    )
+                };
                 format!(
-                    "{} and {} share {shared} in {} but not their subnet ({}): {}. Give both the same prefix and \
-                     gateway for these addresses (\"range\"/\"ipRanges\" and \"gateway\"), or ranges that do not \
-                     overlap.",
+                    "{} and {} share {shared} in {} on {on} but not their subnet ({}): {}. Give both the same \
+                     prefix and gateway for these addresses (\"range\"/\"ipRanges\" and \"gateway\"), or ranges \
+                     that do not overlap.",
                     a.describe(),
                     b.describe(),
                     domain_text(a.domain.as_deref()),
@@ -458,7 +470,7 @@ mod tests {
         let m = f[0].message();
         for part in [
             "a/small (network small, range 10.26.0.0/24) and b/big (network big, range 10.26.0.0/16)",
-            "in the cluster-wide domain",
+            "in the cluster-wide domain on master enp1s0 but not their subnet",
             "prefix /24 against /16; gateway 10.26.0.1 against none",
             "b/big can hand out 10.26.0.1, the gateway of a/small",
             "253 addresses (10.26.0.2-10.26.0.254)",
@@ -488,7 +500,7 @@ mod tests {
         assert_eq!(f.len(), 1, "{f:?}");
         let m = f[0].message();
         assert!(
-            m.contains("in isolated fabric f")
+            m.contains("in isolated fabric f on the default route's interface")
                 && m.contains("gateway 10.27.0.254 against 10.27.0.1")
                 && !m.contains("prefix /")
                 && m.contains("a/x can hand out 10.27.0.1, the gateway of b/y")

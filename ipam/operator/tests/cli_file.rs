@@ -504,7 +504,7 @@ fn validate_compares_the_ranges_of_several_configs() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(
         stderr(&o)
-            .contains("in the cluster-wide domain but not their subnet (prefix /24 against /16)"),
+            .contains("in the cluster-wide domain on masters enp6s0 and enp1s0 but not their subnet (prefix /24 against /16)"),
         "{}",
         stderr(&o)
     );
