@@ -5,7 +5,8 @@
 - NetworkAttachmentDefinitions (no upstream schema): shape checked here, and spec.config handed to
   `tether validate --strict`, the plugin's own parser, so an example NAD can never drift from
   what the plugin accepts, nor share a range across nodes through node-local file stores. The
-  README's NADs get the same check.
+  README's NADs get the same check. Then all the NAD objects in one `tether validate --strict`:
+  no two examples overlap across uniqueness domains on one master or disagree about a subnet.
 - kustomization.yaml: every listed resource exists.
 - deploy/tether.yaml (the one-file install, for RKE2's auto-deploy directory) is exactly a fresh
   `kubectl kustomize deploy/base` under its header: `deploy/validate.py --render` rewrites it
@@ -62,6 +63,21 @@ def ipam_validate(path, conf, what):
         r = subprocess.run([str(TETHER), "validate", "--strict", "--config", f.name], capture_output=True, text=True)
     if r.returncode != 0:
         fail(path, f"tether validate --strict rejects {what}: {r.stderr.strip() or r.stdout.strip()}")
+
+
+def check_nads_together(nads):
+    """Every NAD object at once: `tether validate` compares their ranges with each other."""
+    with tempfile.TemporaryDirectory() as d:
+        args = [str(TETHER), "validate", "--strict"]
+        for i, (_, doc) in enumerate(nads):
+            f = pathlib.Path(d) / f"nad-{i}.json"
+            f.write_text(json.dumps(doc))
+            args += ["--config", str(f)]
+        r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode != 0:
+        names = ", ".join(f"{p.relative_to(ROOT)} ({doc['metadata'].get('name')})" for p, doc in nads)
+        errors.append(f"tether validate --strict rejects the NADs together [{names}]: "
+                      f"{r.stderr.strip() or r.stdout.strip()}")
 
 
 def check_nad(path, doc):
@@ -158,7 +174,7 @@ def main():
         RENDERED.write_text(kustomize())
         print(f"wrote {RENDERED.relative_to(ROOT)}")
         return 0
-    k8s_files, manifests = [], []
+    k8s_files, manifests, nads = [], [], []
     for path in sorted(DEPLOY.rglob("*.yaml")):
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
         if not docs:
@@ -169,12 +185,15 @@ def main():
             kind = doc.get("kind")
             if kind == "NetworkAttachmentDefinition":
                 check_nad(path, doc)
+                nads.append((path, doc))
             elif kind == "Kustomization":
                 for res in doc.get("resources", []):
                     if not (path.parent / res).exists():
                         fail(path, f"resource {res} does not exist")
             elif path not in k8s_files:
                 k8s_files.append(path)
+    if len(nads) > 1:
+        check_nads_together(nads)
     check_readme()
     check_rendered()
     r = subprocess.run(

@@ -40,7 +40,7 @@
 
 //! [`lease_lists`] are the store's lists across networks and nodes for the reconciler, the CLI
 //! and the monitor. Beyond the leases, [`Cluster`] reads and writes what the operator needs:
-//! pods ([`cluster`]), nodes ([`nodes`]), NAD configurations and pod Events ([`monitoring`]),
+//! pods ([`cluster`]), nodes ([`nodes`]), NAD configurations and Events on pods and NADs ([`monitoring`]),
 //! access reviews, the node-scope dry-run, `/version` and the CRD's state ([`access`]), node-bound
 //! tokens ([`node_token`]). Both sit on [`ApiClient`] ([`api`]; lists in [`listing`]), the client
 //! every request goes through (credentials, time budget, request counters, error mapping), which
@@ -84,7 +84,7 @@ pub use crd::{
 pub use credentials::check_credentials;
 pub use error::{CredentialSource, KubeStoreError};
 pub use list_watch::{ListWatch, Resume};
-pub use monitoring::{NadConfig, PodWarning, Posted};
+pub use monitoring::{NadConfig, NadWarning, PodWarning, Posted};
 pub use node_token::IssuedToken;
 pub use nodes::{NODE_LEASE_NAMESPACE, NodeHealth, PodPlacement};
 pub use settings::{DEFAULT_PAGE_SIZE, DEFAULT_TIMEOUT, KubeSettings, LegacyMirrors};

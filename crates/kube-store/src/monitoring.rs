@@ -1,11 +1,13 @@
-//! What the node-agent's monitor needs from the API beyond leases and pods: the tether-ipam
-//! configurations of the cluster's NetworkAttachmentDefinitions (pool sizes), a Warning Event
-//! on a pod. (What the agent's clients sent and read is counted in [`crate::traffic`].)
+//! What the monitors need from the API beyond leases and pods: the tether-ipam configurations of
+//! the cluster's NetworkAttachmentDefinitions (pool sizes, overlap checks), a Warning Event on a
+//! pod (the node-agent's) or on a NAD (the controller's). (What the clients sent and read is
+//! counted in [`crate::traffic`].)
 //!
 //! | call | request |
 //! |---|---|
 //! | [`Cluster::network_attachment_definitions`] | LIST `k8s.cni.cncf.io/v1` network-attachment-definitions, every namespace, `resourceVersion=0` (the watch cache) |
 //! | [`Cluster::post_pod_event`] | CREATE of a core/v1 Event in the pod's namespace (`409 AlreadyExists` → [`Posted::AlreadyThere`]) |
+//! | [`Cluster::post_nad_event`] | CREATE of a core/v1 Event in the NAD's namespace (the same) |
 
 use kube::core::Request;
 use kube::core::params::ListParams;
@@ -23,6 +25,9 @@ pub struct NadConfig {
     pub namespace: String,
     /// Name of the NAD.
     pub name: String,
+    /// `metadata.uid` (empty when the object had none): Events about the NAD name it, so that
+    /// `kubectl describe` finds them.
+    pub uid: String,
     /// `spec.config`; empty when the NAD names a file on the nodes instead.
     pub config: String,
 }
@@ -49,7 +54,30 @@ pub struct PodWarning {
     pub at: u64,
 }
 
-/// What [`Cluster::post_pod_event`] did.
+/// A Warning Event about a NetworkAttachmentDefinition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NadWarning {
+    /// The NAD's namespace (the Event's).
+    pub namespace: String,
+    /// The NAD's name.
+    pub nad: String,
+    /// The NAD's uid, when known.
+    pub uid: Option<String>,
+    /// Distinguishes this finding: the Event is named `<nad>.<key>` (see [`PodWarning::key`]).
+    pub key: String,
+    /// `reason` (CamelCase).
+    pub reason: String,
+    /// `message`.
+    pub message: String,
+    /// `source.component` and `reportingComponent` (e.g. `tether-controller`).
+    pub component: String,
+    /// `reportingInstance`: which replica posted it.
+    pub instance: String,
+    /// When it was found (unix seconds).
+    pub at: u64,
+}
+
+/// What [`Cluster::post_pod_event`] and [`Cluster::post_nad_event`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Posted {
     /// The Event was created.
@@ -98,6 +126,7 @@ impl Cluster {
                 .map(|o| NadConfig {
                     namespace: text(o, "/metadata/namespace"),
                     name: text(o, "/metadata/name"),
+                    uid: text(o, "/metadata/uid"),
                     config: text(o, "/spec/config"),
                 })
                 .collect(),
@@ -106,31 +135,76 @@ impl Cluster {
 
     /// Post `w` as a core/v1 Event of type Warning on its pod.
     pub fn post_pod_event(&self, w: &PodWarning) -> Result<Posted, KubeStoreError> {
-        let name = event_name(&w.pod, &w.key);
-        let what = format!("CREATE of Event {}/{name}", w.namespace);
-        let at = time_text(w.at).map_err(|e| self.api().protocol(&what, e))?;
         let mut involved =
             json!({"apiVersion": "v1", "kind": "Pod", "namespace": w.namespace, "name": w.pod});
         if let Some(uid) = &w.uid {
             involved["uid"] = json!(uid);
         }
         let node: String = w.node.chars().take(128).collect();
-        let body = json!({
+        self.post_warning(
+            &w.namespace,
+            &event_name(&w.pod, &w.key),
+            involved,
+            json!({
+                "source": {"component": EVENT_COMPONENT, "host": w.node},
+                "reason": w.reason,
+                "message": w.message,
+                "reportingComponent": EVENT_COMPONENT,
+                "reportingInstance": node,
+            }),
+            w.at,
+        )
+    }
+
+    /// Post `w` as a core/v1 Event of type Warning on its NetworkAttachmentDefinition.
+    pub fn post_nad_event(&self, w: &NadWarning) -> Result<Posted, KubeStoreError> {
+        let mut involved = json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+                                  "namespace": w.namespace, "name": w.nad});
+        if let Some(uid) = &w.uid {
+            involved["uid"] = json!(uid);
+        }
+        let instance: String = w.instance.chars().take(128).collect();
+        self.post_warning(
+            &w.namespace,
+            &event_name(&w.nad, &w.key),
+            involved,
+            json!({
+                "source": {"component": w.component},
+                "reason": w.reason,
+                "message": w.message,
+                "reportingComponent": w.component,
+                "reportingInstance": instance,
+            }),
+            w.at,
+        )
+    }
+
+    /// CREATE of the Warning Event `name` in `namespace` about `involved`, with `fields` (source,
+    /// reason, message, reporting*), happened `at`.
+    fn post_warning(
+        &self,
+        namespace: &str,
+        name: &str,
+        involved: Value,
+        fields: Value,
+        at: u64,
+    ) -> Result<Posted, KubeStoreError> {
+        let what = format!("CREATE of Event {namespace}/{name}");
+        let at = time_text(at).map_err(|e| self.api().protocol(&what, e))?;
+        let mut body = json!({
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": name, "namespace": w.namespace},
+            "metadata": {"name": name, "namespace": namespace},
             "involvedObject": involved,
-            "reason": w.reason,
-            "message": w.message,
             "type": "Warning",
-            "source": {"component": EVENT_COMPONENT, "host": w.node},
-            "reportingComponent": EVENT_COMPONENT,
-            "reportingInstance": node,
             "firstTimestamp": at,
             "lastTimestamp": at,
             "count": 1,
         });
-        let req = Request::new(format!("/api/v1/namespaces/{}/events", w.namespace))
+        if let (Some(b), Value::Object(f)) = (body.as_object_mut(), fields) {
+            b.extend(f);
+        }
+        let req = Request::new(format!("/api/v1/namespaces/{namespace}/events"))
             .create(
                 &self.api().post_params(),
                 serde_json::to_vec(&body).expect("json"),
@@ -144,7 +218,7 @@ impl Cluster {
     }
 }
 
-/// `<pod>.<key>`, within the 253 characters of an object name (the pod part shortened).
+/// `<object>.<key>`, within the 253 characters of an object name (the object's part shortened).
 fn event_name(pod: &str, key: &str) -> String {
     let room = 253usize.saturating_sub(key.len() + 1);
     let pod = pod

@@ -41,6 +41,8 @@
 //! - [`IpRange::nth`]`(n)` — the n-th usable address, O(holes).
 //! - [`IpRange::candidates`]`(start_offset)` — iterator over every usable address once, starting
 //!   at usable index `start_offset % usable_count()` and wrapping around; holes are jumped over.
+//! - [`IpRange::shared_with`]`(other)` — the addresses two ranges may both hand out (first, last,
+//!   count), from their spans, O(holes).
 //!
 //! # Requested addresses ([`request`])
 //!
@@ -53,5 +55,5 @@ pub mod range;
 pub mod request;
 
 pub use config::{ConfigError, Dns, KubernetesConfig, PoolConfig, ProbeConfig, Route, StoreKind};
-pub use range::{Bound, Candidates, Family, IpRange, RangeError, Unusable};
+pub use range::{Bound, Candidates, Family, IpRange, RangeError, SharedAddresses, Unusable};
 pub use request::{RequestError, RequestedIp, describe_ranges, find_range, locate};

@@ -12,6 +12,9 @@ use std::str::FromStr;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
+mod shared;
+pub use shared::SharedAddresses;
+
 /// Errors building or parsing an [`IpRange`]. The messages are phrased as the reason part of a
 /// config error (`ipam.range "<value>": <reason>`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -340,3 +340,87 @@ fn requested_addresses() {
         .to_string();
     assert!(e.contains("excluded by 10.1.2.128/25"), "{e}");
 }
+
+#[test]
+fn usable_spans_are_the_bounds_minus_the_holes() {
+    let r = range(
+        "10.0.0.0/24",
+        None,
+        None,
+        Some("10.0.0.1"),
+        &["10.0.0.16/28", "10.0.0.254"],
+    );
+    let v = |s: &str| tether_pool::range::ip_to_u128(ip(s));
+    assert_eq!(
+        r.usable_spans(),
+        vec![
+            (v("10.0.0.2"), v("10.0.0.15")),
+            (v("10.0.0.32"), v("10.0.0.253"))
+        ]
+    );
+    let total: u128 = r.usable_spans().iter().map(|(lo, hi)| hi - lo + 1).sum();
+    assert_eq!(total, r.usable_count());
+    // Nothing usable, no span.
+    assert!(
+        range("10.0.0.0/30", None, None, None, &["10.0.0.0/30"])
+            .usable_spans()
+            .is_empty()
+    );
+}
+
+#[test]
+fn shared_addresses_of_two_ranges() {
+    let shared = |a: &IpRange, b: &IpRange| {
+        a.shared_with(b)
+            .map(|s| (s.first.to_string(), s.last.to_string(), s.count))
+    };
+    let wide = IpRange::parse("10.1.0.0/16").unwrap();
+    let part = IpRange::parse("10.1.2.0/24").unwrap();
+    assert_eq!(
+        shared(&wide, &part),
+        Some(("10.1.2.1".into(), "10.1.2.254".into(), 254))
+    );
+    assert_eq!(shared(&part, &wide), shared(&wide, &part));
+    // Disjoint bounds in one subnet: nothing shared.
+    let low = range(
+        "10.2.0.0/24",
+        Some("10.2.0.10"),
+        Some("10.2.0.99"),
+        None,
+        &[],
+    );
+    let high = range("10.2.0.0/24", Some("10.2.0.100"), None, None, &[]);
+    assert_eq!(shared(&low, &high), None);
+    // A subnet split by exclusions (the whereabouts way): nothing shared.
+    let first_half = range("10.3.0.0/24", None, None, None, &["10.3.0.128/25"]);
+    let second_half = range("10.3.0.0/24", None, None, None, &["10.3.0.0/25"]);
+    assert_eq!(shared(&first_half, &second_half), None);
+    // Holes on either side leave several pieces: first, last and the count of them all.
+    let holed = range("10.4.0.0/24", None, None, None, &["10.4.0.64/26"]);
+    let other = range(
+        "10.4.0.0/24",
+        Some("10.4.0.60"),
+        Some("10.4.0.140"),
+        None,
+        &["10.4.0.135"],
+    );
+    assert_eq!(
+        shared(&holed, &other),
+        Some(("10.4.0.60".into(), "10.4.0.140".into(), 4 + 12))
+    );
+    // One address each, the same one; other families never share.
+    let one = IpRange::parse("10.5.0.7/32").unwrap();
+    assert_eq!(
+        shared(&one, &IpRange::parse("10.5.0.0/24").unwrap()),
+        Some(("10.5.0.7".into(), "10.5.0.7".into(), 1))
+    );
+    assert_eq!(shared(&one, &IpRange::parse("fd00::/64").unwrap()), None);
+    // IPv6: a /64 inside a /48, without walking it.
+    let v6 = shared(
+        &IpRange::parse("fd00:1::/48").unwrap(),
+        &IpRange::parse("fd00:1:0:5::/64").unwrap(),
+    )
+    .unwrap();
+    assert_eq!(v6.0, "fd00:1:0:5::1");
+    assert_eq!(v6.2, (1u128 << 64) - 1);
+}

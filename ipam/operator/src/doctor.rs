@@ -2,8 +2,15 @@
 //! blaming the plugin, each ending in OK or in what to do.
 //!
 //! Output: one line per finding, `OK` or `FAIL` in the first column, then the check's name
-//! (`config`, `master`, `kubeconfig`, `api`, `crd`, `rbac`, `store`, `pool`, `conflicts`), then
-//! the detail; `-o json` gives the same findings as a list. Exit 1 when any line is FAIL.
+//! (`config`, `master`, `kubeconfig`, `api`, `crd`, `rbac`, `store`, `pool`, `overlap`,
+//! `conflicts`), then the detail; `-o json` gives the same findings as a list. Exit 1 when any line
+//! is FAIL.
+//!
+//! With API access (the Kubernetes store, or `kubernetes` settings beside a file store), the
+//! config's ranges are compared with those of the cluster's NetworkAttachmentDefinitions
+//! ([`crate::overlap`]): a FAIL line per NAD whose ranges share addresses with this config's in
+//! another uniqueness domain on the same master, or in the same domain with another prefix or
+//! gateway. A config that is a NAD object stands in for the cluster's copy of that NAD.
 //!
 //! For the Kubernetes store: the kubeconfig parses and its token (or certificate) is readable; the
 //! API server answers; the IPLease CRD is installed and established (when RBAC forbids reading
@@ -26,7 +33,9 @@ use tether_link::Netlink;
 use tether_pool::{PoolConfig, ProbeConfig, StoreKind};
 use tether_wire::{ProbeBudget, ProbeOutcome};
 
+use super::nads::{file_network, nad_networks, with_files};
 use super::output::{EXIT_FAILED, EXIT_OK, Output, print_table};
+use super::overlap::findings;
 use super::store_access::{OpenStore, StoreArgs, read_network_config};
 
 struct Finding {
@@ -155,6 +164,10 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
         Err(e) => r.fail("pool", e.to_string()),
     }
 
+    if let Some(cluster) = open.cluster() {
+        check_overlaps(cluster, path, r);
+    }
+
     let Some((index, mac, name)) = master else {
         return;
     };
@@ -203,6 +216,55 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
         r.ok(
             "conflicts",
             format!("{probed} unleased pool address(es) probed on {name}; none answered"),
+        );
+    }
+}
+
+/// The config at `path` against the cluster's NADs: a FAIL line per finding involving it.
+fn check_overlaps(cluster: &Cluster, path: &PathBuf, r: &mut Report) {
+    const CHECK: &str = "overlap";
+    // Parsed before (the config check): this only adds its NAD's name and master.
+    let Ok(me) = file_network(path) else {
+        return;
+    };
+    let nads = match cluster.network_attachment_definitions() {
+        Ok(Some(n)) => n,
+        Ok(None) => {
+            return r.ok(
+                CHECK,
+                "the API serves no NetworkAttachmentDefinitions: no other network to compare",
+            );
+        }
+        // Not needed for this config to work (the pool metrics need it): said, not failed.
+        Err(e @ KubeStoreError::Forbidden { .. }) => {
+            return r.ok(CHECK, format!("not compared with the cluster's NADs: {e}"));
+        }
+        Err(e) => {
+            return r.fail(
+                CHECK,
+                format!(
+                    "cannot read the cluster's NetworkAttachmentDefinitions to compare ranges: {e}"
+                ),
+            );
+        }
+    };
+    let nets = with_files(nad_networks(&nads), std::slice::from_ref(&me));
+    let mut found = 0;
+    for f in findings(&nets) {
+        if f.nads().contains(&me.nad.as_str()) {
+            found += 1;
+            r.fail(CHECK, f.message());
+        }
+    }
+    if found == 0 {
+        r.ok(
+            CHECK,
+            format!(
+                "compared with {} tether-ipam network(s) of the cluster's NADs: none overlaps network {}'s in \
+                 another uniqueness domain on its master, or in its domain with another prefix or gateway",
+                nets.len() - 1,
+                me.cfg.network_name
+            ),
         );
     }
 }

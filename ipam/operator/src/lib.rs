@@ -15,6 +15,7 @@ pub mod node_files;
 pub mod observers;
 pub mod options;
 pub mod output;
+pub mod overlap;
 pub mod plugin_token;
 pub mod reconcile;
 pub mod report;

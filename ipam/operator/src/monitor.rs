@@ -11,17 +11,21 @@
 //! - **This node's records** by network, store and state (`tether_node_lease_records`).
 //! - **Pools** (only when metrics are served): sizes come from the tether-ipam configurations of
 //!   the cluster's NetworkAttachmentDefinitions (one watch-cache LIST), counts from the leases.
-//!   Cluster-wide (`kubernetes` store) pools are reported by the leading `tether controller`
-//!   (its monitor does nothing else), so no agent reads the leases of other nodes; a file-store
-//!   pool is per node and reported by its node.
+//!   Cluster-wide (`kubernetes` store) pools are reported by the leading `tether controller`, so
+//!   no agent reads the leases of other nodes; a file-store pool is per node and reported by its
+//!   node.
+//! - **Overlapping NADs** (the leading controller only, metrics served or not): the same NADs'
+//!   ranges compared ([`crate::overlap`]), a gauge and a Warning Event on each NAD of a finding
+//!   (`monitor/overlap_events.rs`).
 //!
 //! Cost per round: one LIST of this node's leases (watch cache), plus the NADs when this node has
-//! file-store pools; on the leading controller, NADs and one LIST per cluster-wide network.
+//! file-store pools; on the leading controller, the NADs and one LIST of the cluster store's
+//! records, and an Event CREATE per NAD of a new overlap finding.
 
 // KubeStoreError is large by design (it carries what the operator needs); this is not a hot path.
 #![allow(clippy::result_large_err)]
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -40,6 +44,8 @@ use crate::metrics::{PoolGauge, Registry, store_label};
 use crate::nads::nad_networks;
 use crate::options::Options;
 use crate::report::{StoreName, now_s};
+
+mod overlap_events;
 
 /// The Event reason of an address conflict.
 pub const CONFLICT_REASON: &str = "AddressConflict";
@@ -62,6 +68,22 @@ pub struct Monitor {
     started: u64,
     seen: HashSet<Conflict>,
     warned: HashSet<String>,
+    /// The controller's overlap findings of the last round, by identity (each is logged once).
+    overlaps: HashSet<String>,
+    /// The controller's Events on NADs (`ns/nad/key`) → when last posted or found there.
+    nad_events: HashMap<String, u64>,
+}
+
+/// What a round read of the cluster's NADs.
+enum Nads {
+    /// Nothing this round needed them.
+    NotNeeded,
+    /// The API serves no NetworkAttachmentDefinitions.
+    NotServed,
+    /// The list could not be read (the failure is among the round's errors).
+    Failed,
+    /// Every NAD of the cluster.
+    Listed(Vec<NadConfig>),
 }
 
 /// A network configuration found in a NAD, and where.
@@ -89,6 +111,8 @@ impl Monitor {
             started: now_s(),
             seen: HashSet::new(),
             warned: HashSet::new(),
+            overlaps: HashSet::new(),
+            nad_events: HashMap::new(),
         })
     }
 
@@ -148,10 +172,33 @@ impl Monitor {
             self.registry.set_node_leases(counts);
             self.conflicts(&quarantined, now, &mut errors);
         }
-        if self.pools
-            && let Some(pools) = self.pools(&file_networks, &mut errors)
-        {
-            self.registry.set_pools(pools);
+        let reporter = self.registry.pool_reporter();
+        let checks = self.controller && reporter;
+        let pools = self.pools && (reporter || !file_networks.is_empty());
+        let nads = if pools || checks {
+            self.nads(&mut errors)
+        } else {
+            Nads::NotNeeded
+        };
+        if self.pools {
+            let gauges = match &nads {
+                Nads::Listed(n) => self.pools(n, &file_networks, &mut errors),
+                Nads::NotNeeded | Nads::NotServed => Some(Vec::new()),
+                Nads::Failed => None,
+            };
+            // None: keep the last ones (a list failed).
+            if let Some(g) = gauges {
+                self.registry.set_pools(g);
+            }
+        }
+        if self.controller {
+            match &nads {
+                Nads::Listed(n) if checks => self.report_overlaps(n, now, &mut errors),
+                Nads::NotServed if checks => self.report_overlaps(&[], now, &mut errors),
+                Nads::Failed => {}
+                // Not leading: the leader reports them.
+                _ => self.registry.set_nad_overlaps(None),
+            }
         }
         for e in &errors {
             log::error!("monitor: {e}");
@@ -263,20 +310,14 @@ impl Monitor {
         self.registry.set_conflict_times(times);
     }
 
-    /// The pool gauges, or `None` to keep the last ones (the NADs could not be read).
-    fn pools(
-        &mut self,
-        file_networks: &[String],
-        errors: &mut Vec<String>,
-    ) -> Option<Vec<PoolGauge>> {
-        let reporter = self.registry.pool_reporter();
-        let kube = self.kube.as_ref()?;
-        if !reporter && file_networks.is_empty() {
-            return Some(Vec::new());
-        }
+    /// The cluster's NADs, from the watch cache.
+    fn nads(&mut self, errors: &mut Vec<String>) -> Nads {
+        let Some(kube) = self.kube.as_ref() else {
+            return Nads::NotNeeded;
+        };
         kube.restart_budget();
-        let nads = match kube.cluster.network_attachment_definitions() {
-            Ok(Some(n)) => n,
+        match kube.cluster.network_attachment_definitions() {
+            Ok(Some(n)) => Nads::Listed(n),
             Ok(None) => {
                 if self.warned.insert("no-nads".into()) {
                     log::warn!(
@@ -284,19 +325,30 @@ impl Monitor {
                          the NADs' configurations, so there are no tether_pool_* metrics"
                     );
                 }
-                return Some(Vec::new());
+                Nads::NotServed
             }
             Err(e) => {
                 errors.push(format!(
-                    "listing the NetworkAttachmentDefinitions (pool sizes): {e}"
+                    "listing the NetworkAttachmentDefinitions (pool sizes, overlap checks): {e}"
                 ));
-                return None;
+                Nads::Failed
             }
-        };
+        }
+    }
+
+    /// The pool gauges of `nads`, or `None` to keep the last ones (the leases could not be read).
+    fn pools(
+        &mut self,
+        nads: &[NadConfig],
+        file_networks: &[String],
+        errors: &mut Vec<String>,
+    ) -> Option<Vec<PoolGauge>> {
+        let reporter = self.registry.pool_reporter();
+        let kube = self.kube.as_ref()?;
         let mut out = Vec::new();
         // The cluster store's domain records, one LIST for every network of the round.
         let mut listed: Option<Vec<Lease>> = None;
-        for nc in network_configs(&nads, &mut self.warned) {
+        for nc in network_configs(nads, &mut self.warned) {
             let cfg = &nc.cfg;
             let (which, node, usage) = match cfg.store {
                 StoreKind::Kubernetes if reporter => {

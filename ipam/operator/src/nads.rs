@@ -1,18 +1,21 @@
 //! The networks the cluster's NetworkAttachmentDefinitions give tether-ipam: each tether-ipam
 //! configuration of each NAD, parsed, with its NAD and the attacher's `master`. Read by the pool
 //! metrics, by the move of records named by network into their domains (which domain a network
-//! is in), and by the overlap checks.
+//! is in), and by the overlap checks ([`crate::overlap`]), which also take config files.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use serde_json::Value;
 use tether_kube_store::NadConfig;
 use tether_pool::PoolConfig;
 
+use crate::store_access::read_network_file;
+
 /// One tether-ipam configuration of a NAD.
 #[derive(Debug, Clone)]
 pub struct NadNetwork {
-    /// `namespace/name` of the NAD.
+    /// `namespace/name` of the NAD (for a config file that is no NAD object: the file's path).
     pub nad: String,
     /// The IPAM configuration.
     pub cfg: PoolConfig,
@@ -33,12 +36,7 @@ pub fn nad_networks(nads: &[NadConfig]) -> Vec<NadNetwork> {
             match PoolConfig::from_value(&raw) {
                 Ok(cfg) => out.push(NadNetwork {
                     nad: name.clone(),
-                    master: raw
-                        .get("master")
-                        .and_then(Value::as_str)
-                        .map(str::trim)
-                        .filter(|m| !m.is_empty())
-                        .map(str::to_string),
+                    master: master_of(&raw),
                     cfg,
                 }),
                 Err(e) => log::debug!("NAD {name}: {e}"),
@@ -46,6 +44,39 @@ pub fn nad_networks(nads: &[NadConfig]) -> Vec<NadNetwork> {
         }
     }
     out
+}
+
+/// The network of a config file as `tether validate` and `tether doctor` read it (see
+/// [`read_network_file`]): named after its NAD when the file is a NAD object, else after the file.
+pub fn file_network(path: &PathBuf) -> Result<NadNetwork, String> {
+    let file = read_network_file(path)?;
+    let cfg = PoolConfig::from_value(&file.config).map_err(|e| e.to_string())?;
+    Ok(NadNetwork {
+        nad: file.nad.unwrap_or_else(|| path.display().to_string()),
+        master: master_of(&file.config),
+        cfg,
+    })
+}
+
+/// `cluster`'s networks without those of the NADs that `files` stand for (a file is its NAD as
+/// it is about to be), then `files`.
+pub fn with_files(cluster: Vec<NadNetwork>, files: &[NadNetwork]) -> Vec<NadNetwork> {
+    let mut out: Vec<NadNetwork> = cluster
+        .into_iter()
+        .filter(|c| !files.iter().any(|f| f.nad == c.nad))
+        .collect();
+    out.extend(files.iter().cloned());
+    out
+}
+
+/// The attacher's `master` of a network configuration, if it names one.
+fn master_of(config: &Value) -> Option<String> {
+    config
+        .get("master")
+        .and_then(Value::as_str)
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .map(str::to_string)
 }
 
 /// The uniqueness domain of each network, as its NADs give it (the first NAD's, by namespace and
@@ -101,6 +132,7 @@ mod tests {
         NadConfig {
             namespace: ns.into(),
             name: name.into(),
+            uid: format!("uid-{name}"),
             config: config.into(),
         }
     }
@@ -140,5 +172,53 @@ mod tests {
         let d = domains(&nets);
         assert_eq!(d["mgmt"], None);
         assert_eq!(d["rail"].as_deref(), Some("rail-1"));
+    }
+
+    #[test]
+    fn a_nad_file_stands_in_for_the_cluster_copy_of_its_nad() {
+        let dir = std::env::temp_dir().join(format!("tether-nads-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = r#"{"type":"tether-ipvlan","master":"enp6s0","ipam":{"type":"tether-ipam","range":"10.31.0.0/24"}}"#;
+        let object = dir.join("rail.json");
+        std::fs::write(
+            &object,
+            serde_json::json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+                               "metadata": {"name": "rail", "namespace": "b"}, "spec": {"config": config}})
+            .to_string(),
+        )
+        .unwrap();
+        let plain = dir.join("plain.conf");
+        std::fs::write(
+            &plain,
+            r#"{"name":"plain","ipam":{"type":"tether-ipam","range":"10.32.0.0/24"}}"#,
+        )
+        .unwrap();
+        let from_object = file_network(&object).unwrap();
+        let from_plain = file_network(&plain).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            (from_object.nad.as_str(), from_object.master.as_deref()),
+            ("b/rail", Some("enp6s0"))
+        );
+        assert_eq!(from_object.cfg.network_name, "rail", "the NAD's name");
+        assert_eq!(from_plain.nad, plain.display().to_string());
+
+        let cluster = nad_networks(&[
+            nad("b", "rail", &config.replace("10.31.0.0/24", "10.31.0.0/16")),
+            nad("a", "mgmt", config),
+        ]);
+        let both = with_files(cluster, &[from_object, from_plain]);
+        let names: Vec<(&str, String)> = both
+            .iter()
+            .map(|n| (n.nad.as_str(), n.cfg.ranges[0].to_string()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("a/mgmt", "10.31.0.0/24".to_string()),
+                ("b/rail", "10.31.0.0/24".to_string()),
+                (plain.to_str().unwrap(), "10.32.0.0/24".to_string()),
+            ]
+        );
     }
 }

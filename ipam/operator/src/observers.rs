@@ -23,8 +23,8 @@ pub struct Observers {
 
 impl Observers {
     /// Start the metrics endpoint (with `opts.metrics_addr`) and the monitor (an agent's with
-    /// conflict Events or metrics; the controller's only with metrics, as it reports nothing but
-    /// the cluster-wide pools). Neither failing to start stops the caller: it is logged.
+    /// conflict Events or metrics; the controller's always, as it posts the Events of overlapping
+    /// NADs). Neither failing to start stops the caller: it is logged.
     pub fn start(opts: &Options, registry: &Arc<Registry>) -> Observers {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
@@ -39,12 +39,7 @@ impl Observers {
                 Err(e) => log::error!("cannot serve metrics on {addr}: {e}; going on without"),
             }
         }
-        let monitor = if opts.controller {
-            opts.metrics_addr.is_some()
-        } else {
-            opts.conflict_events || opts.metrics_addr.is_some()
-        };
-        if monitor {
+        if opts.controller || opts.conflict_events || opts.metrics_addr.is_some() {
             let (opts, registry, stop) = (opts.clone(), registry.clone(), stop.clone());
             let spawned = std::thread::Builder::new()
                 .name("monitor".into())

@@ -29,15 +29,42 @@ pub struct StoreArgs {
     pub kubeconfig: Option<PathBuf>,
 }
 
+/// A network config file as read by [`read_network_file`].
+#[derive(Debug, Clone)]
+pub struct NetworkFile {
+    /// The configuration with an `ipam` section (the plugin's, from a conflist).
+    pub config: Value,
+    /// `namespace/name` when the file is a NetworkAttachmentDefinition object (namespace
+    /// `default` when it names none).
+    pub nad: Option<String>,
+}
+
 /// Read a network config file: a single config, or a conflist whose plugin with an `ipam` is used,
 /// or a NetworkAttachmentDefinition object as JSON (`kubectl get net-attach-def NAME -o json`),
 /// whose `spec.config` is used with the NAD's name injected as Multus does.
 pub fn read_network_config(path: &PathBuf) -> Result<Value, String> {
+    read_network_file(path).map(|f| f.config)
+}
+
+/// [`read_network_config`], and which NAD the file is, if it is one.
+pub fn read_network_file(path: &PathBuf) -> Result<NetworkFile, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut v: Value =
         serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
+    let mut nad = None;
     if v.get("kind").and_then(Value::as_str) == Some("NetworkAttachmentDefinition") {
+        let meta = |key: &str| {
+            v.pointer(&format!("/metadata/{key}"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        nad = meta("name").map(|name| {
+            format!(
+                "{}/{name}",
+                meta("namespace").unwrap_or_else(|| "default".into())
+            )
+        });
         let config = v
             .pointer("/spec/config")
             .and_then(Value::as_str)
@@ -58,7 +85,7 @@ pub fn read_network_config(path: &PathBuf) -> Result<Value, String> {
         v = inner;
     }
     let Some(plugins) = v.get("plugins").and_then(Value::as_array) else {
-        return Ok(v);
+        return Ok(NetworkFile { config: v, nad });
     };
     let mut p = plugins
         .iter()
@@ -73,7 +100,7 @@ pub fn read_network_config(path: &PathBuf) -> Result<Value, String> {
             obj.insert(k.to_string(), val.clone());
         }
     }
-    Ok(p)
+    Ok(NetworkFile { config: p, nad })
 }
 
 /// The store behind an [`OpenStore`].

@@ -422,6 +422,114 @@ fn validate_warns_when_file_stores_would_share_a_range_across_nodes() {
     assert!(stderr(&o).contains("no spec.config"), "{}", stderr(&o));
 }
 
+/// Several `--config`s: their ranges are compared. Two uniqueness domains handing out the same
+/// addresses on one master, and one domain with another prefix, are warnings naming both configs
+/// (exit 0; 1 with `--strict`); other masters, or the same subnet in one domain, are quiet. A
+/// config that does not parse fails the run (exit 1) without hiding what the others say.
+#[test]
+fn validate_compares_the_ranges_of_several_configs() {
+    let dir = TempDir::new("validate-overlap");
+    let write = |file: &str, name: &str, master: &str, ipam: &str| {
+        let p = dir.join(file);
+        std::fs::write(
+            &p,
+            format!(
+                r#"{{"cniVersion":"1.0.0","name":"{name}","type":"tether-ipvlan","master":"{master}","ipam":{{"type":"tether-ipam","store":"kubernetes",{ipam}}}}}"#
+            ),
+        )
+        .unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let mgmt = write("mgmt.json", "mgmt", "enp6s0", r#""range":"10.40.0.0/24""#);
+    let rail = write(
+        "rail.json",
+        "rail-1",
+        "enp6s0",
+        r#""range":"10.40.0.128/25","isolated_fabric":"rail-1""#,
+    );
+    let o = tether(&["validate", "--config", &mgmt, "--config", &rail]);
+    assert_eq!(o.status.code(), Some(0), "a warning: {}", stderr(&o));
+    let (out, err) = (stdout(&o), stderr(&o));
+    assert!(
+        out.contains("network mgmt: 10.40.0.0/24")
+            && out.contains("network rail-1: 10.40.0.128/25")
+            && out.contains("ranges of 2 config(s) compared: 1 overlap finding(s)"),
+        "{out}"
+    );
+    assert_eq!(err.matches("tether: warning:").count(), 1, "{err}");
+    for part in [
+        &format!("{mgmt} (network mgmt, range 10.40.0.0/24) in the cluster-wide domain"),
+        &format!("{rail} (network rail-1, range 10.40.0.128/25) in isolated fabric rail-1"),
+        "126 addresses (10.40.0.129-10.40.0.254) on master enp6s0",
+        "\"isolated_fabric\"",
+    ] {
+        assert!(err.contains(part), "{part:?} in {err}");
+    }
+    let o = tether(&["validate", "--strict", "--config", &mgmt, "--config", &rail]);
+    assert_eq!(o.status.code(), Some(1), "--strict: {}", stderr(&o));
+
+    // The rail on its own NIC, and a second NAD of mgmt's subnet (bounds of its own): quiet.
+    let rail_own_nic = write(
+        "rail2.json",
+        "rail-2",
+        "enp7s0",
+        r#""range":"10.40.0.0/24","isolated_fabric":"rail-2""#,
+    );
+    let mgmt_part = write(
+        "mgmt-b.json",
+        "mgmt-b",
+        "enp9s0",
+        r#""range":"10.40.0.100-10.40.0.150/24""#,
+    );
+    let o = tether(&[
+        "validate",
+        "--strict",
+        "--config",
+        &mgmt,
+        "--config",
+        &rail_own_nic,
+        "--config",
+        &mgmt_part,
+    ]);
+    assert_eq!((o.status.code(), stderr(&o)), (Some(0), String::new()));
+    assert!(
+        stdout(&o).contains("ranges of 3 config(s) compared: 0 overlap finding(s)"),
+        "{}",
+        stdout(&o)
+    );
+
+    // One domain, another prefix: the subnet disagrees.
+    let wide = write("wide.json", "wide", "enp1s0", r#""range":"10.40.0.0/16""#);
+    let o = tether(&["validate", "--config", &mgmt, "--config", &wide]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o)
+            .contains("in the cluster-wide domain on masters enp6s0 and enp1s0 but not their subnet (prefix /24 against /16)"),
+        "{}",
+        stderr(&o)
+    );
+
+    // A config that does not parse: named, exit 1, the others still read and compared.
+    let broken = write(
+        "broken.json",
+        "broken",
+        "enp1s0",
+        r#""range":"10.40.0.0/33""#,
+    );
+    let o = tether(&[
+        "validate", "--config", &mgmt, "--config", &broken, "--config", &rail,
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("tether: {broken}: ipam.range"))
+            && stderr(&o).contains("tether: warning:")
+            && stdout(&o).contains("ranges of 2 config(s) compared: 1 overlap finding(s)"),
+        "{}\n{}",
+        stdout(&o),
+        stderr(&o)
+    );
+}
+
 /// The Kubernetes store part on a real API server (TETHER_TEST_KUBECONFIG; `make test` starts
 /// one). `node-agent` sweeps the leases of deleted nodes: no other test of this binary meanwhile.
 #[test]

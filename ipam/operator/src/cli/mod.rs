@@ -23,8 +23,8 @@ mod lease_commands;
 mod validate;
 pub use lease_commands::{age, lease_json};
 use lease_commands::{leases, now, release};
-use validate::validate;
 pub use validate::validate_warnings;
+use validate::{ValidateArgs, validate};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -75,22 +75,12 @@ enum Cmd {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
-    /// Check a network config's ipam section the way the plugin reads it (offline; for CI/GitOps).
-    /// Warns when the config keeps leases in the node-local file store: a NAD is used on every
-    /// node, and nodes with file stores hand out the same range each on its own.
-    Validate {
-        /// The network config (a NAD's spec.config, a .conf, a .conflist, or the NAD object as
-        /// JSON, e.g. `kubectl get net-attach-def NAME -o json`).
-        #[arg(long)]
-        config: PathBuf,
-        /// This config is used on one node only (a range that belongs to that node): the file
-        /// store is right for it, do not warn.
-        #[arg(long)]
-        node_local: bool,
-        /// Treat a warning as a failure (exit 1): for CI.
-        #[arg(long)]
-        strict: bool,
-    },
+    /// Check network configs' ipam sections the way the plugin reads them (offline unless
+    /// --cluster; for CI/GitOps). Warns when a config keeps leases in the node-local file store (a
+    /// NAD is used on every node, and nodes with file stores hand out the same range each on its
+    /// own), and when two configs' ranges overlap in two uniqueness domains on one master, or in
+    /// one domain with another prefix or gateway.
+    Validate(ValidateArgs),
     /// What the DaemonSet runs: install the plugins, keep their kubeconfig fresh, reconcile leases.
     NodeAgent {
         /// The host's CNI bin directory (mounted).
@@ -340,11 +330,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
             max_probes,
             output,
         } => doctor::run(&config, max_probes, output),
-        Cmd::Validate {
-            config,
-            node_local,
-            strict,
-        } => validate(&config, node_local, strict),
+        Cmd::Validate(args) => validate(&args),
         Cmd::NodeAgent {
             cni_bin_dir,
             kubeconfig_out,

@@ -15,6 +15,7 @@ use tether_leases::RangeStatus;
 use crate::report::{PassReport, StoreName};
 
 mod endpoint;
+mod nad_overlaps;
 pub use endpoint::{parse_listen_addr, serve, start};
 
 /// Counts of one range of one network.
@@ -67,6 +68,8 @@ struct State {
     /// The controller's word on lease names: (mirrors kept, records named by network,
     /// addresses with two holders); `None` until its first pass.
     lease_names: Option<(bool, usize, usize)>,
+    /// The leading controller's overlap findings by kind (`None`: not checked here).
+    nad_overlaps: Option<BTreeMap<&'static str, u64>>,
 }
 
 /// Label name of a store.
@@ -406,6 +409,12 @@ impl Registry {
                 vec![(String::new(), duplicates as f64)],
             );
         }
+        family(
+            "tether_nad_overlaps",
+            "gauge",
+            "Overlap findings among the cluster's NADs (the leading controller): ranges of two uniqueness domains on one master, or of one domain with another prefix or gateway.",
+            nad_overlaps::samples(&s),
+        );
         drop(s);
         family(
             "tether_api_requests_total",

@@ -559,6 +559,60 @@ impl Cluster {
         path
     }
 }
+/// Multus' NAD CRD, created unless the server has it, and Established.
+pub fn nad_crd(env: &Env) {
+    let crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+    let name = "network-attachment-definitions.k8s.cni.cncf.io";
+    if env.get_json(crds, Some(name)).is_err() {
+        let path = tether_conformance::paths::peers_dir().join("nad-crd.yaml");
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let crd: Value = serde_saphyr::from_str(&text).unwrap();
+        match env.post_json(crds, &crd) {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("creating the NAD CRD: {e}"),
+        }
+    }
+    let established = wait_until(Duration::from_secs(30), || {
+        env.get_json(crds, Some(name)).is_ok_and(|c| {
+            c.pointer("/status/conditions")
+                .and_then(Value::as_array)
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c["type"] == "Established" && c["status"] == "True")
+                })
+        })
+    });
+    assert!(established.is_some(), "the NAD CRD is not Established");
+}
+
+/// A NAD in the cluster, deleted on drop (the monitor of every later test on this server would
+/// count it).
+pub struct Nad<'e>(&'e Env, String, String);
+
+impl Drop for Nad<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.delete_json(&self.1, &self.2);
+    }
+}
+
+/// A NAD `name` in `ns` (created if missing) with `config`; retried while the new CRD's resource
+/// is not yet served. Real server only.
+pub fn cluster_nad<'e>(env: &'e Env, ns: &str, name: &str, config: &Value) -> Nad<'e> {
+    if let Backend::Real(c) = &env.backend {
+        c.ensure_namespace(ns);
+    }
+    let path = format!("/apis/k8s.cni.cncf.io/v1/namespaces/{ns}/network-attachment-definitions");
+    let body = json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+                      "metadata": {"name": name, "namespace": ns}, "spec": {"config": config.to_string()}});
+    let ok = wait_until(Duration::from_secs(20), || {
+        env.post_json(&path, &body).is_ok()
+    });
+    assert!(ok.is_some(), "creating NAD {ns}/{name}");
+    Nad(env, path, name.to_string())
+}
+
 /// The isolated fabric of a test's network: tests share one API server and many use the same
 /// ranges, so each test's network is a uniqueness domain of its own (tests of the cluster-wide
 /// domain use ranges no other test uses).
