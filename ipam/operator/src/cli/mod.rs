@@ -198,6 +198,10 @@ enum Cmd {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// Turn a running whereabouts' allocations into IPLeases (its pods keep their addresses while
+    /// NADs move over; tether never hands out an address whereabouts holds). Needs an admin's
+    /// credential; see docs/operations.md.
+    ImportWhereabouts(crate::whereabouts_import::ImportArgs),
     /// Print the version.
     Version,
 }
@@ -345,6 +349,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
             node_local,
             strict,
         } => validate(&config, node_local, strict),
+        Cmd::ImportWhereabouts(args) => crate::whereabouts_import::run(&args),
         Cmd::NodeAgent {
             cni_bin_dir,
             kubeconfig_out,
