@@ -251,6 +251,7 @@ mod tests {
             nad: Some("ml/mgmt".into()),
             matched: Matched::Name,
             range_index: Some(1),
+            others: Vec::new(),
         };
         let pod = PodPlacement {
             uid: "u7".into(),

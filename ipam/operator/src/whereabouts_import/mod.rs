@@ -43,7 +43,7 @@ use tether_kube_store::{ApiClient, Cluster, KubeSettings, KubeStore};
 use crate::output::{EXIT_FAILED, EXIT_OK, Output};
 use claim::{Importer, Outcome};
 use entries::{ReadPool, entries};
-use networks::{Matched, Networks, known_prefixes};
+use networks::{Matched, Networks, Placement, known_prefixes};
 use summary::{EntryKey, Summary, describe_conflict};
 
 use tether_kube_store::whereabouts::WHEREABOUTS_DEFAULT_NAMESPACE;
@@ -158,13 +158,14 @@ struct Run<'a> {
 
 impl Run<'_> {
     /// Read whereabouts' objects and the NADs, import what is not decided yet. `Err`: nothing
-    /// could be read (the first pass gives up; `--follow` tries again next time).
+    /// could be read (with `--follow`, the next pass tries again).
     fn pass(&mut self, stop: &AtomicBool) -> Result<(), String> {
         self.summary.begin_pass();
         let (pools, networks) = match self.read() {
             Ok(read) => read,
             Err(e) if self.follow => {
                 log::warn!("import-whereabouts: {e}; trying again");
+                self.summary.fail(e);
                 return Ok(());
             }
             Err(e) => return Err(e),
@@ -178,24 +179,7 @@ impl Run<'_> {
                 log::warn!("import-whereabouts: {line}");
             }
         }
-        for n in networks.unreadable.clone() {
-            self.summary.note(n);
-        }
-        let placements: Vec<_> = pools
-            .iter()
-            .map(|p| networks.place(&p.pool.name, p.range.as_ref().ok().copied()))
-            .collect();
-        for (p, at) in pools.iter().zip(&placements) {
-            self.summary.pool(p, at);
-            if at.matched == Matched::None {
-                self.summary.note(format!(
-                    "no NAD names {} ({}): its allocations are imported under network {} in the cluster-wide domain",
-                    p.label(),
-                    p.pool.range,
-                    at.scope.network
-                ));
-            }
-        }
+        let placements = self.place(&pools, &networks);
         let now = crate::report::now_s();
         let mut present = HashSet::new();
         for e in &found {
@@ -218,6 +202,39 @@ impl Run<'_> {
             self.summary.end_pass(&present);
         }
         Ok(())
+    }
+
+    /// Where each pool's allocations go; what the operator should know about that is noted.
+    fn place(&mut self, pools: &[ReadPool], networks: &Networks) -> Vec<Placement> {
+        for n in &networks.unreadable {
+            self.summary.note(n.clone());
+        }
+        let placements: Vec<Placement> = pools
+            .iter()
+            .map(|p| networks.place(&p.pool.name, p.range.as_ref().ok().copied()))
+            .collect();
+        for (p, at) in pools.iter().zip(&placements) {
+            self.summary.pool(p, at);
+            if !at.others.is_empty() {
+                self.summary.note(format!(
+                    "{} is named by more than one NAD: its allocations go to network {} of NAD {} (tether-ipam \
+                     NADs first, then by namespace and name), not to {}",
+                    p.label(),
+                    at.scope,
+                    at.nad.as_deref().unwrap_or_default(),
+                    at.others.join(", ")
+                ));
+            }
+            if at.matched == Matched::None {
+                self.summary.note(format!(
+                    "no NAD names {} ({}): its allocations are imported under network {} in the cluster-wide domain",
+                    p.label(),
+                    p.pool.range,
+                    at.scope.network
+                ));
+            }
+        }
+        placements
     }
 
     /// The pools (read every pass), the reservations (when due), the NADs.
@@ -277,7 +294,7 @@ impl Run<'_> {
 }
 
 /// What `--follow` logs of an outcome worth a line (not "already", not "pod gone").
-fn log_line(e: &entries::Entry, at: &networks::Placement, o: &Outcome) -> Option<String> {
+fn log_line(e: &entries::Entry, at: &Placement, o: &Outcome) -> Option<String> {
     match o {
         Outcome::Imported { took_over } => Some(format!(
             "imported {} of pod {} into network {}{}",
@@ -289,5 +306,36 @@ fn log_line(e: &entries::Entry, at: &networks::Placement, o: &Outcome) -> Option
         Outcome::Conflict(c) => Some(format!("conflict: {}", describe_conflict(c))),
         Outcome::Failed(why) => Some(format!("failed: {why}")),
         Outcome::Already | Outcome::PodGone => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        args: ImportArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<ImportArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("tether").chain(args.iter().copied())).map(|c| c.args)
+    }
+
+    #[test]
+    fn flags() {
+        let a = parse(&[]).unwrap();
+        assert_eq!(a.namespace, "kube-system");
+        assert!(!a.all_namespaces && !a.dry_run && !a.follow);
+        assert!(parse(&["-A"]).unwrap().all_namespaces);
+        assert!(parse(&["-A", "-n", "wb"]).is_err(), "one namespace or all");
+        assert!(
+            parse(&["--interval-s", "5"]).is_err(),
+            "--interval-s needs --follow"
+        );
+        let f = parse(&["--follow", "--interval-s", "5", "-o", "json"]).unwrap();
+        assert_eq!((f.interval_s, f.output), (5, Output::Json));
     }
 }

@@ -83,6 +83,9 @@ pub struct Placement {
     pub matched: Matched,
     /// Index of the NAD's range (`range`, then `ipRanges`), recorded on the leases.
     pub range_index: Option<usize>,
+    /// Other NADs that match as well but give another network or domain (`ns/name (network
+    /// N)`): the operator is told which one was taken.
+    pub others: Vec<String>,
 }
 
 /// The whereabouts and tether-ipam configurations of the cluster's NADs.
@@ -151,15 +154,22 @@ impl Networks {
             ),
             (Matched::Range, &by_range),
         ] {
-            for c in &self.configs {
-                if let Some(i) = c.ranges.iter().position(|r| test(c, r)) {
-                    return Placement {
-                        scope: c.scope.clone(),
-                        nad: Some(c.nad.clone()),
-                        matched,
-                        range_index: Some(i),
-                    };
-                }
+            let mut found = self.configs.iter().filter_map(|c| {
+                let i = c.ranges.iter().position(|r| test(c, r))?;
+                Some((c, i))
+            });
+            if let Some((c, i)) = found.next() {
+                let others = found
+                    .filter(|(o, _)| o.scope != c.scope)
+                    .map(|(o, _)| format!("{} (network {})", o.nad, o.scope))
+                    .collect();
+                return Placement {
+                    scope: c.scope.clone(),
+                    nad: Some(c.nad.clone()),
+                    matched,
+                    range_index: Some(i),
+                    others,
+                };
             }
         }
         Placement {
@@ -167,6 +177,7 @@ impl Networks {
             nad: None,
             matched: Matched::None,
             range_index: None,
+            others: Vec::new(),
         }
     }
 }
@@ -244,6 +255,8 @@ mod tests {
         let p = nets.place("rail-a-fd00-203---125", range("fd00:203::/125"));
         assert_eq!(p.scope, Scope::new("rail-a", Some("rail-1".into())));
         assert_eq!(p.nad.as_deref(), Some("ml/rail"));
+
+        assert_eq!(p.others, ["aa/rail-old (network rail-a)"]);
 
         // A node-slice pool inside mgmt's range.
         let p = nets.place("mgmt-net-node1-0", range("10.203.0.16/28"));

@@ -104,6 +104,11 @@ impl Summary {
         self.decided.insert(key)
     }
 
+    /// A pass could not read what it needs.
+    pub fn fail(&mut self, why: String) {
+        self.failures.push(why);
+    }
+
     /// Account for a record that is not imported. Returns whether it is news.
     pub fn skip(&mut self, s: Skipped) -> bool {
         self.skipped.insert(s)
