@@ -520,6 +520,10 @@ fn conflicts_stay_and_are_reported_released_records_are_taken_over() {
         let address = wb.add(net, ns, &name, &uid, &format!("ctr-{name}"));
         pods.push((name, uid, address));
     }
+    // 4: a pod bound to no node (a replica re-created under the name of the one whereabouts
+    // gave the address, not yet scheduled): no node's reconciler would judge its lease.
+    let unbound = env.pod_object(json!({"metadata": {"namespace": ns, "name": "q-4"}, "spec": {}}));
+    let unbound_address = wb.add(net, ns, "q-4", &unbound, "ctr-q-4");
     let a = |i: usize| pods[i].2.as_str();
     // 0: leased to a pod of another network, which is gone; 1: released by another pod;
     // 2: leased to q-2's own attachment; 3: whereabouts' pool lost its entry, the reservation
@@ -557,7 +561,16 @@ fn conflicts_stay_and_are_reported_released_records_are_taken_over() {
     let (kc, _rbac) = importer_kubeconfig(&env);
     let (code, r) = import(&env, wb.ns, &["--kubeconfig", kc.to_str().unwrap()]);
     assert_eq!(code, 1, "a conflict is left: {r}");
-    assert_eq!(counts(&r), [2, 1, 0, 1, 0, 0], "{r}");
+    assert_eq!(counts(&r), [2, 1, 0, 1, 1, 0], "{r}");
+    assert!(
+        r["skipped"][0]["reason"].as_str().unwrap().contains("pod ")
+            && r["skipped"][0]["reason"]
+                .as_str()
+                .unwrap()
+                .contains("is bound to no node"),
+        "{r}"
+    );
+    assert!(iplease(&env, &unbound_address).is_none());
     let c = &r["conflicts"][0];
     assert_eq!(c["address"], a(0));
     assert_eq!(c["whereabouts"]["pod"]["name"], "q-0", "{c}");

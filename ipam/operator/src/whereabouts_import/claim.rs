@@ -75,6 +75,8 @@ pub enum Outcome {
     Already,
     /// The pod does not exist: nothing written (the address is free).
     PodGone,
+    /// Nothing written, for this reason (tried again on the next pass with `--follow`).
+    NotYet(String),
     /// Another holder has the address.
     Conflict(Box<Conflict>),
     /// A request failed (tried again on the next pass with `--follow`).
@@ -102,6 +104,14 @@ impl Importer<'_> {
     pub fn import(&self, e: &Entry, p: &Placement, now: u64) -> Outcome {
         self.cluster.restart_budget();
         let pod = match self.cluster.pod_placement(&e.pod_namespace, &e.pod_name) {
+            // A lease without a node is judged by no node's reconciler: it would stay forever.
+            Ok(Some(pod)) if pod.node.is_none() => {
+                return Outcome::NotYet(format!(
+                    "pod {} is bound to no node (an earlier pod of that name had the address, or it \
+                     is starting): import again once it runs",
+                    e.podref()
+                ));
+            }
             Ok(Some(pod)) => pod,
             Ok(None) => return Outcome::PodGone,
             Err(err) => {

@@ -3,7 +3,7 @@
 //! an address whereabouts still holds.
 //!
 //! One pass reads whereabouts' IPPools and OverlappingRangeIPReservations (of `--namespace`,
-//! default whereabouts' own `kube-system`, or of every namespace) and the cluster's NADs; each
+//! default `kube-system` as whereabouts', or of every namespace) and the cluster's NADs; each
 //! allocation ([`entries`]) goes to the network and domain tether gives the NAD of its pool
 //! ([`networks`]); its pod is read (gone: skipped, the address is free) and its record created
 //! as `Leased` to whereabouts' holder, on the pod's node ([`claim`]: an address `Leased` to
@@ -11,9 +11,9 @@
 //! like any other: the reconciler of the pod's node releases them once the pod is gone.
 //!
 //! The holder keeps whereabouts' interface name, also when it recorded none (entries older than
-//! its PR #471): a guessed `net1` could name another attachment of the pod, and an empty one
-//! only means that a DEL through tether does not find the record, which the reconciler then
-//! releases when the pod goes (tether never gets GC through Multus).
+//! its PR #471): a guessed `net1` could name another attachment of the pod, while an empty one
+//! only means that no DEL through tether matches the record, which the reconciler releases when
+//! the pod goes (and tether never gets GC through Multus, which would judge it by attachment).
 //!
 //! `--follow` passes again every `--interval-s` until SIGTERM or SIGINT, for the window where
 //! both IPAMs run: a LIST of the pools each time rather than a watch, because whereabouts itself
@@ -38,15 +38,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use tether_kube_store::whereabouts::WHEREABOUTS_DEFAULT_NAMESPACE;
 use tether_kube_store::{ApiClient, Cluster, KubeSettings, KubeStore};
 
 use crate::output::{EXIT_FAILED, EXIT_OK, Output};
 use claim::{Importer, Outcome};
-use entries::{ReadPool, entries};
+use entries::{ReadPool, Skipped, entries};
 use networks::{Matched, Networks, Placement, known_prefixes};
 use summary::{EntryKey, Summary, describe_conflict};
-
-use tether_kube_store::whereabouts::WHEREABOUTS_DEFAULT_NAMESPACE;
 
 /// How often `--follow` reads the reservations again.
 pub const RESERVATIONS_EVERY: Duration = Duration::from_secs(30);
@@ -192,7 +191,7 @@ impl Run<'_> {
             let line = self
                 .follow
                 .then(|| log_line(e, &placements[e.pool], &outcome));
-            if self.summary.record(key, outcome)
+            if self.summary.record(key, &e.source, outcome)
                 && let Some(Some(line)) = line
             {
                 log::warn!("import-whereabouts: {line}");
@@ -249,7 +248,7 @@ impl Run<'_> {
                  there is nothing to import (is whereabouts installed here?)",
             )?;
         for u in pools.unreadable {
-            self.summary.skip(entries::Skipped {
+            self.summary.skip(Skipped {
                 source: format!("IPPool {}", u.object),
                 reason: format!("does not parse: {}", u.reason),
             });
@@ -274,7 +273,7 @@ impl Run<'_> {
                 }
             };
             for u in unreadable {
-                self.summary.skip(entries::Skipped {
+                self.summary.skip(Skipped {
                     source: format!("OverlappingRangeIPReservation {}", u.object),
                     reason: format!("does not parse: {}", u.reason),
                 });
@@ -305,6 +304,7 @@ fn log_line(e: &entries::Entry, at: &Placement, o: &Outcome) -> Option<String> {
         )),
         Outcome::Conflict(c) => Some(format!("conflict: {}", describe_conflict(c))),
         Outcome::Failed(why) => Some(format!("failed: {why}")),
+        Outcome::NotYet(why) => Some(format!("skipped {}: {why}", e.source)),
         Outcome::Already | Outcome::PodGone => None,
     }
 }

@@ -86,9 +86,10 @@ impl Summary {
         self.decided.contains(key)
     }
 
-    /// Account for the outcome of `key`. Returns whether it is news (first decided, or a
-    /// conflict not seen before), for `--follow`'s log.
-    pub fn record(&mut self, key: EntryKey, outcome: Outcome) -> bool {
+    /// Account for the outcome of `key` (recorded by whereabouts at `source`). Returns whether
+    /// it is news (first decided, or a conflict or reason to skip not seen before), for
+    /// `--follow`'s log.
+    pub fn record(&mut self, key: EntryKey, source: &str, outcome: Outcome) -> bool {
         let row = self.pools.entry(key.pool.clone()).or_default();
         match outcome {
             Outcome::Imported { .. } => row.imported += 1,
@@ -99,8 +100,16 @@ impl Summary {
                 self.failures.push(why);
                 return true;
             }
+            Outcome::NotYet(reason) => {
+                return self.skip(Skipped {
+                    source: source.to_string(),
+                    reason,
+                });
+            }
         }
+        // A conflict or a reason to wait that an earlier pass met is over.
         self.conflicts.remove(&key);
+        self.skipped.retain(|s| s.source != source);
         self.decided.insert(key)
     }
 
@@ -335,4 +344,111 @@ fn conflict_json(c: &Conflict) -> Value {
         "tether": tether,
         "advice": describe_conflict(c),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tether_kube_store::WhereaboutsPool;
+    use tether_leases::{LeaseState, PodRef};
+
+    fn entry(i: u8) -> Entry {
+        Entry {
+            pool: 0,
+            address: format!("10.203.0.{i}").parse().unwrap(),
+            prefix_len: 26,
+            container_id: format!("c{i}"),
+            ifname: "net1".into(),
+            pod_namespace: "ml".into(),
+            pod_name: format!("p{i}"),
+            source: format!("IPPool kube-system/10.203.0.0-26 key {i}"),
+        }
+    }
+
+    fn lease(e: &Entry, pod: &str) -> Lease {
+        Lease {
+            network: "mgmt".into(),
+            domain: None,
+            address: e.address,
+            prefix_len: 26,
+            range_index: None,
+            container_id: format!("ctr-{pod}"),
+            ifname: "net1".into(),
+            pod: PodRef::new("ml", pod, "u"),
+            node: Some("n1".into()),
+            state: LeaseState::Leased,
+            since: 0,
+            version: None,
+        }
+    }
+
+    #[test]
+    fn each_allocation_counts_once_and_what_is_over_is_forgotten() {
+        let pool = ReadPool::new(WhereaboutsPool {
+            namespace: "kube-system".into(),
+            name: "10.203.0.0-26".into(),
+            range: "10.203.0.0/26".into(),
+            allocations: Default::default(),
+        });
+        let (e1, e2, e3) = (entry(1), entry(2), entry(3));
+        let key = |e: &Entry| EntryKey::of(e, &pool);
+        let conflict = || {
+            Outcome::Conflict(Box::new(Conflict {
+                wanted: lease(&e2, "p2"),
+                source: e2.source.clone(),
+                held: lease(&e2, "other"),
+                held_pod: HolderPod::Alive,
+            }))
+        };
+        let all: HashSet<EntryKey> = [key(&e1), key(&e2), key(&e3)].into();
+        let mut s = Summary::new(false);
+
+        s.begin_pass();
+        assert!(s.record(key(&e1), &e1.source, Outcome::Imported { took_over: None }));
+        assert!(s.record(key(&e2), &e2.source, conflict()));
+        assert!(s.record(key(&e3), &e3.source, Outcome::NotYet("not yet".into())));
+        s.end_pass(&all);
+        assert!(s.has_problems());
+        assert_eq!(s.to_json()["counts"]["skipped"], 1);
+
+        // The next pass: e1 is not asked again, e2 is no news, e3 is imported now.
+        s.begin_pass();
+        assert!(s.is_decided(&key(&e1)) && !s.is_decided(&key(&e2)));
+        assert!(!s.record(key(&e2), &e2.source, conflict()));
+        assert!(s.record(key(&e3), &e3.source, Outcome::Already));
+        // whereabouts no longer holds e2: its conflict is over.
+        s.end_pass(&[key(&e1), key(&e3)].into());
+        assert!(!s.has_problems());
+        let j = s.to_json();
+        assert_eq!(
+            j["counts"],
+            json!({"imported": 1, "already": 1, "podGone": 0, "conflicts": 0, "skipped": 0, "failed": 0})
+        );
+        assert_eq!(j["pools"][0]["pool"], "kube-system/10.203.0.0-26");
+        assert!(!s.is_decided(&key(&e2)));
+    }
+
+    #[test]
+    fn a_conflict_says_who_holds_the_address_and_what_to_do() {
+        let e = entry(5);
+        let c = Conflict {
+            wanted: lease(&e, "p5"),
+            source: e.source.clone(),
+            held: Lease {
+                network: "other".into(),
+                ..lease(&e, "x")
+            },
+            held_pod: HolderPod::Gone,
+        };
+        let text = describe_conflict(&c);
+        for part in [
+            "10.203.0.5 in the cluster-wide domain",
+            "whereabouts gives it to pod ml/p5 (uid u), container ctr-p5, interface net1, node n1",
+            "tether has it leased to pod ml/x",
+            "tether release 10.203.0.5 --network other",
+            "ipam.isolated_fabric",
+        ] {
+            assert!(text.contains(part), "{part:?} in {text}");
+        }
+    }
 }
