@@ -1,7 +1,7 @@
 //! [`Cluster`]: what the reconciler, the CLI and `doctor` ask the API server beyond the leases —
 //! pods and the controller's election Lease here; nodes in `nodes.rs`, NADs and Events in
 //! `monitoring.rs`, what this identity may do and the server itself in `access.rs`, node-bound
-//! tokens in `node_token.rs` — on an [`ApiClient`] that a lease store may share.
+//! tokens in `node_token.rs`, whereabouts' records in `whereabouts.rs` — on an [`ApiClient`] that a lease store may share.
 //!
 //! Pods are read **metadata-only** (`Accept:
 //! application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1`), parsed into a few strings

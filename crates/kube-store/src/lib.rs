@@ -42,7 +42,7 @@
 //! and the monitor. Beyond the leases, [`Cluster`] reads and writes what the operator needs:
 //! pods ([`cluster`]), nodes ([`nodes`]), NAD configurations and Events on pods and NADs ([`monitoring`]),
 //! access reviews, the node-scope dry-run, `/version` and the CRD's state ([`access`]), node-bound
-//! tokens ([`node_token`]). Both sit on [`ApiClient`] ([`api`]; lists in [`listing`]), the client
+//! tokens ([`node_token`]), whereabouts' IPPools and reservations for the import ([`whereabouts`]). Both sit on [`ApiClient`] ([`api`]; lists in [`listing`]), the client
 //! every request goes through (credentials, time budget, request counters, error mapping), which
 //! they may share; [`traffic`] holds the counters of what the clients sent and read, a value the
 //! node-agent shares among its clients and its metrics.
@@ -71,6 +71,7 @@ pub mod store;
 pub mod token_claims;
 pub mod traffic;
 pub mod watching;
+pub mod whereabouts;
 
 pub use access::{Access, CrdState, Identity, NodeScope};
 pub use api::{ApiClient, RequestCounts};
@@ -91,3 +92,6 @@ pub use settings::{DEFAULT_PAGE_SIZE, DEFAULT_TIMEOUT, KubeSettings, LegacyMirro
 pub use store::KubeStore;
 pub use traffic::ApiTraffic;
 pub use watching::{Change, WatchEnd};
+pub use whereabouts::{
+    PoolAllocation, Unreadable, WhereaboutsList, WhereaboutsPool, WhereaboutsReservation,
+};

@@ -1,6 +1,6 @@
 //! `tether`, the operator and node-agent program: inspect and repair leases, diagnose a network,
-//! validate a NAD, run the reconciler, or run as the DaemonSet's node-agent ([`cli`] parses the
-//! command line and dispatches).
+//! validate a NAD, run the reconciler, import whereabouts' allocations, or run as the DaemonSet's
+//! node-agent ([`cli`] parses the command line and dispatches).
 
 pub mod agent;
 pub mod cli;
@@ -21,3 +21,4 @@ pub mod reconcile;
 pub mod report;
 pub mod store_access;
 pub mod termination;
+pub mod whereabouts_import;

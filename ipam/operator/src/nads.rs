@@ -94,6 +94,11 @@ pub fn domains(nets: &[NadNetwork]) -> BTreeMap<String, Option<String>> {
 /// itself, or each plugin of a conflist (with the list's `name` and `cniVersion`). Without a
 /// `name`, the NAD's name is the network's, as Multus makes it.
 pub fn tether_ipam_configs(text: &str, nad_name: &str) -> Vec<Value> {
+    ipam_configs(text, nad_name, "tether-ipam")
+}
+
+/// [`tether_ipam_configs`] for the IPAM plugin `ipam_type` (`whereabouts`, for the import).
+pub fn ipam_configs(text: &str, nad_name: &str, ipam_type: &str) -> Vec<Value> {
     let Ok(mut v) = serde_json::from_str::<Value>(text) else {
         return Vec::new();
     };
@@ -102,7 +107,7 @@ pub fn tether_ipam_configs(text: &str, nad_name: &str) -> Vec<Value> {
     {
         obj.insert("name".into(), Value::from(nad_name));
     }
-    let ours = |p: &Value| p.pointer("/ipam/type").and_then(Value::as_str) == Some("tether-ipam");
+    let ours = |p: &Value| p.pointer("/ipam/type").and_then(Value::as_str) == Some(ipam_type);
     match v.get("plugins").and_then(Value::as_array) {
         Some(plugins) => plugins
             .iter()

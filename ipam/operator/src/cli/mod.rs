@@ -188,6 +188,10 @@ enum Cmd {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// Turn a running whereabouts' allocations into IPLeases (its pods keep their addresses while
+    /// NADs move over; tether never hands out an address whereabouts holds). Needs an admin's
+    /// credential; see docs/operations.md.
+    ImportWhereabouts(crate::whereabouts_import::ImportArgs),
     /// Print the version.
     Version,
 }
@@ -331,6 +335,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
             output,
         } => doctor::run(&config, max_probes, output),
         Cmd::Validate(args) => validate(&args),
+        Cmd::ImportWhereabouts(args) => crate::whereabouts_import::run(&args),
         Cmd::NodeAgent {
             cni_bin_dir,
             kubeconfig_out,
