@@ -427,7 +427,7 @@ fn validate_warns_when_file_stores_would_share_a_range_across_nodes() {
 /// (exit 0; 1 with `--strict`); other masters, or the same subnet in one domain, are quiet. A
 /// config that does not parse fails the run (exit 1) without hiding what the others say.
 #[test]
-fn validate_compares_the_ranges_of_several_configs() {
+fn item94_validate_compares_the_ranges_of_several_configs() {
     let dir = TempDir::new("validate-overlap");
     let write = |file: &str, name: &str, master: &str, ipam: &str| {
         let p = dir.join(file);

@@ -479,7 +479,7 @@ fn doctor_with_an_unreachable_api_or_a_bad_kubeconfig() {
 /// --cluster` says the same as a warning.
 #[test]
 #[ignore = "needs a real API server: make test starts one (../shared/peers)"]
-fn doctor_and_validate_compare_the_config_with_the_clusters_nads() {
+fn item94_doctor_and_validate_compare_the_config_with_the_clusters_nads() {
     let env = Env::real("kdoctor-overlap");
     nad_crd(&env);
     let ns = env.name("ns");

@@ -507,7 +507,7 @@ fn nad_events(env: &Env, ns: &str, nad: &str, reason: &str) -> Vec<Value> {
 /// overlap each other), so the gauge is checked for at least this test's findings.
 #[test]
 #[ignore = "needs a real API server: make test starts one (../shared/peers)"]
-fn overlapping_nads_are_events_on_each_nad_and_a_gauge_once() {
+fn item94_overlapping_nads_are_events_on_each_nad_and_a_gauge_once() {
     let env = Env::real("monitor-overlap");
     let ns = env.name("ns");
     nad_crd(&env);
