@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tether_cni::MasterKeys;
 use tether_kube_store::{
     ApiClient, Cluster, CrdState, KubeSettings, KubeStore, KubeStoreError, NodeScope,
-    check_credentials,
+    check_credentials, node_agent,
 };
 use tether_leases::{Allocator, NoProbe, Scope, SystemClock};
 use tether_link::Netlink;
@@ -92,7 +92,7 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
         Ok(v) => v,
         Err(e) => return r.fail("config", e),
     };
-    let cfg = match PoolConfig::from_value(&raw) {
+    let cfg = match PoolConfig::from_value(&raw, &node_agent()) {
         Ok(c) => c,
         Err(e) => return r.fail("config", format!("{e}; fix the ipam section")),
     };

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 use tether_kube_store::NadConfig;
-use tether_pool::PoolConfig;
+use tether_pool::{NodeAgent, PoolConfig};
 
 /// One tether-ipam configuration of a NAD.
 #[derive(Debug, Clone)]
@@ -20,9 +20,10 @@ pub struct NadNetwork {
     pub master: Option<String>,
 }
 
-/// Every tether-ipam configuration of `nads`, in NAD order (namespace, name). One that does not
-/// parse is skipped (logged at debug): the plugin refuses it on its own, and `tether validate`
-/// says why.
+/// Every tether-ipam configuration of `nads`, in NAD order (namespace, name), read as the plugin
+/// reads it on a node of this cluster, where tether's node-agent runs (so a configuration naming
+/// no store is the cluster store's). One that does not parse is skipped (logged at debug): the
+/// plugin refuses it on its own, and `tether validate` says why.
 pub fn nad_networks(nads: &[NadConfig]) -> Vec<NadNetwork> {
     let mut sorted: Vec<&NadConfig> = nads.iter().collect();
     sorted.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
@@ -30,7 +31,7 @@ pub fn nad_networks(nads: &[NadConfig]) -> Vec<NadNetwork> {
     for nad in sorted {
         let name = format!("{}/{}", nad.namespace, nad.name);
         for raw in tether_ipam_configs(&nad.config, &nad.name) {
-            match PoolConfig::from_value(&raw) {
+            match PoolConfig::from_value(&raw, &NodeAgent::on_every_node()) {
                 Ok(cfg) => out.push(NadNetwork {
                     nad: name.clone(),
                     master: raw

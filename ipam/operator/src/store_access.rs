@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use serde_json::Value;
-use tether_kube_store::{Cluster, KubeSettings, KubeStore};
+use tether_kube_store::{Cluster, KubeSettings, KubeStore, node_agent};
 use tether_leases::{FileStore, Lease, LeaseStore};
 use tether_pool::{PoolConfig, StoreKind};
 
@@ -96,9 +96,11 @@ pub struct OpenStore {
 impl OpenStore {
     pub fn open(args: &StoreArgs) -> Result<(OpenStore, Option<PoolConfig>), String> {
         let cfg = match &args.config {
-            Some(p) => {
-                Some(PoolConfig::from_value(&read_network_config(p)?).map_err(|e| e.to_string())?)
-            }
+            // As the plugin on this host reads it.
+            Some(p) => Some(
+                PoolConfig::from_value(&read_network_config(p)?, &node_agent())
+                    .map_err(|e| e.to_string())?,
+            ),
             None => None,
         };
         let kind = match &cfg {

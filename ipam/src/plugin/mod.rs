@@ -12,7 +12,7 @@ pub mod requests;
 use tether_cni::result::IpConfig;
 use tether_cni::{Added, CniError, CniResult, MasterKeys, Plugin, Request, code};
 use tether_kube_store::by_network::mirrors_wanted;
-use tether_kube_store::{KubeSettings, KubeStore, KubeStoreError, LegacyMirrors};
+use tether_kube_store::{KubeSettings, KubeStore, KubeStoreError, LegacyMirrors, node_agent};
 use tether_lease_service::{ServedStore, open_served, socket_path};
 
 /// The node journal of the Kubernetes store, under `dataDir`.
@@ -200,7 +200,8 @@ impl Drop for Context {
 impl Context {
     fn new(req: &Request, path: Path) -> Result<Context, CniError> {
         // The keys the runtime's parse already holds: GC's attachment list is not parsed again.
-        let cfg = PoolConfig::from_top(&req.conf.value).map_err(config_error)?;
+        // Whether tether's node-agent is installed decides the store of a config naming none.
+        let cfg = PoolConfig::from_top(&req.conf.value, &node_agent()).map_err(config_error)?;
         let store = Store::open(&cfg, path)?;
         Ok(Context { cfg, store })
     }

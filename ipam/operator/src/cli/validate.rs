@@ -3,13 +3,14 @@
 
 use std::path::PathBuf;
 
-use tether_pool::{PoolConfig, StoreKind};
+use tether_pool::{NodeAgent, PoolConfig, StoreKind};
 
 use crate::output::{EXIT_FAILED, EXIT_OK};
 use crate::store_access::read_network_config;
 
 pub(super) fn validate(path: &PathBuf, node_local: bool, strict: bool) -> Result<i32, String> {
-    let cfg = PoolConfig::from_value(&read_network_config(path)?).map_err(|e| e.to_string())?;
+    let cfg = PoolConfig::from_value(&read_network_config(path)?, &NodeAgent::on_every_node())
+        .map_err(|e| e.to_string())?;
     let ranges: Vec<String> = cfg
         .ranges
         .iter()
