@@ -8,6 +8,7 @@
 
 pub mod prober;
 pub mod requests;
+pub mod said_once;
 
 use tether_cni::result::IpConfig;
 use tether_cni::{Added, CniError, CniResult, MasterKeys, Plugin, Request, code};
@@ -21,7 +22,7 @@ use tether_leases::{
     AddRequest, AllocError, Allocator, Attachment, FileStore, FileStoreError, Lease, LeaseStore,
     NoProbe, Prober, SystemClock,
 };
-use tether_pool::{ConfigError, PoolConfig, ProbeConfig, StoreKind};
+use tether_pool::{ConfigError, KubeconfigSource, PoolConfig, ProbeConfig, StoreKind};
 
 /// The plugin: one method per CNI verb.
 pub struct Ipam;
@@ -108,7 +109,7 @@ impl Store {
         // Both stores keep files under dataDir (state, or the node journal): checked first, so a
         // directory someone else could write is refused (code 7) before anything is read.
         let files = FileStore::new(cfg.data_dir.clone());
-        if let Err(e) = files.open_dir() {
+        let data_dir = files.open_dir().map_err(|e| {
             let c = if e.is_config() {
                 code::INVALID_CONFIG
             } else if e.is_transient() {
@@ -116,11 +117,26 @@ impl Store {
             } else {
                 code::STORE
             };
-            return Err(CniError::new(c, e.to_string()));
-        }
+            CniError::new(c, e.to_string())
+        })?;
         Ok(match cfg.store {
             StoreKind::File => Store::File(files),
             StoreKind::Kubernetes => {
+                if let Some(k) = &cfg.kubernetes
+                    && let (Some(ours), KubeconfigSource::InsteadOfWhereabouts(theirs)) =
+                        (&k.kubeconfig, &k.source)
+                {
+                    let network = &cfg.network_name;
+                    said_once::warn_once(&data_dir, "whereabouts-kubeconfig", network, || {
+                        format!(
+                            "network {network}: ipam.kubernetes.kubeconfig {} is whereabouts' credential; tether-ipam \
+                             uses tether's node-agent kubeconfig {} instead (set ipam.kubernetes.kubeconfig to it, or \
+                             remove the key)",
+                            theirs.display(),
+                            ours.display()
+                        )
+                    });
+                }
                 // This node's journal lets ADD, DEL and CHECK go straight to their objects.
                 let mut s = KubeSettings::from_pool_config(cfg).map_err(kube_error)?;
                 s.node = node_name();
