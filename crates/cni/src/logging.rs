@@ -140,6 +140,15 @@ pub fn configure(conf: &Map<String, Value>) -> Result<(), LogConfigError> {
     Ok(())
 }
 
+/// Why the config's `log_file` names a place the plugins never open (they ignore it), checked
+/// without touching the filesystem (`tether validate`): `None` for none, or one they would try.
+pub fn unfit_log_file(conf: &Map<String, Value>) -> Option<String> {
+    let (path, key) = pick(conf, "log_file").ok()??;
+    tether_trusted_fs::check_file_place(&key, Path::new(&path), tether_trusted_fs::Place::Log)
+        .err()
+        .map(|e| e.to_string())
+}
+
 /// The string value of `key` at the top level, else in `ipam`, and the key path that held it.
 fn pick(conf: &Map<String, Value>, key: &str) -> Result<Option<(String, String)>, LogConfigError> {
     let (v, at) = match conf.get(key) {

@@ -27,7 +27,7 @@ use tether_pool::{PoolConfig, ProbeConfig, StoreKind};
 use tether_wire::{ProbeBudget, ProbeOutcome};
 
 use super::output::{EXIT_FAILED, EXIT_OK, Output, print_table};
-use super::store_access::{OpenStore, StoreArgs, read_network_config};
+use super::store_access::{OpenStore, StoreArgs, describe_store, read_network_config};
 
 struct Finding {
     check: &'static str,
@@ -99,12 +99,11 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
     r.ok(
         "config",
         format!(
-            "network {}: {} range(s), {:?} store",
+            "network {}: {} range(s), {}",
             cfg.network_name,
             cfg.ranges.len(),
-            cfg.store
-        )
-        .to_lowercase(),
+            describe_store(&cfg)
+        ),
     );
 
     let master = check_master(&raw, r);

@@ -7,7 +7,7 @@ use clap::Args;
 use serde_json::Value;
 use tether_kube_store::{Cluster, KubeSettings, KubeStore, node_agent};
 use tether_leases::{FileStore, Lease, LeaseStore};
-use tether_pool::{PoolConfig, StoreKind};
+use tether_pool::{KubeconfigSource, PoolConfig, StoreKind};
 
 /// Which lease store to open: from a network config, or named directly.
 ///
@@ -189,4 +189,24 @@ impl OpenStore {
             None => all,
         })
     }
+}
+
+/// Which store `cfg` uses, why, and with whose kubeconfig, in words (`validate`, `doctor`).
+pub fn describe_store(cfg: &PoolConfig) -> String {
+    let kind = match cfg.store {
+        StoreKind::File => "file store",
+        StoreKind::Kubernetes => "Kubernetes store",
+    };
+    let credential = match cfg.kubernetes.as_ref().map(|k| (&k.source, &k.kubeconfig)) {
+        Some((KubeconfigSource::NodeAgent, Some(ours))) => {
+            format!(", with tether's node-agent kubeconfig {}", ours.display())
+        }
+        Some((KubeconfigSource::InsteadOfWhereabouts(theirs), Some(ours))) => format!(
+            ", with tether's node-agent kubeconfig {} in place of whereabouts' {}",
+            ours.display(),
+            theirs.display()
+        ),
+        _ => String::new(),
+    };
+    format!("{kind} ({}{credential})", cfg.store_source)
 }

@@ -47,14 +47,17 @@ pub enum StoreSource {
     Default,
 }
 
+/// Why, in a few words (`tether validate` and `doctor` print it).
 impl std::fmt::Display for StoreSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            StoreSource::StoreKey => "ipam.store says so",
-            StoreSource::DatastoreKey => "ipam.datastore says so",
-            StoreSource::KubeconfigKey => "ipam.kubernetes.kubeconfig is set",
-            StoreSource::NodeAgent => "no store is named and tether's node-agent is installed",
-            StoreSource::Default => "no store is named and tether's node-agent is not installed",
+            StoreSource::StoreKey => "ipam.store",
+            StoreSource::DatastoreKey => "ipam.datastore",
+            StoreSource::KubeconfigKey => "ipam.kubernetes.kubeconfig",
+            StoreSource::NodeAgent => "no store named, and tether's node-agent is installed",
+            StoreSource::Default => {
+                "no store named, and tether's node-agent is not installed: the embedded default"
+            }
         })
     }
 }
