@@ -261,6 +261,23 @@ impl KubeStoreError {
     }
 }
 
+impl KubeStoreError {
+    /// The configuration is what must change (CNI code 7): a bad `ipam.kubernetes` value, a
+    /// kubeconfig that cannot be used or none at all, or credentials that are not tether's (a
+    /// 403 for another program's identity, see [`forbidden_advice`]).
+    pub fn is_config(&self) -> bool {
+        match self {
+            KubeStoreError::Config { .. }
+            | KubeStoreError::Kubeconfig { .. }
+            | KubeStoreError::NoCredentials => true,
+            KubeStoreError::Forbidden { identity, .. } => identity
+                .as_deref()
+                .is_some_and(|u| !TETHER_IDENTITIES.contains(&u)),
+            _ => false,
+        }
+    }
+}
+
 impl From<KubeStoreError> for StoreError {
     fn from(e: KubeStoreError) -> StoreError {
         StoreError::Backend {
@@ -398,6 +415,19 @@ mod tests {
             "{m}"
         );
         assert!(!m.contains("grant"), "no RBAC for the wrong identity: {m}");
+        let e = |user: &str| KubeStoreError::Forbidden {
+            server: String::new(),
+            verb: "list".into(),
+            resource: "pods".into(),
+            source_: CredentialSource::InCluster,
+            identity: Some(user.into()),
+            message: String::new(),
+        };
+        assert!(e("system:serviceaccount:kube-system:whereabouts").is_config());
+        assert!(
+            !e(TETHER_IDENTITIES[0]).is_config(),
+            "a missing grant is not the config's"
+        );
         let m = forbidden(
             &said_by_the_server("alice"),
             CredentialSource::Env("/home/alice/.kube/config".into()),

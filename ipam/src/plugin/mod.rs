@@ -38,6 +38,12 @@ pub fn to_cni(e: AllocError) -> CniError {
         {
             code::INVALID_CONFIG
         }
+        // Credentials that are not tether's: the NAD's kubeconfig is what must change.
+        AllocError::Store(s)
+            if KubeStoreError::from_store_error(s).is_some_and(KubeStoreError::is_config) =>
+        {
+            code::INVALID_CONFIG
+        }
         AllocError::Store(_) | AllocError::Gc { .. } => code::STORE,
         AllocError::Request(_) | AllocError::DuplicateRequest { .. } => code::INVALID_CONFIG,
         AllocError::HeldByOther { .. } | AllocError::AttachmentHasOther { .. } => {
@@ -71,12 +77,7 @@ fn node_name() -> Option<String> {
 pub fn kube_error(e: KubeStoreError) -> CniError {
     let c = if e.is_transient() {
         code::TRY_AGAIN_LATER
-    } else if matches!(
-        e,
-        KubeStoreError::Config { .. }
-            | KubeStoreError::Kubeconfig { .. }
-            | KubeStoreError::NoCredentials
-    ) {
+    } else if e.is_config() {
         code::INVALID_CONFIG
     } else {
         code::STORE
