@@ -83,32 +83,34 @@ assert_ipvlan side-a net1 '^10\.30\.0\.(1[0-9]|20)$' >/dev/null
 pass "master-down: enp7s0 brought up → side-a Running by itself"
 delete_pods 120 side-a
 
-# ---- 4. "store": "kubernetes" and no kubeconfig ------------------------------------------------
-# Under containerd a CNI plugin gets no KUBERNETES_SERVICE_HOST and no KUBECONFIG.
-K apply -f - >&2 <<'EOF' || fail "creating NAD mgmt-nokubeconfig"
+# ---- 4. whereabouts' "datastore": "etcd" ----------------------------------------------------------
+# A NAD moved from whereabouts' etcd days: refused (code 7) saying what to remove. (A NAD with
+# "store": "kubernetes" and no kubeconfig, the case here before, now uses the node-agent's.)
+K apply -f - >&2 <<'EOF' || fail "creating NAD mgmt-etcd"
 apiVersion: k8s.cni.cncf.io/v1
 kind: NetworkAttachmentDefinition
-metadata: {name: mgmt-nokubeconfig, namespace: default}
+metadata: {name: mgmt-etcd, namespace: default}
 spec:
   config: |
     {"cniVersion": "1.0.0", "type": "tether-ipvlan", "master": "enp5s0",
-     "ipam": {"type": "tether-ipam", "range": "10.20.30.241-10.20.30.250/24", "store": "kubernetes"}}
+     "ipam": {"type": "tether-ipam", "range": "10.20.30.241-10.20.30.250/24", "datastore": "etcd",
+              "etcd_host": "etcd.example:2379"}}
 EOF
-busybox_pod nokubeconfig '[{"name": "mgmt-nokubeconfig", "interface": "net1"}]'
-expect_event nokubeconfig nokubeconfig 'error adding container to network "mgmt-nokubeconfig"' \
-  'no Kubernetes credentials for the lease store' 'set ipam.kubernetes.kubeconfig'
+busybox_pod etcd '[{"name": "mgmt-etcd", "interface": "net1"}]'
+expect_event etcd etcd 'error adding container to network "mgmt-etcd"' \
+  'ipam.datastore "etcd"' 'remove "datastore" and the etcd_* keys'
 # containerd calls DEL for the failed sandbox, and again on every StopPodSandbox, with the ADD's
 # configuration. Seen on the first runs: tether-ipam's DEL failed like the ADD, so the pod stayed
 # Terminating for ever (FailedKillPod); DEL now succeeds under a configuration no ADD can work with.
 t=$(now)
-K -n default delete pod nokubeconfig --wait=false >&2
-if ! wait_for 60 gone nokubeconfig; then
-  fk=$(event_text nokubeconfig FailedKillPod)
-  K -n default delete pod nokubeconfig --force --grace-period=0 >&2 2>/dev/null || true
-  fail "nokubeconfig stuck Terminating 60 s after delete: its CNI DEL fails (FailedKillPod: ${fk:0:300})"
+K -n default delete pod etcd --wait=false >&2
+if ! wait_for 60 gone etcd; then
+  fk=$(event_text etcd FailedKillPod)
+  K -n default delete pod etcd --force --grace-period=0 >&2 2>/dev/null || true
+  fail "etcd stuck Terminating 60 s after delete: its CNI DEL fails (FailedKillPod: ${fk:0:300})"
 fi
 timing delete-failed-pod-to-gone "$(since "$t")"
-pass "nokubeconfig deleted (its DEL succeeds)"
+pass "etcd deleted (its DEL succeeds)"
 
 # ---- one address, one holder across NADs ---------------------------------------------------------
 # mgmt-fixed spans the /24 that mgmt-pool's range is part of: the address the pool gave trainer-0

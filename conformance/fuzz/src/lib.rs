@@ -9,7 +9,12 @@ pub fn netconf(data: &[u8]) {
     if let Ok(conf) = tether_cni::NetConf::parse(data) {
         let _ = tether_attach::IpvlanConfig::from_conf(&conf);
         let _ = tether_attach::IpvlanConfig::chained_master(conf.prev_result.as_ref());
-        let _ = tether_pool::PoolConfig::from_slice(&conf.raw);
+        for agent in [
+            tether_pool::NodeAgent::Absent,
+            tether_pool::NodeAgent::on_every_node(),
+        ] {
+            let _ = tether_pool::PoolConfig::from_slice(&conf.raw, &agent);
+        }
         let _ = conf.runtime_config("ips");
         let _ = conf.args_cni("ips");
     }

@@ -3,9 +3,17 @@
 //!
 //! The config is someone else's (a NAD), and the plugin runs as root: `log_file` is opened once,
 //! in a directory only root can write (tether-trusted-fs: never through a symlink, never under
-//! /proc, /sys or /dev), created 0600; and every control character of a line (a newline in a
-//! config value quoted in a message) is escaped, so a line is always one line and cannot forge
-//! others.
+//! /proc, /sys or /dev, never directly in /tmp), created 0600; and every control character of a
+//! line (a newline in a config value quoted in a message) is escaped, so a line is always one line
+//! and cannot forge others.
+//!
+//! A `log_file` that cannot be opened that way is ignored, with a warning on stderr (which the
+//! runtime, or Multus, logs), and the logs stay on stderr: a log is never worth failing a pod's
+//! ADD, DEL or CHECK over (whereabouts' own example, `/tmp/whereabouts.log`, failed every ADD). It
+//! is not written "safely" where it is either: root creating a file by name in a directory every
+//! user can write is safe only as far as the kernel's protected_symlinks/hardlinks/regular settings
+//! and checks of a file someone may have planted first go, and tether writes only in directories
+//! nobody else controls. A log is not worth the exception.
 
 use std::fs::File;
 use std::io::Write;
@@ -13,7 +21,7 @@ use std::path::Path;
 use std::sync::{Once, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use log::{LevelFilter, Log, Metadata, Record};
+use log::{Level, LevelFilter, Log, Metadata, Record};
 use serde_json::{Map, Value};
 
 struct Sink {
@@ -29,6 +37,28 @@ static SINK: RwLock<Sink> = RwLock::new(Sink {
 });
 static INSTALL: Once = Once::new();
 
+impl Sink {
+    /// One line, to the file or else stderr, whatever the level.
+    fn write(&self, level: Level, text: &str) {
+        let line = format!(
+            "{} {}[{}] {} {}\n",
+            utc_now(),
+            self.program,
+            std::process::id(),
+            level,
+            one_line(text)
+        );
+        // A log line that cannot be written must not fail the operation: fall back to stderr.
+        let written = self
+            .file
+            .as_ref()
+            .is_some_and(|mut f| f.write_all(line.as_bytes()).is_ok());
+        if !written {
+            let _ = std::io::stderr().write_all(line.as_bytes());
+        }
+    }
+}
+
 struct Logger;
 
 impl Log for Logger {
@@ -41,22 +71,7 @@ impl Log for Logger {
         if r.level() > sink.level {
             return;
         }
-        let line = format!(
-            "{} {}[{}] {} {}\n",
-            utc_now(),
-            sink.program,
-            std::process::id(),
-            r.level(),
-            one_line(&r.args().to_string())
-        );
-        // A log line that cannot be written must not fail the operation: fall back to stderr.
-        let written = sink
-            .file
-            .as_ref()
-            .is_some_and(|mut f| f.write_all(line.as_bytes()).is_ok());
-        if !written {
-            let _ = std::io::stderr().write_all(line.as_bytes());
-        }
+        sink.write(r.level(), &r.args().to_string());
     }
 
     fn flush(&self) {}
@@ -86,62 +101,85 @@ pub fn one_line(text: &str) -> String {
     out
 }
 
-/// What `configure` refuses: a `log_file` or `log_level` that is not a string, a `log_file` that
-/// cannot be opened safely. The message names the key; the caller answers with code 7.
+/// What `configure` refuses: a `log_file` or `log_level` that is not a string. The message names
+/// the key; the caller answers with code 7. (A `log_file` that cannot be opened is not refused: see
+/// the module docs.)
 #[derive(Debug)]
 pub struct LogConfigError(pub String);
 
 /// Apply `log_file`/`log_level` from the top level of the config, or from its `ipam` object (where
 /// whereabouts users put them).
 pub fn configure(conf: &Map<String, Value>) -> Result<(), LogConfigError> {
-    let pick = |key: &str| -> Result<Option<String>, LogConfigError> {
-        let (v, at) = match conf.get(key) {
-            Some(v) => (v, key.to_string()),
-            None => match conf.get("ipam").and_then(|i| i.get(key)) {
-                Some(v) => (v, format!("ipam.{key}")),
-                None => return Ok(None),
-            },
-        };
-        match v {
-            Value::Null => Ok(None),
-            Value::String(s) if s.is_empty() => Ok(None),
-            Value::String(s) => Ok(Some(s.clone())),
-            other => Err(LogConfigError(format!(
-                "{at} must be a string, not {}",
-                crate::config::json_type(other)
-            ))),
-        }
-    };
-    let file = pick("log_file")?;
-    let level = pick("log_level")?;
-    let level = match level.as_deref().map(str::to_ascii_lowercase).as_deref() {
+    let file = pick(conf, "log_file")?;
+    let level = pick(conf, "log_level")?;
+    let level = match level.map(|(l, _)| l.to_ascii_lowercase()).as_deref() {
         Some("error" | "panic" | "fatal") => LevelFilter::Error,
         Some("info" | "verbose") => LevelFilter::Info,
         Some("debug") => LevelFilter::Debug,
         Some("trace") => LevelFilter::Trace,
         _ => LevelFilter::Warn,
     };
-    let file = match file {
-        Some(f) => Some(open_log_file(Path::new(&f))?),
-        None => None,
+    let (file, ignored) = match file {
+        Some((path, key)) => match open_log_file(&key, Path::new(&path)) {
+            Ok(f) => (Some(f), None),
+            Err(why) => (None, Some(why)),
+        },
+        None => (None, None),
     };
     if let Ok(mut s) = SINK.write() {
         s.level = level;
         s.file = file;
+        // Whatever log_level says: it is about where the lines it asks for go.
+        if let Some(why) = ignored {
+            s.write(
+                Level::Warn,
+                &format!("{why}; it is ignored and the log goes to stderr"),
+            );
+        }
     }
     Ok(())
 }
 
-/// `log_file`, opened for appending in a trusted directory (created 0600).
-fn open_log_file(path: &Path) -> Result<File, LogConfigError> {
+/// Why the config's `log_file` names a place the plugins never open (they ignore it), checked
+/// without touching the filesystem (`tether validate`): `None` for none, or one they would try.
+pub fn unfit_log_file(conf: &Map<String, Value>) -> Option<String> {
+    let (path, key) = pick(conf, "log_file").ok()??;
+    tether_trusted_fs::check_file_place(&key, Path::new(&path), tether_trusted_fs::Place::Log)
+        .err()
+        .map(|e| e.to_string())
+}
+
+/// The string value of `key` at the top level, else in `ipam`, and the key path that held it.
+fn pick(conf: &Map<String, Value>, key: &str) -> Result<Option<(String, String)>, LogConfigError> {
+    let (v, at) = match conf.get(key) {
+        Some(v) => (v, key.to_string()),
+        None => match conf.get("ipam").and_then(|i| i.get(key)) {
+            Some(v) => (v, format!("ipam.{key}")),
+            None => return Ok(None),
+        },
+    };
+    match v {
+        Value::Null => Ok(None),
+        Value::String(s) if s.is_empty() => Ok(None),
+        Value::String(s) => Ok(Some((s.clone(), at))),
+        other => Err(LogConfigError(format!(
+            "{at} must be a string, not {}",
+            crate::config::json_type(other)
+        ))),
+    }
+}
+
+/// The `log_file` named by `key`, opened for appending in a trusted directory (created 0600), or
+/// why not.
+fn open_log_file(key: &str, path: &Path) -> Result<File, String> {
     tether_trusted_fs::open_in_trusted_dir(
-        "log_file",
+        key,
         path,
         tether_trusted_fs::Place::Log,
         tether_trusted_fs::Open::Append(0o600),
     )
     .map(|f| f.expect("an append open creates the file"))
-    .map_err(|e| LogConfigError(e.to_string()))
+    .map_err(|e| e.to_string())
 }
 
 /// RFC 3339 UTC timestamp without pulling in a date crate.
@@ -183,6 +221,38 @@ mod tests {
         );
         assert!(l.contains("\\n* * * * *"), "the text stays readable: {l}");
         assert_eq!(super::one_line("plain ünïcode"), "plain ünïcode");
+    }
+
+    /// whereabouts' own example, at the top level and in `ipam`, and other places the plugin
+    /// refuses: ignored (the warning goes to stderr), never an error.
+    #[test]
+    fn a_log_file_that_cannot_be_opened_is_ignored() {
+        use serde_json::json;
+        for (conf, key) in [
+            (json!({"log_file": "/tmp/whereabouts.log"}), "log_file"),
+            (
+                json!({"ipam": {"log_file": "/tmp/whereabouts.log"}}),
+                "ipam.log_file",
+            ),
+            (
+                json!({"ipam": {"log_file": "/etc/ld.so.preload"}}),
+                "ipam.log_file",
+            ),
+            (json!({"log_file": "relative.log"}), "log_file"),
+        ] {
+            let path = conf.pointer("/log_file").or(conf.pointer("/ipam/log_file"));
+            let why =
+                super::open_log_file(key, std::path::Path::new(path.unwrap().as_str().unwrap()))
+                    .unwrap_err();
+            assert!(why.starts_with(&format!("{key} ")), "{why}");
+            assert!(
+                super::configure(conf.as_object().unwrap()).is_ok(),
+                "{conf}"
+            );
+        }
+        let e =
+            super::configure(json!({"ipam": {"log_file": 5}}).as_object().unwrap()).unwrap_err();
+        assert_eq!(e.0, "ipam.log_file must be a string, not a number");
     }
 
     #[test]

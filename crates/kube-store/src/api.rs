@@ -16,7 +16,7 @@ use kube::core::params::PostParams;
 use serde::de::DeserializeOwned;
 
 use crate::crd::PLURAL;
-use crate::error::{CredentialSource, KubeStoreError, error_chain};
+use crate::error::{CredentialSource, KubeStoreError, error_chain, forbidden_identity};
 use crate::settings::KubeSettings;
 use crate::traffic::{ApiTraffic, CountWatchEvents, list_items};
 
@@ -412,6 +412,7 @@ impl ApiClient {
                     verb: verb.rbac().to_string(),
                     resource: format!("{PLURAL}.{}", self.group),
                     source_: self.source.clone(),
+                    identity: forbidden_identity(&s.message),
                     message: s.message.clone(),
                 },
                 404 => KubeStoreError::CrdMissing { server },
@@ -469,6 +470,7 @@ impl ApiClient {
                 verb: verb.to_string(),
                 resource: resource.to_string(),
                 source_: self.source.clone(),
+                identity: forbidden_identity(&s.message),
                 message: s.message.clone(),
             },
             kube::Error::Api(s) if s.code == 404 => KubeStoreError::Api {

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use tether_leases::StoreError;
 
+use tether_pool::NODE_KUBECONFIG;
+
 use crate::crd::{CRD_MANIFEST, CRD_NAME};
 
 /// Where the store's credentials came from (quoted in messages).
@@ -90,10 +92,12 @@ pub enum KubeStoreError {
         detail: String,
     },
     /// RBAC forbids a request: on the leases, or on what the operator reads (pods, nodes, NADs,
-    /// access reviews).
+    /// access reviews). What to do depends on who asked: tether's own identity lacks a grant,
+    /// any other (whereabouts') is the wrong credential ([`forbidden_advice`]).
     #[error(
-        "the Kubernetes API at {server} forbids `{verb}` on {resource} for {source_}: {message}; \
-         grant `{verb}` on {resource} to this identity (deploy/base/rbac.yaml has the ClusterRoles)"
+        "the Kubernetes API at {server} forbids `{verb}` on {resource} for {} ({source_}): {message}; {}",
+        .identity.as_deref().unwrap_or("this identity"),
+        forbidden_advice(.identity.as_deref(), .source_, .verb, .resource)
     )]
     Forbidden {
         /// API server URL.
@@ -104,7 +108,9 @@ pub enum KubeStoreError {
         resource: String,
         /// Credentials used.
         source_: CredentialSource,
-        /// The server's message (names the user).
+        /// The user the API server saw, from its message ([`forbidden_identity`]).
+        identity: Option<String>,
+        /// The server's message.
         message: String,
     },
     /// An admission policy refused a lease write: tether's node-scope policy
@@ -255,6 +261,23 @@ impl KubeStoreError {
     }
 }
 
+impl KubeStoreError {
+    /// The configuration is what must change (CNI code 7): a bad `ipam.kubernetes` value, a
+    /// kubeconfig that cannot be used or none at all, or credentials that are not tether's (a
+    /// 403 for another program's identity, see [`forbidden_advice`]).
+    pub fn is_config(&self) -> bool {
+        match self {
+            KubeStoreError::Config { .. }
+            | KubeStoreError::Kubeconfig { .. }
+            | KubeStoreError::NoCredentials => true,
+            KubeStoreError::Forbidden { identity, .. } => identity
+                .as_deref()
+                .is_some_and(|u| !TETHER_IDENTITIES.contains(&u)),
+            _ => false,
+        }
+    }
+}
+
 impl From<KubeStoreError> for StoreError {
     fn from(e: KubeStoreError) -> StoreError {
         StoreError::Backend {
@@ -274,6 +297,55 @@ impl KubeStoreError {
             } => s.downcast_ref::<KubeStoreError>(),
             _ => None,
         }
+    }
+}
+
+/// The service accounts tether ships (deploy/base): the node identity the plugins and the
+/// node-agents use, and the controller's.
+pub const TETHER_IDENTITIES: &[&str] = &[
+    "system:serviceaccount:kube-system:tether",
+    "system:serviceaccount:kube-system:tether-controller",
+];
+
+/// The user a 403's message names (`... is forbidden: User "system:serviceaccount:ns:sa" cannot
+/// list resource ...`).
+pub fn forbidden_identity(message: &str) -> Option<String> {
+    let rest = &message[message.find("User \"")? + "User \"".len()..];
+    Some(rest[..rest.find('"')?].to_string()).filter(|u| !u.is_empty())
+}
+
+/// What to do about a 403. tether's own identity (or one the server did not name) lacks a grant;
+/// any other is a credential that is not tether's (measured: a NAD keeping whereabouts'
+/// kubeconfig got "grant RBAC to this identity", which would have widened whereabouts'
+/// service account), so the advice is the key to change.
+pub fn forbidden_advice(
+    identity: Option<&str>,
+    source: &CredentialSource,
+    verb: &str,
+    resource: &str,
+) -> String {
+    match identity {
+        Some(user) if !TETHER_IDENTITIES.contains(&user) => {
+            let change = match source {
+                CredentialSource::Config(_) => format!(
+                    "set ipam.kubernetes.kubeconfig to the kubeconfig tether's node-agent writes ({NODE_KUBECONFIG}), \
+                     or remove the key on a node where the agent runs"
+                ),
+                CredentialSource::Env(_) => {
+                    format!("point KUBECONFIG at tether's kubeconfig ({NODE_KUBECONFIG})")
+                }
+                CredentialSource::InCluster => format!(
+                    "set ipam.kubernetes.kubeconfig to tether's kubeconfig ({NODE_KUBECONFIG})"
+                ),
+            };
+            format!(
+                "{user} is not tether's service account ({}), so these are not tether's credentials: {change}",
+                TETHER_IDENTITIES[0]
+            )
+        }
+        _ => format!(
+            "grant `{verb}` on {resource} to this identity (deploy/base/rbac.yaml has the ClusterRoles)"
+        ),
     }
 }
 
@@ -298,4 +370,91 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn forbidden(message: &str, source: CredentialSource) -> String {
+        KubeStoreError::Forbidden {
+            server: "https://10.0.0.1:6443".into(),
+            verb: "list".into(),
+            resource: "ipleases.ipam.tether.dev".into(),
+            source_: source,
+            identity: forbidden_identity(message),
+            message: message.into(),
+        }
+        .to_string()
+    }
+
+    fn said_by_the_server(user: &str) -> String {
+        format!(
+            "ipleases.ipam.tether.dev is forbidden: User \"{user}\" cannot list resource \"ipleases\" in API group \
+             \"ipam.tether.dev\" at the cluster scope"
+        )
+    }
+
+    #[test]
+    fn another_programs_identity_is_told_which_key_to_change() {
+        let whereabouts = "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig";
+        let m = forbidden(
+            &said_by_the_server("system:serviceaccount:kube-system:whereabouts"),
+            CredentialSource::Config(whereabouts.into()),
+        );
+        assert!(
+            m.contains("forbids `list` on ipleases.ipam.tether.dev for system:serviceaccount:kube-system:whereabouts"),
+            "{m}"
+        );
+        assert!(
+            m.contains(
+                "is not tether's service account (system:serviceaccount:kube-system:tether)"
+            ) && m.contains(
+                "set ipam.kubernetes.kubeconfig to the kubeconfig tether's node-agent writes"
+            ),
+            "{m}"
+        );
+        assert!(!m.contains("grant"), "no RBAC for the wrong identity: {m}");
+        let e = |user: &str| KubeStoreError::Forbidden {
+            server: String::new(),
+            verb: "list".into(),
+            resource: "pods".into(),
+            source_: CredentialSource::InCluster,
+            identity: Some(user.into()),
+            message: String::new(),
+        };
+        assert!(e("system:serviceaccount:kube-system:whereabouts").is_config());
+        assert!(
+            !e(TETHER_IDENTITIES[0]).is_config(),
+            "a missing grant is not the config's"
+        );
+        let m = forbidden(
+            &said_by_the_server("alice"),
+            CredentialSource::Env("/home/alice/.kube/config".into()),
+        );
+        assert!(m.contains("point KUBECONFIG at tether's kubeconfig"), "{m}");
+    }
+
+    #[test]
+    fn tethers_own_identity_is_told_what_to_grant() {
+        for user in TETHER_IDENTITIES {
+            let m = forbidden(&said_by_the_server(user), CredentialSource::InCluster);
+            assert!(
+                m.contains(&format!("for {user} (the in-cluster service account)")),
+                "{m}"
+            );
+            assert!(
+                m.ends_with("grant `list` on ipleases.ipam.tether.dev to this identity (deploy/base/rbac.yaml has the ClusterRoles)"),
+                "{m}"
+            );
+        }
+        // A message that names nobody: the advice as before.
+        let m = forbidden("forbidden", CredentialSource::InCluster);
+        assert!(
+            m.contains("for this identity") && m.contains("grant `list`"),
+            "{m}"
+        );
+        assert_eq!(forbidden_identity("User \"\" cannot"), None);
+        assert_eq!(forbidden_identity("User \"unterminated"), None);
+    }
 }

@@ -45,7 +45,9 @@
 //! tokens ([`node_token`]), whereabouts' IPPools and reservations for the import ([`whereabouts`]). Both sit on [`ApiClient`] ([`api`]; lists in [`listing`]), the client
 //! every request goes through (credentials, time budget, request counters, error mapping), which
 //! they may share; [`traffic`] holds the counters of what the clients sent and read, a value the
-//! node-agent shares among its clients and its metrics.
+//! node-agent shares among its clients and its metrics. [`node_agent()`] says whether tether's
+//! node-agent is installed on this node (its kubeconfig for the plugins), which decides the store
+//! of a configuration that names none.
 
 // Errors carry the server, verb, identity and message for the operator; they are the cold path
 // of a short-lived process, so their size does not matter.
@@ -64,6 +66,7 @@ pub mod lease_lists;
 pub mod list_watch;
 mod listing;
 pub mod monitoring;
+pub mod node_agent;
 pub mod node_token;
 pub mod nodes;
 pub mod settings;
@@ -86,6 +89,7 @@ pub use credentials::check_credentials;
 pub use error::{CredentialSource, KubeStoreError};
 pub use list_watch::{ListWatch, Resume};
 pub use monitoring::{NadConfig, NadWarning, PodWarning, Posted};
+pub use node_agent::{NODE_KUBECONFIG_ENV, node_agent};
 pub use node_token::IssuedToken;
 pub use nodes::{NODE_LEASE_NAMESPACE, NodeHealth, PodPlacement};
 pub use settings::{DEFAULT_PAGE_SIZE, DEFAULT_TIMEOUT, KubeSettings, LegacyMirrors};

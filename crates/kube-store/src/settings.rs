@@ -21,7 +21,7 @@ pub const DEFAULT_PAGE_SIZE: u32 = 500;
 ///
 /// | key | default | meaning |
 /// |---|---|---|
-/// | `kubeconfig` | — | kubeconfig file (whereabouts' key). Without it: the in-cluster service account when `KUBERNETES_SERVICE_HOST` is set, else `KUBECONFIG`. |
+/// | `kubeconfig` | — | kubeconfig file (whereabouts' key; tether-pool puts tether's node-agent's here when the config names none, or names whereabouts', and the agent is installed: [`crate::node_agent()`]). Without it: the in-cluster service account when `KUBERNETES_SERVICE_HOST` is set, else `KUBECONFIG`. |
 /// | `k8s_api_root` | — | API server URL overriding the kubeconfig's (whereabouts' key). |
 /// | `timeout_s` | 10 | Total time budget of one CNI call against the API server, seconds (fractions allowed). |
 /// | `list_from_cache` | true | List from the API server's watch cache (`resourceVersion=0`, or not older than the newest version this store has seen; one unpaginated request); `false`: a consistent, paginated list, which etcd serves by reading every IPLease of the cluster. |
@@ -190,7 +190,11 @@ mod tests {
         let kubeconfig = extra
             .remove("kubeconfig")
             .and_then(|p| p.as_str().map(PathBuf::from));
-        KubernetesConfig { kubeconfig, extra }
+        KubernetesConfig {
+            kubeconfig,
+            extra,
+            ..KubernetesConfig::default()
+        }
     }
 
     #[test]

@@ -77,10 +77,17 @@ fn forbidden_create_names_verb_and_resource() {
     store.ready().unwrap(); // listing is allowed
     let msg = add(&store, &env.network, "c1").unwrap_err().to_string();
     assert!(
-        msg.contains("forbids `create` on ipleases.ipam.tether.dev"),
+        msg.contains("forbids `create` on ipleases.ipam.tether.dev for tether-test-no-create-"),
+        "the identity the server saw is named: {msg}"
+    );
+    // Not tether's service account: the credential is the wrong one, not short of a grant.
+    assert!(
+        msg.contains("is not tether's service account")
+            && msg.contains(
+                "set ipam.kubernetes.kubeconfig to the kubeconfig tether's node-agent writes"
+            ),
         "{msg}"
     );
-    assert!(msg.contains("deploy/base/rbac.yaml"), "{msg}");
 }
 
 #[test]

@@ -6,7 +6,9 @@
 //! # Configuration ([`config`])
 //!
 //! [`PoolConfig::from_slice`] / [`PoolConfig::from_value`] take the *whole* network config (the
-//! `ipam` object is under `"ipam"`, the top-level `name` is the default network name).
+//! `ipam` object is under `"ipam"`, the top-level `name` is the default network name) and whether
+//! tether's node-agent is installed where it is read ([`NodeAgent`]: the only input besides the
+//! config, since a NAD must not choose a root credential).
 //! whereabouts NADs are accepted unchanged:
 //!
 //! | key | meaning |
@@ -18,11 +20,12 @@
 //! | `gateway` | attached to every range whose subnet contains it, and never handed out |
 //! | `routes`, `dns` | static-plugin syntax, carried |
 //! | `network_name` | default: top-level `name` |
-//! | `store` | `"file"` (default) or `"kubernetes"`; absent + `kubernetes.kubeconfig` set → kubernetes |
+//! | `store` | `"file"` or `"kubernetes"`; absent: `datastore`, else kubernetes when `kubernetes.kubeconfig` is set or tether's node-agent is installed ([`NodeAgent`]), else file ([`StoreSource`]) |
+//! | `datastore` | whereabouts' key: `"kubernetes"` is the cluster store; any other value (`"etcd"`) is refused |
 //! | `dataDir` | default `/var/lib/cni/tether`; must be absolute |
 //! | `cooldown_s`, `quarantine_s` | default 60 and 600 |
 //! | `probe` | `false`, `true`, or `{"timeout_ms": N, "attempts": N}` (default on, 100 ms, 1) |
-//! | `kubernetes` | `kubeconfig` path plus the other keys as JSON |
+//! | `kubernetes` | `kubeconfig` path plus the other keys as JSON; whereabouts' kubeconfig is replaced by the node-agent's, or refused without one ([`KubeconfigSource`]) |
 //!
 //! Unknown keys are ignored; `""` and `null` count as absent (as Go's JSON decoding does).
 //! Invalid values give [`ConfigError::Invalid`], whose message is
@@ -54,6 +57,9 @@ pub mod config;
 pub mod range;
 pub mod request;
 
-pub use config::{ConfigError, Dns, KubernetesConfig, PoolConfig, ProbeConfig, Route, StoreKind};
+pub use config::{
+    ConfigError, Dns, KubeconfigSource, KubernetesConfig, NODE_KUBECONFIG, NodeAgent, PoolConfig,
+    ProbeConfig, Route, StoreKind, StoreSource, is_whereabouts_kubeconfig,
+};
 pub use range::{Bound, Candidates, Family, IpRange, RangeError, SharedAddresses, Unusable};
 pub use request::{RequestError, RequestedIp, describe_ranges, find_range, locate};

@@ -2,15 +2,20 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use serde_json::json;
-use tether_pool::{ConfigError, PoolConfig, ProbeConfig, StoreKind};
+use tether_pool::{
+    ConfigError, KubeconfigSource, NODE_KUBECONFIG, NodeAgent, PoolConfig, ProbeConfig, StoreKind,
+    StoreSource,
+};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// Parsed as on a host without tether's node-agent.
 fn parse(ipam: serde_json::Value) -> Result<PoolConfig, ConfigError> {
     PoolConfig::from_value(
         &json!({"cniVersion": "1.0.0", "name": "net1", "type": "tether-ipvlan", "ipam": ipam}),
+        &NodeAgent::Absent,
     )
 }
 
@@ -40,7 +45,7 @@ fn whereabouts_nad_unchanged() {
         "kubernetes": {"kubeconfig": "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig", "k8s_api_root": "https://x"}
       }
     }"#;
-    let c = PoolConfig::from_slice(nad).unwrap();
+    let c = PoolConfig::from_slice(nad, &NodeAgent::on_every_node()).unwrap();
     assert_eq!(c.network_name, "whereaboutsexample");
     assert_eq!(c.ranges.len(), 1);
     let r = &c.ranges[0];
@@ -70,16 +75,24 @@ fn whereabouts_nad_unchanged() {
     assert_eq!(c.dns.nameservers, ["8.8.8.8"]);
     assert_eq!(c.dns.domain.as_deref(), Some("example.com"));
     assert_eq!(c.dns.options, ["ndots:2"]);
-    // kubeconfig set, store absent → kubernetes
+    // kubeconfig set, store absent → kubernetes, with tether's kubeconfig instead of whereabouts'
     assert_eq!(c.store, StoreKind::Kubernetes);
+    assert_eq!(c.store_source, StoreSource::KubeconfigKey);
     let k = c.kubernetes.as_ref().unwrap();
+    assert_eq!(k.kubeconfig, Some(PathBuf::from(NODE_KUBECONFIG)));
     assert_eq!(
-        k.kubeconfig,
-        Some(PathBuf::from(
+        k.source,
+        KubeconfigSource::InsteadOfWhereabouts(PathBuf::from(
             "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig"
         ))
     );
     assert_eq!(k.extra["k8s_api_root"], "https://x");
+    // Without the node-agent, whereabouts' kubeconfig is refused.
+    let e = PoolConfig::from_slice(nad, &NodeAgent::Absent).unwrap_err();
+    assert!(
+        e.to_string().starts_with("ipam.kubernetes.kubeconfig "),
+        "{e}"
+    );
     // defaults
     assert_eq!(c.data_dir, PathBuf::from("/var/lib/cni/tether"));
     assert_eq!(c.cooldown_s, 60);
@@ -178,11 +191,14 @@ fn ipv6_only_and_gateway_per_family() {
 #[test]
 fn network_name_defaults_and_missing() {
     assert!(matches!(
-        PoolConfig::from_value(&json!({"ipam": {"range": "10.0.0.0/24"}})),
+        PoolConfig::from_value(
+            &json!({"ipam": {"range": "10.0.0.0/24"}}),
+            &NodeAgent::Absent
+        ),
         Err(ConfigError::NoNetworkName)
     ));
     assert!(matches!(
-        PoolConfig::from_value(&json!({"name": "x"})),
+        PoolConfig::from_value(&json!({"name": "x"}), &NodeAgent::Absent),
         Err(ConfigError::MissingIpam)
     ));
     assert!(matches!(
@@ -190,7 +206,7 @@ fn network_name_defaults_and_missing() {
         Err(ConfigError::NoRanges)
     ));
     assert!(matches!(
-        PoolConfig::from_slice(b"{nope"),
+        PoolConfig::from_slice(b"{nope", &NodeAgent::Absent),
         Err(ConfigError::Json(_))
     ));
 }

@@ -119,6 +119,9 @@ pub enum Open {
     Replace,
     /// Append, created (given mode) when missing: a log file.
     Append(u32),
+    /// Write, created (0600) only when missing (`O_EXCL`): a marker that something happened
+    /// once. An existing file is `Ok(None)`.
+    CreateNew,
 }
 
 /// An open directory that passed the checks (see the module docs).
@@ -173,10 +176,21 @@ impl Place {
             Place::Log => &["/var/log", "/tmp", "/var/tmp"],
         }
     }
+
+    /// A good place of this kind, for messages.
+    fn example(self) -> &'static str {
+        match self {
+            Place::State => "the default /var/lib/cni/tether",
+            Place::Log => "/var/log/tether/cni.log",
+        }
+    }
 }
 
+/// The roots anyone may create files in (mode 1777).
+const WORLD_WRITABLE: &[&str] = &["/tmp", "/var/tmp"];
+
 /// `path` is absolute, without `..`, not under a pseudo-filesystem, and below one of `place`'s
-/// roots.
+/// roots (not a root itself).
 pub fn check_place(key: &str, path: &Path, place: Place) -> Result<(), TrustError> {
     let unfit = |reason: &str| TrustError::Unfit {
         key: key.to_string(),
@@ -195,18 +209,46 @@ pub fn check_place(key: &str, path: &Path, place: Place) -> Result<(), TrustErro
         }
     }
     let roots = place.roots();
-    if !roots
-        .iter()
-        .any(|r| path.starts_with(r) && path != Path::new(r))
-    {
+    // A root itself is named apart: "must be below /tmp" said of "/tmp" reads as a contradiction.
+    if let Some(root) = roots.iter().find(|r| path == Path::new(r)) {
+        return Err(unfit(&format!(
+            "it must be below {root}, not {root} itself (e.g. {})",
+            place.example()
+        )));
+    }
+    if !roots.iter().any(|r| path.starts_with(r)) {
         return Err(unfit(&format!(
             "it must be below {} (e.g. {})",
             roots.join(", "),
-            match place {
-                Place::State => "the default /var/lib/cni/tether",
-                Place::Log => "/var/log/tether/cni.log",
-            }
+            place.example()
         )));
+    }
+    Ok(())
+}
+
+/// [`check_place`] of a single file (a log): its directory must be below a root too, never a root
+/// itself. A file directly in /tmp is one that anyone can create first (a symlink, a hard link to
+/// another file, a file of their own), and root opening it by name would write into what they
+/// planted; a file directly in /var/log could be one of the system's own logs.
+pub fn check_file_place(key: &str, path: &Path, place: Place) -> Result<(), TrustError> {
+    check_place(key, path, place)?;
+    let Some(dir) = path.parent() else {
+        return Ok(());
+    };
+    if let Some(root) = place.roots().iter().find(|r| dir == Path::new(r)) {
+        let why = if WORLD_WRITABLE.contains(root) {
+            "which every user can write, so a file opened there by name may be one someone planted"
+        } else {
+            "which holds the system's own files"
+        };
+        return Err(TrustError::Unfit {
+            key: key.to_string(),
+            path: path.to_path_buf(),
+            reason: format!(
+                "it must be in a directory of its own below {root}, not directly in {root}, {why} (e.g. {})",
+                place.example()
+            ),
+        });
     }
     Ok(())
 }
@@ -354,10 +396,15 @@ impl TrustedDir {
                 0o600,
             ),
             Open::Append(m) => (base | OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_APPEND, m),
+            Open::CreateNew => (
+                base | OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+                0o600,
+            ),
         };
         let fd = match openat(&self.fd, name, flags, Mode::from_bits_truncate(mode)) {
             Ok(fd) => fd,
             Err(Errno::ENOENT) if how == Open::Read => return Ok(None),
+            Err(Errno::EEXIST) if how == Open::CreateNew => return Ok(None),
             Err(Errno::ELOOP) => {
                 return Err(TrustError::UnfitFile {
                     path,
@@ -520,7 +567,7 @@ pub fn open_in_trusted_dir(
     place: Place,
     how: Open,
 ) -> Result<Option<File>, TrustError> {
-    check_place(key, path, place)?;
+    check_file_place(key, path, place)?;
     let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(OsStr::to_str)) else {
         return Err(TrustError::Unfit {
             key: key.to_string(),

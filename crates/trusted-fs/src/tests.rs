@@ -151,3 +151,70 @@ fn a_symlinked_configured_path_is_resolved_once() {
     assert!(d.join("real/state/f").is_file());
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Measured: `log_file "/tmp/whereabouts.log"` was refused with "log_file "/tmp" ... it must be
+/// below /var/log, /tmp, /var/tmp". A message never lists as allowed what it refuses.
+#[test]
+fn a_refusal_never_lists_the_refused_place_as_allowed() {
+    for (p, place, says) in [
+        (
+            "/tmp/whereabouts.log",
+            Place::Log,
+            "not directly in /tmp, which every user can write",
+        ),
+        ("/var/tmp/x.log", Place::Log, "not directly in /var/tmp"),
+        (
+            "/var/log/syslog",
+            Place::Log,
+            "not directly in /var/log, which holds the system's own files",
+        ),
+        ("/tmp", Place::State, "must be below /tmp, not /tmp itself"),
+        (
+            "/var/lib",
+            Place::State,
+            "must be below /var/lib, not /var/lib itself",
+        ),
+    ] {
+        let e = check_file_place("log_file", Path::new(p), place)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{p}: {e}");
+        assert!(
+            e.contains(&format!("{p:?}")),
+            "the configured path is named: {e}"
+        );
+    }
+    // Through the opening function too: the file is named, not its directory.
+    let e = open_in_trusted_dir(
+        "log_file",
+        Path::new("/tmp/whereabouts.log"),
+        Place::Log,
+        Open::Append(0o600),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.starts_with("log_file \"/tmp/whereabouts.log\" "), "{e}");
+    assert!(!e.contains("below /var/log, /tmp"), "{e}");
+    for p in ["/tmp/tether/cni.log", "/var/log/tether/cni.log"] {
+        check_file_place("log_file", Path::new(p), Place::Log).unwrap();
+    }
+}
+
+#[test]
+fn create_new_creates_once() {
+    let d = scratch("once");
+    let t = TrustedDir::open("ipam.dataDir", &d.join("data"), Place::State, true).unwrap();
+    assert!(t.open_file("said", Open::CreateNew).unwrap().is_some());
+    assert!(t.open_file("said", Open::CreateNew).unwrap().is_none());
+    let mode = std::fs::metadata(d.join("data/said"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600);
+    // A symlink in its place is not followed: it counts as there, and nothing is created.
+    symlink(d.join("elsewhere"), d.join("data/link")).unwrap();
+    assert!(t.open_file("link", Open::CreateNew).unwrap().is_none());
+    assert!(!d.join("elsewhere").exists());
+    std::fs::remove_dir_all(&d).unwrap();
+}

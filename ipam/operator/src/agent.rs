@@ -146,6 +146,16 @@ pub fn run(
     let mirrors = LegacyMirrors::new(true);
     let (follower, names_kube) = follower(opts, &mirrors);
     follower.round(names_kube.as_ref());
+    let sa = ServiceAccount::in_cluster(opts.service_account_dir.clone())?;
+    // On a fresh node the plugins' kubeconfig is there before the plugins are: its presence is
+    // what tells tether-ipam the agent is installed (a config naming no store then uses the
+    // cluster store), so no plugin of this agent ever runs as if on a node without it. The pod's
+    // own token until the loop below writes the node-bound one.
+    if !opts.kubeconfig_out.exists()
+        && let Err(e) = write_kubeconfig(&sa, None, &opts.kubeconfig_out)
+    {
+        log::error!("writing the plugins' kubeconfig before installing them: {e}");
+    }
     let changed = install_binaries(&opts.source_dir, &opts.cni_bin_dir)?;
     log::warn!(
         "installed into {}: {}",
@@ -156,7 +166,6 @@ pub fn run(
             changed.join(", ")
         }
     );
-    let sa = ServiceAccount::in_cluster(opts.service_account_dir.clone())?;
     let mut reconciler: Option<std::thread::JoinHandle<()>> = None;
     let mut plugin_token = PluginToken::new(opts.plugin_token_api.clone());
     let mut service: Option<LeaseService> = None;

@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use tether_cni::MasterKeys;
 use tether_kube_store::{
     ApiClient, Cluster, CrdState, KubeSettings, KubeStore, KubeStoreError, NodeScope,
-    check_credentials,
+    check_credentials, node_agent,
 };
 use tether_leases::{Allocator, NoProbe, Scope, SystemClock};
 use tether_link::Netlink;
@@ -36,7 +36,7 @@ use tether_wire::{ProbeBudget, ProbeOutcome};
 use super::nads::{file_network, nad_networks, with_files};
 use super::output::{EXIT_FAILED, EXIT_OK, Output, print_table};
 use super::overlap::findings;
-use super::store_access::{OpenStore, StoreArgs, read_network_config};
+use super::store_access::{OpenStore, StoreArgs, describe_store, read_network_config};
 
 struct Finding {
     check: &'static str,
@@ -101,19 +101,18 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
         Ok(v) => v,
         Err(e) => return r.fail("config", e),
     };
-    let cfg = match PoolConfig::from_value(&raw) {
+    let cfg = match PoolConfig::from_value(&raw, &node_agent()) {
         Ok(c) => c,
         Err(e) => return r.fail("config", format!("{e}; fix the ipam section")),
     };
     r.ok(
         "config",
         format!(
-            "network {}: {} range(s), {:?} store",
+            "network {}: {} range(s), {}",
             cfg.network_name,
             cfg.ranges.len(),
-            cfg.store
-        )
-        .to_lowercase(),
+            describe_store(&cfg)
+        ),
     );
 
     let master = check_master(&raw, r);
@@ -224,7 +223,7 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
 fn check_overlaps(cluster: &Cluster, path: &PathBuf, r: &mut Report) {
     const CHECK: &str = "overlap";
     // Parsed before (the config check): this only adds its NAD's name and master.
-    let Ok(me) = file_network(path) else {
+    let Ok(me) = file_network(path, &node_agent()) else {
         return;
     };
     let nads = match cluster.network_attachment_definitions() {

@@ -470,6 +470,7 @@ fn conflict_message(l: &Lease, mac: &str, node: &str) -> String {
 mod tests {
     use super::*;
     use crate::nads::tether_ipam_configs;
+    use tether_pool::NodeAgent;
 
     #[test]
     fn finds_tether_ipam_in_configs_and_conflists() {
@@ -480,7 +481,9 @@ mod tests {
         assert_eq!(got.len(), 1);
         assert_eq!(got[0]["name"], "compute");
         assert_eq!(
-            PoolConfig::from_value(&got[0]).unwrap().network_name,
+            PoolConfig::from_value(&got[0], &NodeAgent::on_every_node())
+                .unwrap()
+                .network_name,
             "compute"
         );
         assert!(
@@ -497,9 +500,12 @@ mod tests {
         // No name: the NAD's.
         let unnamed = r#"{"cniVersion":"1.0.0","type":"tether-ipvlan","ipam":{"type":"tether-ipam","range":"10.0.0.0/29"}}"#;
         assert_eq!(
-            PoolConfig::from_value(&tether_ipam_configs(unnamed, "storage")[0])
-                .unwrap()
-                .network_name,
+            PoolConfig::from_value(
+                &tether_ipam_configs(unnamed, "storage")[0],
+                &NodeAgent::on_every_node()
+            )
+            .unwrap()
+            .network_name,
             "storage"
         );
     }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 use tether_kube_store::NadConfig;
-use tether_pool::PoolConfig;
+use tether_pool::{NodeAgent, PoolConfig};
 
 use crate::store_access::read_network_file;
 
@@ -23,9 +23,10 @@ pub struct NadNetwork {
     pub master: Option<String>,
 }
 
-/// Every tether-ipam configuration of `nads`, in NAD order (namespace, name). One that does not
-/// parse is skipped (logged at debug): the plugin refuses it on its own, and `tether validate`
-/// says why.
+/// Every tether-ipam configuration of `nads`, in NAD order (namespace, name), read as the plugin
+/// reads it on a node of this cluster, where tether's node-agent runs (so a configuration naming
+/// no store is the cluster store's). One that does not parse is skipped (logged at debug): the
+/// plugin refuses it on its own, and `tether validate` says why.
 pub fn nad_networks(nads: &[NadConfig]) -> Vec<NadNetwork> {
     let mut sorted: Vec<&NadConfig> = nads.iter().collect();
     sorted.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
@@ -33,7 +34,7 @@ pub fn nad_networks(nads: &[NadConfig]) -> Vec<NadNetwork> {
     for nad in sorted {
         let name = format!("{}/{}", nad.namespace, nad.name);
         for raw in tether_ipam_configs(&nad.config, &nad.name) {
-            match PoolConfig::from_value(&raw) {
+            match PoolConfig::from_value(&raw, &NodeAgent::on_every_node()) {
                 Ok(cfg) => out.push(NadNetwork {
                     nad: name.clone(),
                     master: master_of(&raw),
@@ -48,9 +49,9 @@ pub fn nad_networks(nads: &[NadConfig]) -> Vec<NadNetwork> {
 
 /// The network of a config file as `tether validate` and `tether doctor` read it (see
 /// [`read_network_file`]): named after its NAD when the file is a NAD object, else after the file.
-pub fn file_network(path: &PathBuf) -> Result<NadNetwork, String> {
+pub fn file_network(path: &PathBuf, agent: &NodeAgent) -> Result<NadNetwork, String> {
     let file = read_network_file(path)?;
-    let cfg = PoolConfig::from_value(&file.config).map_err(|e| e.to_string())?;
+    let cfg = PoolConfig::from_value(&file.config, agent).map_err(|e| e.to_string())?;
     Ok(NadNetwork {
         nad: file.nad.unwrap_or_else(|| path.display().to_string()),
         master: master_of(&file.config),
@@ -198,8 +199,8 @@ mod tests {
             r#"{"name":"plain","ipam":{"type":"tether-ipam","range":"10.32.0.0/24"}}"#,
         )
         .unwrap();
-        let from_object = file_network(&object).unwrap();
-        let from_plain = file_network(&plain).unwrap();
+        let from_object = file_network(&object, &NodeAgent::Absent).unwrap();
+        let from_plain = file_network(&plain, &NodeAgent::Absent).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(
             (from_object.nad.as_str(), from_object.master.as_deref()),

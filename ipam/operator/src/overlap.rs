@@ -280,7 +280,7 @@ fn gateway_text(gateway: Option<IpAddr>) -> String {
 #[cfg(test)]
 mod tests {
     use serde_json::{Value, json};
-    use tether_pool::PoolConfig;
+    use tether_pool::{NodeAgent, PoolConfig};
 
     use super::*;
 
@@ -289,7 +289,7 @@ mod tests {
         NadNetwork {
             nad: nad.into(),
             master: config["master"].as_str().map(str::to_string),
-            cfg: PoolConfig::from_value(&config).unwrap(),
+            cfg: PoolConfig::from_value(&config, &NodeAgent::on_every_node()).unwrap(),
         }
     }
 

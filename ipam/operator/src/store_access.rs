@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 use serde_json::Value;
-use tether_kube_store::{Cluster, KubeSettings, KubeStore};
+use tether_kube_store::{Cluster, KubeSettings, KubeStore, node_agent};
 use tether_leases::{FileStore, Lease, LeaseStore};
-use tether_pool::{PoolConfig, StoreKind};
+use tether_pool::{KubeconfigSource, PoolConfig, StoreKind};
 
 /// Which lease store to open: from a network config, or named directly.
 ///
@@ -123,9 +123,11 @@ pub struct OpenStore {
 impl OpenStore {
     pub fn open(args: &StoreArgs) -> Result<(OpenStore, Option<PoolConfig>), String> {
         let cfg = match &args.config {
-            Some(p) => {
-                Some(PoolConfig::from_value(&read_network_config(p)?).map_err(|e| e.to_string())?)
-            }
+            // As the plugin on this host reads it.
+            Some(p) => Some(
+                PoolConfig::from_value(&read_network_config(p)?, &node_agent())
+                    .map_err(|e| e.to_string())?,
+            ),
             None => None,
         };
         let kind = match &cfg {
@@ -214,4 +216,24 @@ impl OpenStore {
             None => all,
         })
     }
+}
+
+/// Which store `cfg` uses, why, and with whose kubeconfig, in words (`validate`, `doctor`).
+pub fn describe_store(cfg: &PoolConfig) -> String {
+    let kind = match cfg.store {
+        StoreKind::File => "file store",
+        StoreKind::Kubernetes => "Kubernetes store",
+    };
+    let credential = match cfg.kubernetes.as_ref().map(|k| (&k.source, &k.kubeconfig)) {
+        Some((KubeconfigSource::NodeAgent, Some(ours))) => {
+            format!(", with tether's node-agent kubeconfig {}", ours.display())
+        }
+        Some((KubeconfigSource::InsteadOfWhereabouts(theirs), Some(ours))) => format!(
+            ", with tether's node-agent kubeconfig {} in place of whereabouts' {}",
+            ours.display(),
+            theirs.display()
+        ),
+        _ => String::new(),
+    };
+    format!("{kind} ({}{credential})", cfg.store_source)
 }

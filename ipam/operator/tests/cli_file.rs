@@ -4,7 +4,7 @@
 mod reconcile_support;
 
 use reconcile_support::*;
-use serde_json::json;
+use serde_json::{Value, json};
 use tether_leases::{FileStore, LeaseState, LeaseStore};
 
 fn setup(tag: &str) -> (TempDir, FileStore, String) {
@@ -320,20 +320,33 @@ fn the_plugin_binary_points_operator_commands_to_tether() {
 
 /// A NAD is used on every node: with the node-local file store each node would hand out the range
 /// on its own. `validate` says so (exit 0), `--strict` fails on it (exit 1), `--node-local` (a range
-/// that belongs to one node) and the cluster store are quiet. A NAD object as JSON is read too.
+/// that belongs to one node) and the cluster store are quiet. A config that names no store is the
+/// cluster store's on the cluster's nodes (tether's node-agent runs on each), and `validate` says
+/// where it is not. A NAD object as JSON is read too.
 #[test]
 fn validate_warns_when_file_stores_would_share_a_range_across_nodes() {
     let dir = TempDir::new("validate-store");
     let nad = dir.join("nad.json");
     let p = nad.to_str().unwrap();
     let kc = r#""kubernetes":{"kubeconfig":"/etc/cni/net.d/tether.d/tether.kubeconfig"}"#;
-    let file_conf = r#"{"cniVersion":"1.0.0","name":"mgmt","type":"tether-ipvlan","ipam":{"type":"tether-ipam","range":"10.20.30.241-10.20.30.250/24"}}"#;
+    let unnamed = r#"{"cniVersion":"1.0.0","name":"mgmt","type":"tether-ipvlan","ipam":{"type":"tether-ipam","range":"10.20.30.241-10.20.30.250/24"}}"#;
+    let file_conf = unnamed.replace(r#""range""#, r#""store":"file","range""#);
 
-    for conf in [
-        file_conf.to_string(),
-        file_conf.replace(r#""range""#, r#""store":"file","range""#),
-    ] {
-        std::fs::write(&nad, &conf).unwrap();
+    std::fs::write(&nad, unnamed).unwrap();
+    let o = tether(&["validate", "--strict", "--config", p]);
+    assert_eq!((o.status.code(), stderr(&o)), (Some(0), String::new()));
+    assert!(
+        stdout(&o).contains(
+            "Kubernetes store (no store named, and tether's node-agent is installed, with tether's node-agent \
+             kubeconfig /etc/cni/net.d/tether.d/tether.kubeconfig); on a host without tether's node-agent (cnitool, \
+             one node), the node-local file store"
+        ),
+        "{}",
+        stdout(&o)
+    );
+
+    {
+        std::fs::write(&nad, &file_conf).unwrap();
         let o = tether(&["validate", "--config", p]);
         assert_eq!(
             o.status.code(),
@@ -381,7 +394,11 @@ fn validate_warns_when_file_stores_would_share_a_range_across_nodes() {
             (Some(0), String::new()),
             "{ipam_keys}"
         );
-        assert!(stdout(&o).contains("Kubernetes store"), "{}", stdout(&o));
+        assert!(
+            stdout(&o).contains("Kubernetes store (ipam."),
+            "{}",
+            stdout(&o)
+        );
     }
 
     // The NAD object itself (`kubectl get net-attach-def -o json`): spec.config, with the NAD's name.
@@ -407,7 +424,7 @@ fn validate_warns_when_file_stores_would_share_a_range_across_nodes() {
     );
     std::fs::write(
         &nad,
-        wrap(&file_conf.replace(r#""range""#, &format!(r#"{kc},"range""#))),
+        wrap(&unnamed.replace(r#""range""#, &format!(r#"{kc},"range""#))),
     )
     .unwrap();
     let o = tether(&["validate", "--strict", "--config", p]);
@@ -526,6 +543,81 @@ fn item94_validate_compares_the_ranges_of_several_configs() {
             && stdout(&o).contains("ranges of 2 config(s) compared: 1 overlap finding(s)"),
         "{}\n{}",
         stdout(&o),
+        stderr(&o)
+    );
+}
+
+/// whereabouts' keys with only `type` changed: its kubeconfig is replaced (warned), its
+/// `configuration_path` and a `log_file` directly in /tmp are not read (warned), a `datastore`
+/// other than "kubernetes" is refused naming the key.
+#[test]
+fn validate_tells_a_whereabouts_nad_what_tether_does_with_its_keys() {
+    let dir = TempDir::new("validate-whereabouts");
+    let nad = dir.join("nad.json");
+    let p = nad.to_str().unwrap();
+    let conf = |ipam: Value| {
+        let mut i = json!({"type": "tether-ipam", "range": "192.168.2.225/28"});
+        i.as_object_mut()
+            .unwrap()
+            .extend(ipam.as_object().unwrap().clone());
+        std::fs::write(
+            &nad,
+            json!({"cniVersion": "0.3.0", "name": "whereaboutsexample", "type": "macvlan", "ipam": i}).to_string(),
+        )
+        .unwrap();
+    };
+    conf(json!({"datastore": "kubernetes",
+                "kubernetes": {"kubeconfig": "/etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig"},
+                "configuration_path": "/etc/cni/net.d/whereabouts.d/whereabouts.conf",
+                "log_file": "/tmp/whereabouts.log", "log_level": "debug"}));
+    let o = tether(&["validate", "--config", p]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains(
+            "Kubernetes store (ipam.datastore, with tether's node-agent kubeconfig \
+             /etc/cni/net.d/tether.d/tether.kubeconfig in place of whereabouts' \
+             /etc/cni/net.d/whereabouts.d/whereabouts.kubeconfig)"
+        ),
+        "{}",
+        stdout(&o)
+    );
+    let err = stderr(&o);
+    let warnings: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("tether: warning: "))
+        .collect();
+    assert_eq!(warnings.len(), 3, "{err}");
+    assert!(
+        warnings[0].contains("is whereabouts' credential")
+            && warnings[0].contains(
+                "Set ipam.kubernetes.kubeconfig to /etc/cni/net.d/tether.d/tether.kubeconfig"
+            ),
+        "{err}"
+    );
+    assert!(
+        warnings[1].contains("ipam.configuration_path")
+            && warnings[1].contains("tether does not read it"),
+        "{err}"
+    );
+    assert!(
+        warnings[2].contains("ipam.log_file \"/tmp/whereabouts.log\"")
+            && warnings[2].contains("not directly in /tmp")
+            && warnings[2].contains("ignore it and log to stderr"),
+        "{err}"
+    );
+    assert_eq!(
+        tether(&["validate", "--strict", "--config", p])
+            .status
+            .code(),
+        Some(1)
+    );
+
+    conf(json!({"datastore": "etcd", "etcd_host": "etcd:2379"}));
+    let o = tether(&["validate", "--config", p]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("ipam.datastore \"etcd\": tether keeps its leases as IPLease objects"),
+        "{}",
         stderr(&o)
     );
 }

@@ -23,7 +23,7 @@ use tether_leases::{
 };
 use tether_operator::observers::Observers;
 use tether_operator::reconcile::{Options, Reconciler};
-use tether_pool::PoolConfig;
+use tether_pool::{NodeAgent, PoolConfig};
 
 const ROGUE: &str = "02:00:00:00:00:99";
 
@@ -177,7 +177,7 @@ fn pool_gauges_follow_the_leases_and_a_conflict_is_an_event_on_the_pod_once() {
         "ipam": {"type": "tether-ipam", "range": "10.78.0.1-10.78.0.6/24", "store": "kubernetes",
                  "isolated_fabric": fabric_of(net)}});
     let _nad = cluster_nad(&env, ns, "mgmt", &conf);
-    let cfg = PoolConfig::from_value(&conf).unwrap();
+    let cfg = PoolConfig::from_value(&conf, &NodeAgent::on_every_node()).unwrap();
     let store = KubeStore::connect(env.settings()).unwrap();
     let t = now() - 3600;
     env.put(lease(net, "10.78.0.5", Some((ns, "alive", &alive)), n1, t));
@@ -366,11 +366,12 @@ fn file_store_pools_are_per_node_and_their_conflicts_are_events_too() {
     let uid = env.pod(ns, "victim", "u-v", n1);
     let data = env.dir.join("data");
     let conf = json!({"cniVersion": "1.0.0", "name": net, "plugins": [{"type": "tether-ipvlan", "master": "lo",
-        "ipam": {"type": "tether-ipam", "range": "10.79.0.0/29", "dataDir": data,
+        "ipam": {"type": "tether-ipam", "range": "10.79.0.0/29", "store": "file", "dataDir": data,
                  "isolated_fabric": fabric_of(net)}}]});
     let _nad = cluster_nad(&env, ns, "local", &conf);
     let cfg = PoolConfig::from_value(
         &tether_operator::nads::tether_ipam_configs(&conf.to_string(), "local")[0],
+        &NodeAgent::on_every_node(),
     )
     .unwrap();
     let fs = FileStore::new(data.clone());
@@ -441,6 +442,7 @@ fn without_rbac_for_events_the_conflict_is_still_counted_and_the_failure_shows()
     let cfg = PoolConfig::from_value(
         &json!({"name": net, "ipam": {"range": "10.81.0.0/29", "store": "kubernetes",
                                       "isolated_fabric": fabric_of(net)}}),
+        &NodeAgent::on_every_node(),
     )
     .unwrap();
     let store = KubeStore::connect(env.settings()).unwrap();

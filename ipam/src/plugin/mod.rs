@@ -8,11 +8,12 @@
 
 pub mod prober;
 pub mod requests;
+pub mod said_once;
 
 use tether_cni::result::IpConfig;
 use tether_cni::{Added, CniError, CniResult, MasterKeys, Plugin, Request, code};
 use tether_kube_store::by_network::mirrors_wanted;
-use tether_kube_store::{KubeSettings, KubeStore, KubeStoreError, LegacyMirrors};
+use tether_kube_store::{KubeSettings, KubeStore, KubeStoreError, LegacyMirrors, node_agent};
 use tether_lease_service::{ServedStore, open_served, socket_path};
 
 /// The node journal of the Kubernetes store, under `dataDir`.
@@ -21,7 +22,7 @@ use tether_leases::{
     AddRequest, AllocError, Allocator, Attachment, FileStore, FileStoreError, Lease, LeaseStore,
     NoProbe, Prober, SystemClock,
 };
-use tether_pool::{ConfigError, PoolConfig, ProbeConfig, StoreKind};
+use tether_pool::{ConfigError, KubeconfigSource, PoolConfig, ProbeConfig, StoreKind};
 
 /// The plugin: one method per CNI verb.
 pub struct Ipam;
@@ -34,6 +35,12 @@ pub fn to_cni(e: AllocError) -> CniError {
         // operator can fix it, like the dataDir itself.
         AllocError::Store(s)
             if FileStoreError::from_store_error(s).is_some_and(FileStoreError::is_config) =>
+        {
+            code::INVALID_CONFIG
+        }
+        // Credentials that are not tether's: the NAD's kubeconfig is what must change.
+        AllocError::Store(s)
+            if KubeStoreError::from_store_error(s).is_some_and(KubeStoreError::is_config) =>
         {
             code::INVALID_CONFIG
         }
@@ -70,12 +77,7 @@ fn node_name() -> Option<String> {
 pub fn kube_error(e: KubeStoreError) -> CniError {
     let c = if e.is_transient() {
         code::TRY_AGAIN_LATER
-    } else if matches!(
-        e,
-        KubeStoreError::Config { .. }
-            | KubeStoreError::Kubeconfig { .. }
-            | KubeStoreError::NoCredentials
-    ) {
+    } else if e.is_config() {
         code::INVALID_CONFIG
     } else {
         code::STORE
@@ -108,7 +110,7 @@ impl Store {
         // Both stores keep files under dataDir (state, or the node journal): checked first, so a
         // directory someone else could write is refused (code 7) before anything is read.
         let files = FileStore::new(cfg.data_dir.clone());
-        if let Err(e) = files.open_dir() {
+        let data_dir = files.open_dir().map_err(|e| {
             let c = if e.is_config() {
                 code::INVALID_CONFIG
             } else if e.is_transient() {
@@ -116,11 +118,26 @@ impl Store {
             } else {
                 code::STORE
             };
-            return Err(CniError::new(c, e.to_string()));
-        }
+            CniError::new(c, e.to_string())
+        })?;
         Ok(match cfg.store {
             StoreKind::File => Store::File(files),
             StoreKind::Kubernetes => {
+                if let Some(k) = &cfg.kubernetes
+                    && let (Some(ours), KubeconfigSource::InsteadOfWhereabouts(theirs)) =
+                        (&k.kubeconfig, &k.source)
+                {
+                    let network = &cfg.network_name;
+                    said_once::warn_once(&data_dir, "whereabouts-kubeconfig", network, || {
+                        format!(
+                            "network {network}: ipam.kubernetes.kubeconfig {} is whereabouts' credential; tether-ipam \
+                             uses tether's node-agent kubeconfig {} instead (set ipam.kubernetes.kubeconfig to it, or \
+                             remove the key)",
+                            theirs.display(),
+                            ours.display()
+                        )
+                    });
+                }
                 // This node's journal lets ADD, DEL and CHECK go straight to their objects.
                 let mut s = KubeSettings::from_pool_config(cfg).map_err(kube_error)?;
                 s.node = node_name();
@@ -200,7 +217,8 @@ impl Drop for Context {
 impl Context {
     fn new(req: &Request, path: Path) -> Result<Context, CniError> {
         // The keys the runtime's parse already holds: GC's attachment list is not parsed again.
-        let cfg = PoolConfig::from_top(&req.conf.value).map_err(config_error)?;
+        // Whether tether's node-agent is installed decides the store of a config naming none.
+        let cfg = PoolConfig::from_top(&req.conf.value, &node_agent()).map_err(config_error)?;
         let store = Store::open(&cfg, path)?;
         Ok(Context { cfg, store })
     }

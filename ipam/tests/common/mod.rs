@@ -278,9 +278,12 @@ impl Net {
         ] {
             c.env_remove(v);
         }
+        // These configs name no store: the node-local one, as on a host without tether's
+        // node-agent, whatever this host has.
         c.env("CNI_COMMAND", verb)
             .env("CNI_PATH", "/nonexistent")
-            .env("NODE_NAME", "node-a");
+            .env("NODE_NAME", "node-a")
+            .env("TETHER_NODE_KUBECONFIG", "");
         if let Some(a) = att {
             c.env("CNI_CONTAINERID", &a.container_id)
                 .env("CNI_IFNAME", &a.ifname);

@@ -13,10 +13,13 @@ use crate::range::{self, IpRange};
 
 mod ranges;
 mod sections;
+mod store;
 use ranges::parse_ranges;
 use sections::{
     parse_data_dir, parse_dns, parse_isolated_fabric, parse_kubernetes, parse_probe, parse_routes,
-    parse_store,
+};
+pub use store::{
+    KubeconfigSource, NODE_KUBECONFIG, NodeAgent, StoreSource, is_whereabouts_kubeconfig,
 };
 
 /// Default state directory of the node-local file store.
@@ -112,10 +115,10 @@ pub(super) fn check_pod_subnet(subnet: &IpNet) -> Result<(), String> {
     Ok(())
 }
 
-/// Which lease store to use.
+/// Which lease store to use (see [`StoreSource`] for how it is chosen).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreKind {
-    /// Node-local JSON state files under `data_dir` (default).
+    /// Node-local JSON state files under `data_dir`.
     File,
     /// One custom resource per leased address in the cluster.
     Kubernetes,
@@ -147,8 +150,11 @@ impl Default for ProbeConfig {
 /// `kubernetes` object: the kubeconfig path, everything else kept as JSON.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct KubernetesConfig {
-    /// `kubernetes.kubeconfig`.
+    /// The kubeconfig the cluster store uses: `kubernetes.kubeconfig`, or tether's node-agent's
+    /// (see `source`).
     pub kubeconfig: Option<PathBuf>,
+    /// Where `kubeconfig` came from.
+    pub source: KubeconfigSource,
     /// The other keys of the object (e.g. whereabouts' `k8s_api_root`).
     pub extra: Map<String, Value>,
 }
@@ -176,8 +182,11 @@ pub struct PoolConfig {
     pub routes: Vec<Route>,
     /// `dns`.
     pub dns: Dns,
-    /// `store`: default `file`; `kubernetes` when absent and `kubernetes.kubeconfig` is set.
+    /// `store`; without it whereabouts' `datastore`, else `kubernetes` when a kubeconfig is given
+    /// or tether's node-agent is installed, else `file` (see `store_source`).
     pub store: StoreKind,
+    /// Why `store` is what it is.
+    pub store_source: StoreSource,
     /// `dataDir` (default `/var/lib/cni/tether`), absolute.
     pub data_dir: PathBuf,
     /// `cooldown_s` (default 60).
@@ -191,33 +200,38 @@ pub struct PoolConfig {
 }
 
 impl PoolConfig {
-    /// Parse the whole network configuration (stdin bytes).
-    pub fn from_slice(config: &[u8]) -> Result<PoolConfig, ConfigError> {
+    /// Parse the whole network configuration (stdin bytes), read where `agent` says whether
+    /// tether's node-agent is installed (it decides the store of a configuration naming none).
+    pub fn from_slice(config: &[u8], agent: &NodeAgent) -> Result<PoolConfig, ConfigError> {
         let v: Value = serde_json::from_slice(config)?;
-        PoolConfig::from_value(&v)
+        PoolConfig::from_value(&v, agent)
     }
 
     /// Parse the whole network configuration as JSON. The `ipam` object is under `"ipam"`; the
     /// top-level `name` is the default network name.
-    pub fn from_value(config: &Value) -> Result<PoolConfig, ConfigError> {
-        PoolConfig::from_top(config.as_object().ok_or(ConfigError::MissingIpam)?)
+    pub fn from_value(config: &Value, agent: &NodeAgent) -> Result<PoolConfig, ConfigError> {
+        PoolConfig::from_top(config.as_object().ok_or(ConfigError::MissingIpam)?, agent)
     }
 
     /// [`PoolConfig::from_value`] of a configuration already parsed into its top-level keys.
-    pub fn from_top(top: &Map<String, Value>) -> Result<PoolConfig, ConfigError> {
+    pub fn from_top(
+        top: &Map<String, Value>,
+        agent: &NodeAgent,
+    ) -> Result<PoolConfig, ConfigError> {
         let ipam = match top.get("ipam") {
             Some(Value::Object(m)) => m,
             Some(Value::Null) | None => return Err(ConfigError::MissingIpam),
             Some(other) => return Err(ConfigError::invalid("ipam", other, "expected an object")),
         };
         let name = opt_str(top, "name", "name")?;
-        PoolConfig::from_ipam(ipam, name)
+        PoolConfig::from_ipam(ipam, name, agent)
     }
 
     /// Parse the `ipam` object itself; `name` is the network's top-level name.
     pub fn from_ipam(
         ipam: &Map<String, Value>,
         name: Option<&str>,
+        agent: &NodeAgent,
     ) -> Result<PoolConfig, ConfigError> {
         let network_name = match opt_str(ipam, "network_name", "ipam.network_name")? {
             Some(n) => n.to_string(),
@@ -239,8 +253,8 @@ impl PoolConfig {
         let routes = parse_routes(ipam)?;
         let dns = parse_dns(ipam)?;
 
-        let kubernetes = parse_kubernetes(ipam)?;
-        let store = parse_store(ipam, kubernetes.as_ref())?;
+        let (store, store_source, kubernetes) =
+            store::choose_store(ipam, parse_kubernetes(ipam)?, agent)?;
         let data_dir = parse_data_dir(ipam)?;
 
         let cooldown_s =
@@ -257,6 +271,7 @@ impl PoolConfig {
             routes,
             dns,
             store,
+            store_source,
             data_dir,
             cooldown_s,
             quarantine_s,

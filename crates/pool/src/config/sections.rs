@@ -1,4 +1,4 @@
-//! The `routes`, `dns`, `probe`, `kubernetes`, `store`, `dataDir` and `isolated_fabric` sections of
+//! The `routes`, `dns`, `probe`, `kubernetes`, `dataDir` and `isolated_fabric` sections of
 //! the `ipam` object.
 
 use std::path::PathBuf;
@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 use super::{
     ConfigError, DEFAULT_DATA_DIR, DEFAULT_PROBE_ATTEMPTS, DEFAULT_PROBE_TIMEOUT_MS, Dns,
-    KubernetesConfig, ProbeConfig, Route, StoreKind, ip_value, opt_str, opt_u64,
+    KubeconfigSource, KubernetesConfig, ProbeConfig, Route, ip_value, opt_str, opt_u64,
 };
 use crate::range;
 
@@ -164,7 +164,11 @@ pub(super) fn parse_kubernetes(
                 opt_str(k, "kubeconfig", "ipam.kubernetes.kubeconfig")?.map(PathBuf::from);
             let mut extra = k.clone();
             extra.remove("kubeconfig");
-            Ok(Some(KubernetesConfig { kubeconfig, extra }))
+            Ok(Some(KubernetesConfig {
+                kubeconfig,
+                source: KubeconfigSource::Config,
+                extra,
+            }))
         }
         Some(other) => Err(ConfigError::invalid(
             "ipam.kubernetes",
@@ -172,26 +176,6 @@ pub(super) fn parse_kubernetes(
             "expected an object",
         )),
     }
-}
-
-/// `store`; absent: the cluster store when a kubeconfig is given, else the file store.
-pub(super) fn parse_store(
-    ipam: &Map<String, Value>,
-    kubernetes: Option<&KubernetesConfig>,
-) -> Result<StoreKind, ConfigError> {
-    Ok(match opt_str(ipam, "store", "ipam.store")? {
-        Some("file") => StoreKind::File,
-        Some("kubernetes") => StoreKind::Kubernetes,
-        Some(_) => {
-            return Err(ConfigError::invalid(
-                "ipam.store",
-                &ipam["store"],
-                "expected \"file\" or \"kubernetes\"",
-            ));
-        }
-        None if kubernetes.is_some_and(|k| k.kubeconfig.is_some()) => StoreKind::Kubernetes,
-        None => StoreKind::File,
-    })
 }
 
 /// `dataDir`, which must be absolute; absent: [`DEFAULT_DATA_DIR`].

@@ -1,17 +1,23 @@
-//! `tether validate`: network configs' ipam sections read the way the plugin reads them, offline,
-//! with what a NAD author should be warned about: a file store shared across nodes, and (between
-//! the configs given, and the cluster's NADs with `--cluster`) ranges that overlap across
-//! uniqueness domains on one master or disagree about their subnet ([`crate::overlap`]).
+//! `tether validate`: network configs' ipam sections read the way the plugin reads them on a node
+//! of a cluster running tether (the node-agent on every node), offline, with what a NAD author
+//! should be warned about: a file store shared across nodes, whereabouts' keys tether reads
+//! differently, and (between the configs given, and the cluster's NADs with `--cluster`) ranges
+//! that overlap across uniqueness domains on one master or disagree about their subnet
+//! ([`crate::overlap`]).
 
 use std::path::PathBuf;
 
 use clap::Args;
+use serde_json::Value;
 use tether_kube_store::{Cluster, KubeSettings};
-use tether_pool::{PoolConfig, StoreKind};
+use tether_pool::{
+    KubeconfigSource, NODE_KUBECONFIG, NodeAgent, PoolConfig, StoreKind, StoreSource,
+};
 
 use crate::nads::{NadNetwork, file_network, nad_networks, with_files};
 use crate::output::{EXIT_FAILED, EXIT_OK};
 use crate::overlap::findings;
+use crate::store_access::{describe_store, read_network_config};
 
 /// `tether validate`'s flags.
 #[derive(Args, Debug)]
@@ -43,10 +49,11 @@ pub(super) fn validate(args: &ValidateArgs) -> Result<i32, String> {
     let mut unreadable = false;
     let mut warnings = Vec::new();
     for path in &args.config {
-        match file_network(path) {
+        match file_network(path, &NodeAgent::on_every_node()) {
             Ok(n) => {
                 print_network(&n.cfg);
                 warnings.extend(validate_warnings(&n.cfg, args.node_local));
+                warnings.extend(whereabouts_key_warnings(&read_network_config(path)?));
                 files.push(n);
             }
             Err(e) if !several => return Err(e),
@@ -97,11 +104,16 @@ fn print_network(cfg: &PoolConfig) {
         .iter()
         .map(|r| format!("{r} ({} usable)", r.usable_count()))
         .collect();
+    let elsewhere = if cfg.store_source == StoreSource::NodeAgent {
+        "; on a host without tether's node-agent (cnitool, one node), the node-local file store"
+    } else {
+        ""
+    };
     println!(
-        "network {}: {}; {:?} store",
+        "network {}: {}; {}{elsewhere}",
         cfg.network_name,
         ranges.join(", "),
-        cfg.store
+        describe_store(cfg)
     );
 }
 
@@ -132,14 +144,48 @@ pub fn validate_warnings(cfg: &PoolConfig, node_local: bool) -> Vec<String> {
     if cfg.store == StoreKind::File && !node_local {
         let ranges: Vec<String> = cfg.ranges.iter().map(ToString::to_string).collect();
         out.push(format!(
-            "network {} keeps its leases in the node-local file store (\"store\": \"file\", the default without \
-             \"kubernetes\"), so every node that attaches a pod to it hands out {} on its own: two nodes can give \
-             the same address to two pods, and only the ARP/NDP probe stands between them (two nodes probing the \
-             same address at the same moment both hear silence). A NAD is used on every node: give it the cluster \
-             store (\"kubernetes\": {{\"kubeconfig\": \"/etc/cni/net.d/tether.d/tether.kubeconfig\"}}). The file \
-             store is right only for a range that belongs to one node (pass --node-local to say so).",
+            "network {} keeps its leases in the node-local file store (\"store\": \"file\"), so every node that \
+             attaches a pod to it hands out {} on its own: two nodes can give the same address to two pods, and only \
+             the ARP/NDP probe stands between them (two nodes probing the same address at the same moment both hear \
+             silence). A NAD is used on every node: give it the cluster store (remove \"store\", or set \"store\": \
+             \"kubernetes\"). The file store is right only for a range that belongs to one node (pass --node-local to \
+             say so).",
             cfg.network_name,
             ranges.join(", "),
+        ));
+    }
+    if let Some(KubeconfigSource::InsteadOfWhereabouts(theirs)) =
+        cfg.kubernetes.as_ref().map(|k| &k.source)
+    {
+        out.push(format!(
+            "ipam.kubernetes.kubeconfig {} is whereabouts' credential: where tether's node-agent runs, tether-ipam uses \
+             the agent's kubeconfig ({NODE_KUBECONFIG}) instead, and on a node without the agent it refuses the \
+             config. Set ipam.kubernetes.kubeconfig to {NODE_KUBECONFIG}, or remove the key.",
+            theirs.display()
+        ));
+    }
+    out
+}
+
+/// whereabouts' keys tether reads differently, from the raw config (the top level or `ipam`).
+fn whereabouts_key_warnings(raw: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(path) = raw
+        .pointer("/ipam/configuration_path")
+        .and_then(Value::as_str)
+        .filter(|p| !p.trim().is_empty())
+    {
+        out.push(format!(
+            "ipam.configuration_path {path:?} is whereabouts' flat file merged under the config; tether does not read \
+             it (nor whereabouts.d/whereabouts.conf): put the keys it holds into the ipam section, and remove the key."
+        ));
+    }
+    if let Some(why) = raw
+        .as_object()
+        .and_then(tether_cni::logging::unfit_log_file)
+    {
+        out.push(format!(
+            "{why}; the plugins ignore it and log to stderr (which the runtime or Multus keeps)."
         ));
     }
     out

@@ -50,6 +50,7 @@ mod tests {
             master: None,
             cfg: PoolConfig::from_value(
                 &json!({"name": nad, "ipam": {"range": "10.30.0.0/24", "isolated_fabric": fabric}}),
+                &tether_pool::NodeAgent::on_every_node(),
             )
             .unwrap(),
         };

@@ -21,7 +21,7 @@ use std::collections::BTreeSet;
 use serde_json::Value;
 use tether_kube_store::NadConfig;
 use tether_leases::Scope;
-use tether_pool::{IpRange, PoolConfig};
+use tether_pool::{IpRange, NodeAgent, PoolConfig};
 
 use super::entries::{PoolRange, pool_name};
 use crate::nads::ipam_configs;
@@ -108,7 +108,7 @@ impl Networks {
                 (Plugin::Whereabouts, "whereabouts"),
             ] {
                 for raw in ipam_configs(&nad.config, &nad.name, ty) {
-                    match PoolConfig::from_value(&raw) {
+                    match PoolConfig::from_value(&raw, &NodeAgent::on_every_node()) {
                         Ok(cfg) => n.configs.push(NadIpam {
                             nad: name.clone(),
                             plugin,
