@@ -380,16 +380,20 @@ pub fn result_ips(out: &CmdOutput) -> Vec<IpAddr> {
         .collect()
 }
 
-/// The tether-ipam lease state file `<dataDir>/<network>.json`.
+/// A network's records in tether-ipam's file store: the state file of the cluster-wide domain
+/// (`<dataDir>/@cluster.json`), which every network of the data dir without an isolated fabric
+/// shares.
 #[derive(Debug, Clone)]
 pub struct LeaseState {
     path: PathBuf,
+    network: String,
 }
 
 impl LeaseState {
     pub fn new(data_dir: &Path, network: &str) -> LeaseState {
         LeaseState {
-            path: data_dir.join(format!("{network}.json")),
+            path: data_dir.join("@cluster.json"),
+            network: network.to_string(),
         }
     }
 
@@ -397,14 +401,17 @@ impl LeaseState {
         &self.path
     }
 
-    /// Every record (empty if the file does not exist yet).
+    /// Every record of the network (empty if the file does not exist yet).
     #[track_caller]
     pub fn records(&self) -> Vec<Value> {
         match std::fs::read(&self.path) {
             Ok(b) => {
                 let v: Value = serde_json::from_slice(&b)
                     .unwrap_or_else(|e| panic!("{}: {e}", self.path.display()));
-                v["leases"].as_array().cloned().unwrap_or_default()
+                let all = v["leases"].as_array().cloned().unwrap_or_default();
+                all.into_iter()
+                    .filter(|r| r["network"] == self.network.as_str())
+                    .collect()
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => panic!("{}: {e}", self.path.display()),

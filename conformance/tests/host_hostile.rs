@@ -154,8 +154,8 @@ fn a_data_dir_others_can_write_is_refused_before_anything_is_written() {
     let victim = tmp.join("root-owned");
     std::fs::write(&victim, "precious").unwrap();
     std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).unwrap();
-    symlink(&victim, shared.join(".hostile.json.tmp")).unwrap();
-    symlink(tmp.join("created-by-root"), shared.join("hostile.lock")).unwrap();
+    symlink(&victim, shared.join(".@cluster.json.tmp")).unwrap();
+    symlink(tmp.join("created-by-root"), shared.join("@cluster.lock")).unwrap();
     let before = listing(tmp.path());
     for verb in ["ADD", "CHECK"] {
         let r = run(
@@ -193,17 +193,17 @@ fn a_symlink_inside_a_trusted_data_dir_is_never_followed() {
     std::fs::create_dir(&data).unwrap();
     let victim = tmp.join("root-owned");
     std::fs::write(&victim, "precious").unwrap();
-    symlink(&victim, data.join(".hostile.json.tmp")).unwrap();
+    symlink(&victim, data.join(".@cluster.json.tmp")).unwrap();
     let r = run(
         "tether-ipam",
         "ADD",
         ipam(&data, json!({})).to_string().as_bytes(),
     );
-    let e = assert_refused(&r, 7, &[".hostile.json.tmp", "symlink"]);
+    let e = assert_refused(&r, 7, &[".@cluster.json.tmp", "symlink"]);
     assert!(e["msg"].as_str().unwrap().contains("remove it"), "{e}");
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
     // The lease it had taken (in memory) is not on disk: the state file was never written.
-    assert!(!data.join("hostile.json").exists());
+    assert!(!data.join("@cluster.json").exists());
 }
 
 #[test]
@@ -230,13 +230,13 @@ fn pseudo_filesystems_and_directories_where_files_belong_are_permanent_errors() 
     }
     let tmp = TempDir::new("hostile-lockdir");
     let data = tmp.join("data");
-    std::fs::create_dir_all(data.join("hostile.lock")).unwrap();
+    std::fs::create_dir_all(data.join("@cluster.lock")).unwrap();
     let r = run(
         "tether-ipam",
         "ADD",
         ipam(&data, json!({})).to_string().as_bytes(),
     );
-    assert_refused(&r, 7, &["hostile.lock", "not a regular file"]);
+    assert_refused(&r, 7, &["@cluster.lock", "not a regular file"]);
 }
 
 #[test]
@@ -398,7 +398,7 @@ fn gc_with_100k_valid_attachments_is_fast_and_small() {
         r.max_rss_kib
     );
     let state: Value =
-        serde_json::from_slice(&std::fs::read(tmp.join("data/hostile.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(tmp.join("data/@cluster.json")).unwrap()).unwrap();
     assert_eq!(
         state["leases"][0]["state"]["kind"], "leased",
         "the valid attachment keeps its lease: {state}"
