@@ -86,7 +86,10 @@ ping_from() {
   pid=$(sandbox_pid "$1") || fail "no running sandbox for $1"
   in_pod "$pid" ping -c 1 -W 5 -I "$2" "$3" >/dev/null || fail "$1 cannot ping $3 over $2"
 }
-leases_json() { K get "$LEASES" -o json; }
+# The lease records, without the mirrors kept under network names for a tether from before
+# uniqueness domains (crates/kube-store/src/by_network.rs): a mirror repeats its record's address.
+leases_json() { K get "$LEASES" -l '!ipam.tether.dev/mirror' -o json; }
+mirrors_json() { K get "$LEASES" -l 'ipam.tether.dev/mirror=true' -o json; }
 lease_of() { # address: that address's IPLease as one line of JSON (none: empty)
   leases_json | jq -c --arg a "$1" '.items[] | select(.spec.address == $a)'
 }

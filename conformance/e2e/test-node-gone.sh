@@ -60,6 +60,17 @@ pass "tether controller (ServiceAccount tether-controller, outside the node) lea
 pools() { curl -s --max-time 5 http://127.0.0.1:9465/metrics | grep -q '^tether_pool_size{.*network="mgmt-pool"'; }
 wait_for 90 pools || fail "the controller reports no tether_pool_size for mgmt-pool: $(grep -m2 -i 'forbid\|error' "$W/logs/controller.log")"
 pass "the leading controller reports the pools (tether_pool_size of mgmt-pool)"
+# It sees the node-agent (label ipam.tether.dev/lease-names=by-address) Ready long enough and
+# ends the mirrors under network names: it says so in the ConfigMap tether-lease-names, deletes
+# them, and the agent writes the switch beside the plugins' kubeconfig, which they read per ADD.
+switch_word() { K -n kube-system get configmap tether-lease-names -o jsonpath='{.data.mirrorLegacyNames}'; }
+mirrors_ended() {
+  [ "$(switch_word)" = false ] && [ "$(mirrors_json | jq '.items | length')" = 0 ] &&
+    [ "$(jq -r .mirrorLegacyNames /etc/cni/net.d/tether.d/lease-names.json 2>/dev/null)" = false ]
+}
+wait_for 300 mirrors_ended || fail "mirrors not ended 300 s after the controller took the lead: word '$(switch_word)' ($(K -n kube-system get configmap tether-lease-names -o jsonpath='{.data.reason}')), $(mirrors_json | jq '.items | length') mirror(s), node's switch file: $(cat /etc/cni/net.d/tether.d/lease-names.json 2>&1)"
+for a in "${ADDRS[@]}"; do assert_leased "$a" "$(lease_of "$a" | jq -r .spec.pod.name)" "$(lease_of "$a" | jq -r .spec.ifname)"; done
+pass "the controller ended the mirrors under network names (ConfigMap, objects, the node's switch file); ${ADDRS[*]} still Leased"
 
 # ---- the node goes away ------------------------------------------------------------------------
 stop_pidfile "$W/pids/kubelet.pid" kubelet 20

@@ -92,6 +92,22 @@ for p in trainer-0 trainer-1 login; do
 done
 pass "each address Leased to its pod (name, namespace, UID, interface) on $E2E_NODE; network-status lists net1 and net2 of each"
 
+# One holder per address on the wire: each record is named by its address alone (these NADs name
+# no isolated fabric). No controller has decided yet that every agent names leases so, so each
+# record also has its mirror under the old name <network>.<address>, which a tether from before
+# uniqueness domains would find (test-node-gone.sh sees the controller end them).
+for p in trainer-0 trainer-1 login; do
+  for a in "${NET1[$p]}" "${NET2[$p]}"; do
+    name=$(lease_of "$a" | jq -r .metadata.name)
+    [ "$name" = "$a" ] || fail "the IPLease of $a is named '$name', not by its address"
+    mirrors_json | jq -e --arg a "$a" --argjson l "$(lease_of "$a")" \
+      '[.items[] | select(.spec.address == $a and .spec.network == $l.spec.network and .spec.pod.uid == $l.spec.pod.uid
+                          and .metadata.name == ($l.spec.network + "." + $a))] | length == 1' >/dev/null ||
+      fail "no mirror named <network>.$a of the lease of $a while the controller has not decided: $(mirrors_json | jq -c --arg a "$a" '[.items[] | select(.spec.address == $a) | .metadata.name]')"
+  done
+done
+pass "each lease named by its address, with its mirror under the old name while no controller has decided"
+
 # Those six ADDs went through the node-agent's lease service (the NADs name the kubeconfig it
 # writes), and the networks are kept by its watch: its metrics (hostNetwork, port 9464) say so.
 agent_ip=$(K -n kube-system get pod "$(agent_pod)" -o jsonpath='{.status.podIP}')
