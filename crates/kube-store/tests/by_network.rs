@@ -13,10 +13,7 @@ use std::net::IpAddr;
 use common::*;
 use tether_kube_store::convert::{Naming, naming_of, to_named_object};
 use tether_kube_store::{Kinds, KubeSettings, KubeStore, LegacyMirrors, network_object_name};
-use tether_leases::{
-    AllocError, Allocator, JournalEntry, Lease, LeaseState, LeaseStore, NoProbe, Policy, Scope,
-    SystemClock,
-};
+use tether_leases::{AllocError, JournalEntry, Lease, LeaseState, LeaseStore, Scope};
 use tether_pool::IpRange;
 
 /// Every record in `subnet`, of every kind, from a consistent list.
@@ -82,20 +79,6 @@ fn mirrored_store(env: &Env, node: &str) -> KubeStore {
     })
 }
 
-fn alloc<'a>(network: &str, range: &str, store: &'a KubeStore) -> Allocator<'a> {
-    Allocator::new(
-        Scope::cluster(network),
-        vec![IpRange::parse(range).unwrap()],
-        Policy {
-            cooldown_s: 0,
-            ..Policy::default()
-        },
-        store,
-        &NoProbe,
-        &SystemClock,
-    )
-}
-
 /// While mirrors are kept, a lease's mirror follows it: made with the lease, released with it;
 /// the store's own reads never show it.
 #[test]
@@ -105,7 +88,7 @@ fn a_mirror_follows_its_lease_while_old_plugins_may_run() {
     let sub = Subnet::cleared(&env, "10.204.0.0/24");
     let net = format!("{}-m", env.network);
     let store = mirrored_store(&env, "node-a");
-    let a = alloc(&net, "10.204.0.1-10.204.0.3/24", &store);
+    let a = allocator(Scope::cluster(&net), "10.204.0.1-10.204.0.3/24", &store);
     let got = a
         .add(&add_req("c1", "net1", pod("ns", "p1", "u1")))
         .unwrap()[0]
@@ -144,7 +127,7 @@ fn a_lease_an_old_plugin_holds_wins_and_the_new_claim_is_undone() {
     let net = format!("{}-o", env.network);
     old_record(&env, &net, "10.204.1.5", "old-ctr", LeaseState::Leased);
     let store = mirrored_store(&env, "node-a");
-    let a = alloc(&net, "10.204.1.5-10.204.1.6/24", &store);
+    let a = allocator(Scope::cluster(&net), "10.204.1.5-10.204.1.6/24", &store);
     let mut handed = Vec::new();
     for c in ["c1", "c2"] {
         match a.add(&add_req(c, "net1", pod("ns", c, "u"))) {
@@ -237,7 +220,7 @@ fn records_named_by_network_move_into_their_domain() {
 
     // The older journal's DEL releases the moved lease (its version names the old object: the
     // write meets the new one, sees it is still c1's, and releases it).
-    alloc(&net, "10.204.2.1-10.204.2.9/24", &node)
+    allocator(Scope::cluster(&net), "10.204.2.1-10.204.2.9/24", &node)
         .del("c1", "net1")
         .unwrap();
     let one = sub.at("10.204.2.1");
@@ -264,7 +247,7 @@ fn mirrors_are_made_again_for_leases_written_without() {
     let sub = Subnet::cleared(&env, "10.204.3.0/24");
     let net = format!("{}-e", env.network);
     let plain = env.node_store("node-a");
-    let a = alloc(&net, "10.204.3.1-10.204.3.4/24", &plain);
+    let a = allocator(Scope::cluster(&net), "10.204.3.1-10.204.3.4/24", &plain);
     let mut got: Vec<IpAddr> = Vec::new();
     for c in ["c1", "c2", "c3"] {
         got.push(a.add(&add_req(c, "net1", pod("ns", c, "u"))).unwrap()[0].address);

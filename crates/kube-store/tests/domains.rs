@@ -13,9 +13,7 @@ use std::sync::Barrier;
 
 use common::*;
 use tether_kube_store::{KubeSettings, KubeStore, object_name};
-use tether_leases::{
-    AllocError, Allocator, Lease, LeaseStore, NoProbe, Policy, Scope, SystemClock,
-};
+use tether_leases::{AllocError, Lease, LeaseStore, Scope};
 use tether_pool::IpRange;
 
 /// Every record of the cluster-wide domain in `subnet`, from a consistent list.
@@ -61,20 +59,6 @@ impl Two {
             subnet,
         }
     }
-
-    fn alloc<'a>(&self, scope: &Scope, range: &str, store: &'a KubeStore) -> Allocator<'a> {
-        Allocator::new(
-            scope.clone(),
-            vec![IpRange::parse(range).unwrap()],
-            Policy {
-                cooldown_s: 0,
-                ..Policy::default()
-            },
-            store,
-            &NoProbe,
-            &SystemClock,
-        )
-    }
 }
 
 impl Drop for Two {
@@ -91,8 +75,8 @@ impl Drop for Two {
 fn item93_overlapping_networks_share_one_holder_per_address() {
     let t = Two::new("overlap", "10.201.0.0/24");
     let (n1, n2) = (t.env.node_store("node-1"), t.env.node_store("node-2"));
-    let fixed = t.alloc(&t.fixed, "10.201.0.0/24", &n2);
-    let pool = t.alloc(&t.pool, "10.201.0.1-10.201.0.10/24", &n1);
+    let fixed = allocator(t.fixed.clone(), "10.201.0.0/24", &n2);
+    let pool = allocator(t.pool.clone(), "10.201.0.1-10.201.0.10/24", &n1);
 
     let want = |cid: &str, addr: &str| {
         with_requested(
@@ -168,9 +152,9 @@ fn item93_concurrent_fixed_requests_and_a_pool_burst_never_share_an_address() {
                         // Fixed pods ask for .1 to .10 in turn (two ask for each of some).
                         let addr = format!("10.201.1.{}", i / 2 % 10 + 1);
                         req = with_requested(req, &[&addr]);
-                        t.alloc(&t.fixed, "10.201.1.0/24", store)
+                        allocator(t.fixed.clone(), "10.201.1.0/24", store)
                     } else {
-                        t.alloc(&t.pool, "10.201.1.1-10.201.1.10/24", store)
+                        allocator(t.pool.clone(), "10.201.1.1-10.201.1.10/24", store)
                     };
                     go.wait();
                     let r = a.add(&req).map(|l| l[0].address).map_err(|e| e.to_string());
@@ -212,8 +196,8 @@ fn item94_an_isolated_fabric_reuses_the_clusters_addresses() {
         format!("{}-rail", t.env.network),
         Some(fabric_of(&t.env.network)),
     );
-    let a = t.alloc(&t.pool, "10.201.2.5-10.201.2.5/24", &store);
-    let b = t.alloc(&rail, "10.201.2.5-10.201.2.5/24", &store);
+    let a = allocator(t.pool.clone(), "10.201.2.5-10.201.2.5/24", &store);
+    let b = allocator(rail.clone(), "10.201.2.5-10.201.2.5/24", &store);
     let x = a.add(&add_req("c1", "net1", pod("ns", "c1", "u"))).unwrap();
     let y = b.add(&add_req("c2", "net1", pod("ns", "c2", "u"))).unwrap();
     assert_eq!(x[0].address, y[0].address);

@@ -8,7 +8,6 @@
 mod reconcile_support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use reconcile_support::*;
 use serde_json::{Value, json};
@@ -52,42 +51,25 @@ fn exec(
     node_kubeconfig: &Path,
     conf: &Value,
 ) -> (i32, Value, String) {
-    use std::io::Write;
-    let mut child = Command::new(bin)
-        .env_clear()
-        .env("CNI_COMMAND", verb)
-        .env("CNI_CONTAINERID", format!("ctr-{sandbox}"))
-        .env("CNI_NETNS", "/run/netns/unused")
-        .env("CNI_IFNAME", "net1")
-        .env("CNI_PATH", bin.parent().unwrap())
-        .env(
+    let env = [
+        ("CNI_COMMAND", verb.to_string()),
+        ("CNI_CONTAINERID", format!("ctr-{sandbox}")),
+        ("CNI_NETNS", "/run/netns/unused".into()),
+        ("CNI_IFNAME", "net1".into()),
+        ("CNI_PATH", bin.parent().unwrap().display().to_string()),
+        (
             "CNI_ARGS",
-            format!("IgnoreUnknown=true;K8S_POD_NAMESPACE=wb;K8S_POD_NAME={sandbox};K8S_POD_UID=uid-{sandbox}"),
-        )
-        .env("TETHER_NODE_KUBECONFIG", node_kubeconfig)
-        .env("TETHER_LEASE_SOCKET", "")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let stdout = if out.stdout.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
-    (
-        out.status.code().unwrap_or(-1),
-        stdout,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+            format!(
+                "IgnoreUnknown=true;K8S_POD_NAMESPACE=wb;K8S_POD_NAME={sandbox};K8S_POD_UID=uid-{sandbox}"
+            ),
+        ),
+        (
+            "TETHER_NODE_KUBECONFIG",
+            node_kubeconfig.display().to_string(),
+        ),
+        ("TETHER_LEASE_SOCKET", String::new()),
+    ];
+    run_plugin(bin, &env, conf)
 }
 
 /// No node-agent: TETHER_NODE_KUBECONFIG set empty.

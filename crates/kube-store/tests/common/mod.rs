@@ -18,7 +18,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tether_kube_store::{KubeSettings, KubeStore};
-use tether_leases::{AddRequest, Lease, LeaseState, LeaseStore, PodRef, Scope};
+use tether_leases::{
+    AddRequest, Allocator, Lease, LeaseState, LeaseStore, NoProbe, PodRef, Policy, Scope,
+    SystemClock,
+};
 use tether_pool::{IpRange, RequestedIp};
 
 /// A temporary directory removed on drop.
@@ -410,4 +413,20 @@ pub fn sorted(store: &dyn LeaseStore, network: &str) -> Vec<Lease> {
     let mut v = store.list(&scope_of(network)).unwrap();
     v.sort_by_key(|l| l.address);
     v
+}
+
+/// An allocator of `scope` over `range` on `store`: no cooldown (a test re-leases at once), no
+/// probe, the system clock.
+pub fn allocator<'a>(scope: Scope, range: &str, store: &'a KubeStore) -> Allocator<'a> {
+    Allocator::new(
+        scope,
+        vec![IpRange::parse(range).unwrap()],
+        Policy {
+            cooldown_s: 0,
+            ..Policy::default()
+        },
+        store,
+        &NoProbe,
+        &SystemClock,
+    )
 }

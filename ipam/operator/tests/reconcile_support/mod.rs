@@ -723,14 +723,20 @@ pub fn ipam_bin() -> PathBuf {
 /// only (the caller's environment is cleared), `conf` on stdin. Returns the exit code and the
 /// JSON on stdout (Null when empty).
 pub fn run_ipam(ipam: &Path, env: &[(&str, String)], conf: &Value) -> (i32, Value) {
+    let (code, v, _) = run_plugin(ipam, env, conf);
+    (code, v)
+}
+
+/// Runs a CNI plugin binary as [`run_ipam`] does; also returns its stderr.
+pub fn run_plugin(bin: &Path, env: &[(&str, String)], conf: &Value) -> (i32, Value, String) {
     use std::io::Write;
     use std::process::Stdio;
-    let mut child = Command::new(ipam)
+    let mut child = Command::new(bin)
         .env_clear()
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     child
@@ -745,7 +751,11 @@ pub fn run_ipam(ipam: &Path, env: &[(&str, String)], conf: &Value) -> (i32, Valu
     } else {
         serde_json::from_slice(&out.stdout).unwrap()
     };
-    (out.status.code().unwrap_or(-1), v)
+    (
+        out.status.code().unwrap_or(-1),
+        v,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// The first address (without its prefix) of a CNI Result.
