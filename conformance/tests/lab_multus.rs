@@ -1160,18 +1160,17 @@ fn multus_thin_pool_exhaustion_error_reaches_the_runtime_and_nothing_leaks() {
 }
 
 /// Two management NADs on one segment, the fixed one over the whole /24 the pool is part of, at
-/// 16-way through Multus: 6 pods ask the fixed NAD for the pool's first three addresses (two for
-/// each), 10 draw from the pool at the same moment, so the pool is always drawn dry. Every address
+/// 32-way through Multus: 16 pods ask the fixed NAD for the pool's first eight addresses (two for
+/// each), 16 draw from the pool at the same moment, so the pool is always drawn dry. Every address
 /// of the pool is handed out exactly once, whichever NAD gave it; each refusal says why (held,
-/// exhausted); DEL releases. (16, not 32: 32 Multus and tether processes at once in a two-CPU VM
-/// under TCG spend whole minutes in TLS handshakes; the 32-way race on the real API server is
-/// crates/kube-store/tests/domains.rs.)
+/// exhausted); DEL releases.
 #[test]
 #[ignore = "lab, needs a real API server: ../shared/peers (conformance/lab/run-tests.sh lab_multus)"]
-fn item93_multus_overlapping_nads_at_16_way_hand_out_each_address_once() {
+fn item93_multus_overlapping_nads_at_32_way_hand_out_each_address_once() {
     let node = node();
     let ns = "gpu-overlap";
-    // The seed's management NADs with a budget for this VM: 60 s against the API server, not 10.
+    // The seed's management NADs with a budget for this VM: 32 Multus and tether processes at once
+    // in two CPUs under TCG spend tens of seconds in TLS handshakes, so 60 s, not 10.
     let kc = node.path("etc/cni/net.d/tether.d/tether.kubeconfig");
     let patient = |range: &str| {
         let mut c = nad_config(
@@ -1192,9 +1191,9 @@ fn item93_multus_overlapping_nads_at_16_way_hand_out_each_address_once() {
         ],
     );
     let multus = thin(node);
-    let pods: Vec<(Pod, Option<String>)> = (0..16)
+    let pods: Vec<(Pod, Option<String>)> = (0..32)
         .map(|i| {
-            if i < 6 {
+            if i < 16 {
                 let want = format!("10.20.30.{}", POOL_FIRST + (i / 2) as u8);
                 let sel = selection(&[("ov-fixed", "net1", Some(&want))]);
                 (node.pod(ns, &format!("fixed-{i}"), sel), Some(want))
@@ -1216,7 +1215,7 @@ fn item93_multus_overlapping_nads_at_16_way_hand_out_each_address_once() {
                 let multus = &multus;
                 s.spawn(move || {
                     let mut out = multus.call("ADD", p);
-                    // 16 at once in a two-CPU VM under TCG can take a minute a call: Multus' wait
+                    // 32 at once in a two-CPU VM under TCG can take a minute a call: Multus' wait
                     // for the pod, or even tether's budget against the API server, runs out.
                     // kubelet would DEL and ADD again until it works, and so do we, for those
                     // errors only (tether's says to retry later).
