@@ -297,10 +297,13 @@ fn bind(socket: &Path) -> Result<UnixListener, String> {
 }
 
 fn failure(e: StoreError) -> Reply {
-    Reply::Failed {
-        transient: e.is_transient(),
-        message: e.to_string(),
-    }
+    let transient = e.is_transient();
+    // The client turns the message back into a store error, which says "lease store:" itself.
+    let message = match e {
+        StoreError::Backend { message, .. } => message,
+        other => other.to_string(),
+    };
+    Reply::Failed { transient, message }
 }
 
 impl Shared {
