@@ -161,7 +161,7 @@ mount --make-rshared / || e2e_die "mount --make-rshared /"
 for d in /opt/cni/bin /etc/cni/net.d /var/lib/cni /var/lib/kubelet /var/lib/containerd /var/log/pods /var/log/containers; do
   mkdir -p "$d" && mount -t tmpfs -o mode=0755 e2e "$d" || e2e_die "tmpfs on $d"
 done
-for p in bridge host-local loopback; do cp "/usr/lib/cni/$p" /opt/cni/bin/; done
+for p in bridge host-local loopback macvlan; do cp "/usr/lib/cni/$p" /opt/cni/bin/; done
 # Multus under a tracer (cni-trace.sh): every call containerd makes to the node's CNI is logged.
 mkdir -p "$W/cni-trace"
 install -m 0755 "$E2E_HERE/cni-trace.sh" /opt/cni/bin/multus

@@ -124,6 +124,36 @@ delete_pods 120 cross
 assert_leased "$pooled" trainer-0 net1
 pass "cross-nad: $pooled, from mgmt-pool, refused to a pod asking mgmt-fixed; still trainer-0's"
 
+# ---- a whereabouts NAD with only its type changed -----------------------------------------------
+# whereabouts' README NAD (macvlan in bridge mode, no kubernetes block) with its log_file example,
+# "type" changed to tether-ipam, and this node's enp7s0 for the README's eth0 (not a NIC here; and
+# enp5s0 has ipvlan ports, which a macvlan cannot share). The node-agent is installed, so the lease
+# is an IPLease in the cluster store, under the agent's credential, not a node-local file.
+K apply -f - >&2 <<'EOF' || fail "creating NAD whereaboutsexample"
+apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {name: whereaboutsexample, namespace: default}
+spec:
+  config: |
+    {"cniVersion": "0.3.0", "name": "whereaboutsexample", "type": "macvlan", "master": "enp7s0", "mode": "bridge",
+     "ipam": {"type": "tether-ipam", "range": "192.168.2.225/28",
+              "log_file": "/tmp/whereabouts.log", "log_level": "debug"}}
+EOF
+busybox_pod wb '[{"name": "whereaboutsexample", "interface": "net1"}]'
+wait_running 180 wb
+pid=$(sandbox_pid wb) || fail "no running sandbox for wb"
+kind=$(in_pod "$pid" ip -j -d link show dev net1 | jq -r '.[0].linkinfo.info_kind')
+[ "$kind" = macvlan ] || fail "net1 of wb is a '$kind' link, not macvlan"
+a=$(addr_of wb net1)
+[[ "$a" =~ ^192\.168\.2\.(22[5-9]|23[0-8])$ ]] || fail "net1 of wb has '$a', not an address of 192.168.2.225/28"
+assert_leased "$a" wb net1
+[ "$(lease_of "$a" | jq -r '.spec.network')" = whereaboutsexample ] || fail "the IPLease of $a is not of network whereaboutsexample: $(lease_of "$a")"
+# The file store's state files are the dataDir's *.json; journal/ is the cluster store's own.
+! grep -qs whereaboutsexample /var/lib/cni/tether/*.json || fail "the node-local file store holds whereaboutsexample: $(grep -ls whereaboutsexample /var/lib/cni/tether/*.json)"
+delete_pods 120 wb
+released "$a" || fail "wb deleted: the IPLease of $a is $(lease_state "$a"), not Released"
+pass "whereabouts' README NAD with only its type changed: wb Running with macvlan net1 $a, an IPLease in the cluster (no file store), Released on delete"
+
 # ---- 5. the IPLease CRD missing ------------------------------------------------------------------
 # Deleting the CRD deletes every IPLease: first every pod holding a tether address goes, or the
 # next ADD could hand out an address a running pod still has.
