@@ -63,6 +63,8 @@ impl WhereaboutsNs {
     /// whereabouts' kubeconfig (the admin's, its context's namespace this test's) and the flat
     /// configuration file it needs beside the NAD.
     fn new(env: &Env, range: &str, lease_names: &'static str, extra: Value) -> WhereaboutsNs {
+        whereabouts_crds(env);
+        nad_crd(env);
         let ns = env.name("wb");
         namespace(env, ns);
         let mut kc: Value =

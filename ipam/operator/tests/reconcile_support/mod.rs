@@ -559,32 +559,53 @@ impl Cluster {
         path
     }
 }
-/// Multus' NAD CRD, created unless the server has it, and Established.
+/// Multus' NAD CRD, created unless the server has it, and served.
 pub fn nad_crd(env: &Env) {
+    peer_crd(env, "nad-crd.yaml");
+}
+
+/// whereabouts' CRDs (IPPool, OverlappingRangeIPReservation, NodeSlicePool), created unless the
+/// server has them, and served: the whereabouts binary fails every call without them.
+pub fn whereabouts_crds(env: &Env) {
+    for f in [
+        "whereabouts.cni.cncf.io_ippools.yaml",
+        "whereabouts.cni.cncf.io_overlappingrangeipreservations.yaml",
+        "whereabouts.cni.cncf.io_nodeslicepools.yaml",
+    ] {
+        peer_crd(env, &format!("whereabouts-crds/{f}"));
+    }
+}
+
+/// The CRD in `file` of ../shared/peers, created unless the server has it; returns once its
+/// resource lists (Established comes a moment before the resource is served).
+fn peer_crd(env: &Env, file: &str) {
     let crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
-    let name = "network-attachment-definitions.k8s.cni.cncf.io";
+    let path = tether_conformance::paths::peers_dir().join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let crd: Value = serde_saphyr::from_str(&text).unwrap();
+    let name = crd["metadata"]["name"].as_str().expect("a CRD has a name");
     if env.get_json(crds, Some(name)).is_err() {
-        let path = tether_conformance::paths::peers_dir().join("nad-crd.yaml");
-        let text =
-            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let crd: Value = serde_saphyr::from_str(&text).unwrap();
         match env.post_json(crds, &crd) {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => panic!("creating the NAD CRD: {e}"),
+            Err(e) => panic!("creating the CRD {name}: {e}"),
         }
     }
-    let established = wait_until(Duration::from_secs(30), || {
-        env.get_json(crds, Some(name)).is_ok_and(|c| {
-            c.pointer("/status/conditions")
-                .and_then(Value::as_array)
-                .is_some_and(|cs| {
-                    cs.iter()
-                        .any(|c| c["type"] == "Established" && c["status"] == "True")
-                })
-        })
+    let spec = &crd["spec"];
+    let version = spec["versions"]
+        .as_array()
+        .and_then(|vs| vs.iter().find(|v| v["served"] == true))
+        .and_then(|v| v["name"].as_str())
+        .expect("a CRD serves a version");
+    let list = format!(
+        "/apis/{}/{version}/{}",
+        spec["group"].as_str().unwrap(),
+        spec["names"]["plural"].as_str().unwrap()
+    );
+    let served = wait_until(Duration::from_secs(30), || {
+        env.get_json(&list, None).is_ok()
     });
-    assert!(established.is_some(), "the NAD CRD is not Established");
+    assert!(served.is_some(), "the CRD {name} is not served after 30 s");
 }
 
 /// A NAD in the cluster, deleted on drop (the monitor of every later test on this server would
