@@ -48,6 +48,8 @@ install: build
 	  install -m 0755 $(STATIC)/$$b $$tmp && mv -f $$tmp $$dir/$$b || { rm -f $$tmp; exit 1; }; \
 	  echo "installed $$dir/$$b"; \
 	done
+	@# The same binary is kubectl's plugin `kubectl tether` under this name.
+	ln -sfn $(OPERATOR) $(DESTDIR)$(SBINDIR)/kubectl-tether
 
 deps:
 	.ci/deps.sh

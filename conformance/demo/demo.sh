@@ -257,7 +257,7 @@ links=$(ip -n "$(ns node)" -br link show | awk '{print $1}' | sed 's/@.*//' | so
 ok "node: only lo, enp5s0, enp6s0"
 case "$IPAM" in
     tether-ipam)
-        held=$("$BIN/tether" leases --data-dir "$SCRATCH/ipam" -o json | jq '[.[] | select(.state == "leased")] | length')
+        held=$("$BIN/tether" leases --data-dir "$SCRATCH/ipam" -o json | jq '[.items[] | select(.state == "Leased")] | length')
         [ "$held" = 0 ] || die "$held leases still held" "$("$BIN/tether" leases --data-dir "$SCRATCH/ipam")"
         ok "tether-ipam: no lease held (released ones stay listed for cooldown and sticky re-use)"
         "$BIN/tether" leases --data-dir "$SCRATCH/ipam" | indent ;;

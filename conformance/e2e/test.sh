@@ -118,6 +118,30 @@ synced=$(grep -c '^tether_lease_service_network_records{.*standing="synced"}' <<
   fail "the plugins did not go through the node-agent: $welcomed calls welcomed, $synced networks kept; $(grep '^tether_lease_service' <<<"$metrics")"
 pass "the plugins' lease requests went through the node-agent ($welcomed calls welcomed; $synced networks kept by its watch)"
 
+# The operator's view, found with no flag: `tether leases` and `tether pools` in the agent's
+# container (its service account, as `kubectl -n kube-system exec ds/tether -- tether leases` runs
+# them; exec goes through containerd here, see checks.sh) and as root on the node (the credential
+# the agent writes for the plugins). Each lists what the API server holds, and says where it read.
+kube_leased=$(leases_json | jq -c '[.items[] | select(.spec.state == "Leased") | .spec.address] | sort')
+agent_ctr=$(CTR containers ls -q "labels.\"io.kubernetes.pod.name\"==$(agent_pod),labels.\"io.kubernetes.container.name\"==agent")
+[ -n "$agent_ctr" ] || fail "no container 'agent' of the node-agent pod $(agent_pod) in containerd"
+cli_in_agent() { CTR tasks exec --exec-id "cli-$RANDOM" "$agent_ctr" tether "$@"; }
+cli_on_node() { env -u KUBECONFIG HOME=/nonexistent "$E2E_ROOT/target/image/tether" "$@"; }
+for where in cli_in_agent cli_on_node; do
+  out=$($where leases --state Leased -o json 2>"$E2E_DIR/cli.err") || fail "$where: tether leases failed: $(cat "$E2E_DIR/cli.err")"
+  got=$(jq -c '[.items[] | .address] | sort' <<<"$out")
+  [ "$got" = "$kube_leased" ] || fail "$where: tether leases lists $got, kubectl $kube_leased; $(cat "$E2E_DIR/cli.err")"
+  want_source="this pod's service account"; [ $where = cli_in_agent ] || want_source="this node's tether credential"
+  grep -q "from the cluster store at https://.*$want_source" "$E2E_DIR/cli.err" ||
+    fail "$where: tether leases does not say it read the cluster store with $want_source: $(cat "$E2E_DIR/cli.err")"
+  # mgmt-pool's pool: .241-.250 without .245, 9 addresses; the trainers' net1 addresses are in it.
+  pools=$($where pools --network mgmt-pool -o json 2>"$E2E_DIR/cli.err") || fail "$where: tether pools failed: $(cat "$E2E_DIR/cli.err")"
+  in_pool=$(jq --arg re "$POOL_RE" '[.[] | select(test($re))] | length' <<<"$kube_leased")
+  jq -e --argjson n "$in_pool" '.items | length == 1 and .[0].size == 9 and .[0].leased == $n and .[0].free == 9 - $n' <<<"$pools" >/dev/null ||
+    fail "$where: tether pools says $(jq -c .items <<<"$pools"); the API server holds $in_pool leases in mgmt-pool's range"
+done
+pass "tether leases and tether pools with no flag, in the agent's container and as root on the node: the API server's $(jq length <<<"$kube_leased") leases; mgmt-pool $in_pool of 9 leased"
+
 # ---- 4. a StatefulSet pod deleted and re-created keeps its addresses ---------------------------
 old_uid=$(pod_uid trainer-1)
 t=$(now)

@@ -140,6 +140,13 @@ pub fn configure(conf: &Map<String, Value>) -> Result<(), LogConfigError> {
     Ok(())
 }
 
+/// What [`configure`] refuses, checked without applying anything (`tether validate`).
+pub fn check_log_keys(conf: &Map<String, Value>) -> Result<(), LogConfigError> {
+    pick(conf, "log_file")?;
+    pick(conf, "log_level")?;
+    Ok(())
+}
+
 /// Why the config's `log_file` names a place the plugins never open (they ignore it), checked
 /// without touching the filesystem (`tether validate`): `None` for none, or one they would try.
 pub fn unfit_log_file(conf: &Map<String, Value>) -> Option<String> {

@@ -29,6 +29,20 @@ pub fn time_text(secs: u64) -> Result<String, String> {
         .map_err(|e| format!("time {secs} is out of range: {e}"))
 }
 
+/// The labels of a lease's object (its network, node and pod), which label selectors match: the
+/// operator matches file-store leases against them too.
+pub fn lease_labels(lease: &Lease) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    labels.insert(NETWORK_LABEL.to_string(), label_value(&lease.network));
+    if let Some(n) = &lease.node {
+        labels.insert(NODE_LABEL.to_string(), label_value(n));
+    }
+    if let (Some(ns), Some(name)) = (&lease.pod.namespace, &lease.pod.name) {
+        labels.insert(POD_LABEL.to_string(), pod_label_value(ns, name));
+    }
+    labels
+}
+
 /// RFC 3339 → unix seconds (fractions dropped; times before 1970 are an error).
 pub fn parse_time(text: &str) -> Result<u64, String> {
     let t: jiff::Timestamp = text
@@ -190,16 +204,9 @@ pub fn to_named_object(
         quarantine,
     };
     let mut obj = IPLease::new(&name, spec);
-    let mut labels = BTreeMap::new();
-    labels.insert(NETWORK_LABEL.to_string(), label_value(&lease.network));
+    let mut labels = lease_labels(lease);
     if naming == Naming::Mirror {
         labels.insert(MIRROR_LABEL.to_string(), "true".to_string());
-    }
-    if let Some(n) = &lease.node {
-        labels.insert(NODE_LABEL.to_string(), label_value(n));
-    }
-    if let (Some(ns), Some(name)) = (&lease.pod.namespace, &lease.pod.name) {
-        labels.insert(POD_LABEL.to_string(), pod_label_value(ns, name));
     }
     obj.metadata.labels = Some(labels);
     if let Some((uid, rv)) = meta {

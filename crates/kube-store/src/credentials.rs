@@ -52,8 +52,12 @@ fn read_kubeconfig(p: &Path, source: &CredentialSource) -> Result<Kubeconfig, Ku
 pub(crate) async fn load_config(
     settings: &KubeSettings,
 ) -> Result<(Config, CredentialSource), KubeStoreError> {
+    let options = KubeConfigOptions {
+        context: settings.context.clone(),
+        ..KubeConfigOptions::default()
+    };
     let from_kubeconfig = |kc: Kubeconfig, source: CredentialSource| async move {
-        Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        Config::from_custom_kubeconfig(kc, &options)
             .await
             .map(|c| (c, source.clone()))
             .map_err(|e| KubeStoreError::Kubeconfig {
@@ -67,6 +71,13 @@ pub(crate) async fn load_config(
         return from_kubeconfig(kc, source).await;
     }
     if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+        if let Some(context) = &settings.context {
+            return Err(KubeStoreError::InCluster {
+                detail: format!(
+                    "context {context:?} was asked for, but a pod's credential has no contexts"
+                ),
+            });
+        }
         return Config::incluster()
             .map(|c| (c, CredentialSource::InCluster))
             .map_err(|e| KubeStoreError::InCluster {

@@ -57,6 +57,17 @@ impl KubeStore {
         self.list_every(Kinds::Leases)
     }
 
+    /// The leases whose objects match the label `selector` (`tether leases -l`), mirrors not
+    /// included; the API server checks the selector.
+    pub fn list_matching(&self, selector: &str) -> Result<Vec<Lease>, KubeStoreError> {
+        self.list_selected(
+            Some(selector),
+            "LIST of ipleases by label",
+            Kinds::Leases,
+            |_| true,
+        )
+    }
+
     /// Every record of the `kinds` wanted.
     pub fn list_every(&self, kinds: Kinds) -> Result<Vec<Lease>, KubeStoreError> {
         self.list_selected(None, "LIST of ipleases of every network", kinds, |_| true)

@@ -80,7 +80,7 @@ pub use access::{Access, CrdState, Identity, NodeScope};
 pub use api::{ApiClient, RequestCounts};
 pub use backoff::jittered;
 pub use cluster::{AgentPod, Cluster, ConfigMapData, PodEvent, PodKey};
-pub use convert::{Kinds, Naming};
+pub use convert::{Kinds, Naming, lease_labels, time_text};
 pub use crd::{
     IPLease, IPLeaseSpec, LeasePhase, PodInfo, Quarantine, crd_yaml, network_object_name,
     object_name,

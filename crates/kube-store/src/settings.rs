@@ -33,6 +33,9 @@ pub const DEFAULT_PAGE_SIZE: u32 = 500;
 pub struct KubeSettings {
     /// `kubernetes.kubeconfig`.
     pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig's context to use (default: its current-context). Not from a network
+    /// config: the operator's `--context`.
+    pub context: Option<String>,
     /// `kubernetes.k8s_api_root`: overrides the server URL.
     pub api_root: Option<String>,
     /// `kubernetes.timeout_s`: total budget per CNI call (per store, see
@@ -103,6 +106,7 @@ impl Default for KubeSettings {
     fn default() -> Self {
         KubeSettings {
             kubeconfig: None,
+            context: None,
             api_root: None,
             timeout: DEFAULT_TIMEOUT,
             list_from_cache: true,

@@ -20,7 +20,7 @@
 //! node-agent's own pods, so it needs no access to nodes).
 
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::Path;
 
 use serde_json::{Value, json};
 use tether_cni::MasterKeys;
@@ -36,7 +36,7 @@ use tether_wire::{ProbeBudget, ProbeOutcome};
 use super::nads::{file_network, nad_networks, with_files};
 use super::output::{EXIT_FAILED, EXIT_OK, Output, print_table};
 use super::overlap::findings;
-use super::store_access::{OpenStore, StoreArgs, describe_store, read_network_config};
+use super::store_access::{OpenStore, describe_store, read_network_config};
 
 struct Finding {
     check: &'static str,
@@ -64,7 +64,7 @@ impl Report {
     }
 }
 
-pub fn run(config: &PathBuf, max_probes: u32, output: Output) -> Result<i32, String> {
+pub fn run(config: &Path, max_probes: u32, output: Output) -> Result<i32, String> {
     let mut r = Report::default();
     diagnose(config, max_probes, &mut r);
     match output {
@@ -96,7 +96,7 @@ pub fn run(config: &PathBuf, max_probes: u32, output: Output) -> Result<i32, Str
     })
 }
 
-fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
+fn diagnose(path: &Path, max_probes: u32, r: &mut Report) {
     let raw = match read_network_config(path) {
         Ok(v) => v,
         Err(e) => return r.fail("config", e),
@@ -122,10 +122,7 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
         return;
     }
 
-    let (open, _) = match OpenStore::open(&StoreArgs {
-        config: Some(path.clone()),
-        ..StoreArgs::default()
-    }) {
+    let open = match OpenStore::as_the_plugin(path) {
         Ok(s) => s,
         Err(e) => return r.fail("store", e),
     };
@@ -220,7 +217,7 @@ fn diagnose(path: &PathBuf, max_probes: u32, r: &mut Report) {
 }
 
 /// The config at `path` against the cluster's NADs: a FAIL line per finding involving it.
-fn check_overlaps(cluster: &Cluster, path: &PathBuf, r: &mut Report) {
+fn check_overlaps(cluster: &Cluster, path: &Path, r: &mut Report) {
     const CHECK: &str = "overlap";
     // Parsed before (the config check): this only adds its NAD's name and master.
     let Ok(me) = file_network(path, &node_agent()) else {

@@ -33,16 +33,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tether_kube_store::{Kinds, KubeStoreError, NadConfig, PodWarning, Posted};
-use tether_leases::{
-    Allocator, CasResult, FileStore, Lease, LeaseState, LeaseStore, NoProbe, Scope, StoreError,
-    SystemClock,
-};
-use tether_pool::{PoolConfig, StoreKind};
+use tether_leases::{Allocator, FileStore, Lease, LeaseState, NoProbe, SystemClock};
+use tether_pool::StoreKind;
 
 use crate::kube::Kube;
 use crate::metrics::{PoolGauge, Registry, store_label};
-use crate::nads::nad_networks;
+use crate::nads::{NadNetwork, nad_networks};
 use crate::options::Options;
+use crate::pool_usage::{ListedLeases, one_per_network};
 use crate::report::{StoreName, now_s};
 
 mod overlap_events;
@@ -87,11 +85,6 @@ enum Nads {
 }
 
 /// A network configuration found in a NAD, and where.
-struct NetworkConfig {
-    nad: String,
-    cfg: PoolConfig,
-}
-
 impl Monitor {
     /// From the reconciler's options (node, API access, data dir; `conflict_events`; pools when
     /// metrics are served).
@@ -362,7 +355,7 @@ impl Monitor {
                             }
                         }
                     }
-                    let records = Listed(listed.as_deref().unwrap_or_default());
+                    let records = ListedLeases(listed.as_deref().unwrap_or_default());
                     (
                         StoreName::Kubernetes,
                         None,
@@ -399,61 +392,22 @@ impl Monitor {
 
 /// One configuration per network from the NADs using tether-ipam (first NAD by namespace/name
 /// wins; one with other ranges is named in a warning, once).
-fn network_configs(nads: &[NadConfig], warned: &mut HashSet<String>) -> Vec<NetworkConfig> {
-    let mut by_network: BTreeMap<String, NetworkConfig> = BTreeMap::new();
-    for n in nad_networks(nads) {
-        match by_network.get(&n.cfg.network_name) {
-            Some(first) if first.cfg.ranges != n.cfg.ranges => {
-                if warned.insert(format!("ranges:{}:{}", n.cfg.network_name, n.nad)) {
-                    log::warn!(
-                        "monitor: NADs {} and {} give network {} different ranges; its pool metrics use {}'s",
-                        first.nad,
-                        n.nad,
-                        n.cfg.network_name,
-                        first.nad
-                    );
-                }
-            }
-            Some(_) => {}
-            None => {
-                by_network.insert(
-                    n.cfg.network_name.clone(),
-                    NetworkConfig {
-                        nad: n.nad,
-                        cfg: n.cfg,
-                    },
+fn network_configs(nads: &[NadConfig], warned: &mut HashSet<String>) -> Vec<NadNetwork> {
+    let mut out = Vec::new();
+    for n in one_per_network(nad_networks(nads)) {
+        for other in &n.other_ranges {
+            if warned.insert(format!("ranges:{}:{other}", n.first.cfg.network_name)) {
+                log::warn!(
+                    "monitor: NADs {} and {other} give network {} different ranges; its pool metrics use {}'s",
+                    n.first.nad,
+                    n.first.cfg.network_name,
+                    n.first.nad
                 );
             }
         }
+        out.push(n.first);
     }
-    by_network.into_values().collect()
-}
-
-/// The cluster store's records as listed once for a round: a pool is counted against every
-/// record of its domain in its ranges, whichever network holds it (NADs may overlap).
-struct Listed<'a>(&'a [Lease]);
-
-impl LeaseStore for Listed<'_> {
-    fn list(&self, scope: &Scope) -> Result<Vec<Lease>, StoreError> {
-        Ok(self
-            .0
-            .iter()
-            .filter(|l| l.in_domain(scope.domain.as_deref()))
-            .cloned()
-            .collect())
-    }
-    fn claim(&self, new: Lease, _: Option<&Lease>) -> CasResult<Lease> {
-        Err(StoreError::Invalid(format!(
-            "the monitor's list is read only (a claim of {})",
-            new.address
-        )))
-    }
-    fn remove(&self, expected: &Lease) -> CasResult<()> {
-        Err(StoreError::Invalid(format!(
-            "the monitor's list is read only (a removal of {})",
-            expected.address
-        )))
-    }
+    out
 }
 
 /// The Event message of a conflict.
@@ -468,9 +422,8 @@ fn conflict_message(l: &Lease, mac: &str, node: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::nads::tether_ipam_configs;
-    use tether_pool::NodeAgent;
+    use tether_pool::{NodeAgent, PoolConfig};
 
     #[test]
     fn finds_tether_ipam_in_configs_and_conflists() {

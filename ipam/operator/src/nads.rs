@@ -4,7 +4,7 @@
 //! is in), and by the overlap checks ([`crate::overlap`]), which also take config files.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::Path;
 
 use serde_json::Value;
 use tether_kube_store::NadConfig;
@@ -49,7 +49,7 @@ pub fn nad_networks(nads: &[NadConfig]) -> Vec<NadNetwork> {
 
 /// The network of a config file as `tether validate` and `tether doctor` read it (see
 /// [`read_network_file`]): named after its NAD when the file is a NAD object, else after the file.
-pub fn file_network(path: &PathBuf, agent: &NodeAgent) -> Result<NadNetwork, String> {
+pub fn file_network(path: &Path, agent: &NodeAgent) -> Result<NadNetwork, String> {
     let file = read_network_file(path)?;
     let cfg = PoolConfig::from_value(&file.config, agent).map_err(|e| e.to_string())?;
     Ok(NadNetwork {

@@ -1,6 +1,8 @@
-//! What every operator command shares about its output: exit codes, `-o table|json`, tables.
+//! What every operator command shares about its output: exit codes, `-o table|json` (and for
+//! lists, kubectl's `-o table|wide|json|yaml|name`), tables.
 
 use clap::ValueEnum;
+use serde_json::{Value, json};
 
 /// Exit codes scripts can rely on: 0 success; 1 the operation failed or `doctor` found a problem;
 /// 2 usage error; 3 refused (`release` of an address whose pod may be alive, without `--force`).
@@ -13,6 +15,35 @@ pub const EXIT_REFUSED: i32 = 3;
 pub enum Output {
     Table,
     Json,
+}
+
+/// How a list (`tether leases`, `tether pools`) is printed, as kubectl prints one.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListOutput {
+    Table,
+    /// The table with more columns.
+    Wide,
+    /// `{"kind": "…List", "items": […]}`.
+    Json,
+    Yaml,
+    /// One name per line, as the commands that act on one item take it.
+    Name,
+}
+
+/// Print `items` as JSON or YAML: an object of `kind` with the items in `items`, as kubectl prints a
+/// list (a script reads `.items[]`, and a later key never breaks it).
+pub fn print_items(kind: &str, items: Vec<Value>, yaml: bool) -> Result<(), String> {
+    let list = json!({ "kind": kind, "items": items });
+    if yaml {
+        let text = serde_saphyr::to_string(&list).map_err(|e| format!("writing YAML: {e}"))?;
+        print!("{text}");
+    } else {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&list).map_err(|e| format!("writing JSON: {e}"))?
+        );
+    }
+    Ok(())
 }
 
 /// A plain aligned table.

@@ -1,32 +1,43 @@
 //! Which lease store an operator command works on (`--config`, `--data-dir`, `--kubeconfig`), and
 //! reading the network config it names.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 use serde_json::Value;
 use tether_kube_store::{Cluster, KubeSettings, KubeStore, node_agent};
 use tether_leases::{FileStore, Lease, LeaseStore};
-use tether_pool::{KubeconfigSource, PoolConfig, StoreKind};
+use tether_pool::{KubeconfigSource, NodeAgent, PoolConfig, StoreKind};
+
+use crate::find_cluster::{Found, Places, find_cluster};
+use crate::manifests::read_documents;
+
+/// Where the file store is when nothing names another place (the plugin's `dataDir` default).
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/tether";
 
 /// Which lease store to open: from a network config, or named directly.
 ///
-/// The store is the config's (`--config`), else the file store when `--data-dir` is given, else
-/// the Kubernetes store when `--kubeconfig` is given, else the file store in /var/lib/cni/tether.
-/// API access (to check pods) comes from `--kubeconfig`, or from the config's `kubernetes`
-/// settings.
+/// The store is the file store in `--data-dir` when it is given; else the config's (`--config`,
+/// read as on a node of a cluster that runs tether); else the cluster store when credentials are
+/// found ([`find_cluster`]: `--kubeconfig`, `KUBECONFIG`, `~/.kube/config`, a pod's service
+/// account, the node-agent's kubeconfig); else the file store in /var/lib/cni/tether. The same
+/// credentials check whether a lease's pod is alive.
 #[derive(Args, Debug, Clone, Default)]
 pub struct StoreArgs {
     /// Take the store settings from this network config (its ipam section).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// File store directory (default /var/lib/cni/tether).
+    /// The node-local file store in this directory (default /var/lib/cni/tether when no cluster
+    /// credentials are found).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
-    /// Kubeconfig: the Kubernetes lease store (unless --config or --data-dir name another), and
-    /// API access to check whether a lease's pod is alive.
+    /// Kubeconfig of the cluster (default: KUBECONFIG, ~/.kube/config, a pod's service account,
+    /// this node's tether credential, as kubectl looks, then the node).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig's context to use (default: its current-context).
+    #[arg(long)]
+    pub context: Option<String>,
 }
 
 /// A network config file as read by [`read_network_file`].
@@ -42,56 +53,40 @@ pub struct NetworkFile {
 /// Read a network config file: a single config, or a conflist whose plugin with an `ipam` is used,
 /// or a NetworkAttachmentDefinition object as JSON (`kubectl get net-attach-def NAME -o json`),
 /// whose `spec.config` is used with the NAD's name injected as Multus does.
-pub fn read_network_config(path: &PathBuf) -> Result<Value, String> {
+pub fn read_network_config(path: &Path) -> Result<Value, String> {
     read_network_file(path).map(|f| f.config)
 }
 
-/// [`read_network_config`], and which NAD the file is, if it is one.
-pub fn read_network_file(path: &PathBuf) -> Result<NetworkFile, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let mut v: Value =
-        serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
-    let mut nad = None;
-    if v.get("kind").and_then(Value::as_str) == Some("NetworkAttachmentDefinition") {
-        let meta = |key: &str| {
-            v.pointer(&format!("/metadata/{key}"))
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        };
-        nad = meta("name").map(|name| {
-            format!(
-                "{}/{name}",
-                meta("namespace").unwrap_or_else(|| "default".into())
-            )
-        });
-        let config = v
-            .pointer("/spec/config")
-            .and_then(Value::as_str)
-            .ok_or_else(|| {
-                format!(
-                    "the NetworkAttachmentDefinition in {} has no spec.config",
-                    path.display()
-                )
-            })?;
-        let mut inner: Value = serde_json::from_str(config)
-            .map_err(|e| format!("spec.config in {} is not JSON: {e}", path.display()))?;
-        if let (Some(obj), Some(name)) =
-            (inner.as_object_mut(), v.pointer("/metadata/name").cloned())
-            && !obj.contains_key("name")
-        {
-            obj.insert("name".to_string(), name);
-        }
-        v = inner;
+/// [`read_network_config`], and which NAD the file is, if it is one. The file holds one network:
+/// JSON or YAML, a config, a conflist or a NAD ([`read_documents`]; `tether validate` takes
+/// manifests of several).
+pub fn read_network_file(path: &Path) -> Result<NetworkFile, String> {
+    let mut found = read_documents(path)?.networks;
+    if found.len() != 1 {
+        return Err(format!(
+            "{} holds {} network configs; give a file with one (tether validate takes manifests of several)",
+            path.display(),
+            found.len()
+        ));
     }
+    let doc = found.remove(0);
+    Ok(NetworkFile {
+        config: plugin_with_ipam(doc.config, &path.display().to_string())?,
+        nad: doc.nad,
+    })
+}
+
+/// The configuration a network's IPAM reads: the config itself, or a conflist's plugin with an
+/// `ipam` section, with the list's `name` and `cniVersion`.
+pub fn plugin_with_ipam(v: Value, source: &str) -> Result<Value, String> {
     let Some(plugins) = v.get("plugins").and_then(Value::as_array) else {
-        return Ok(NetworkFile { config: v, nad });
+        return Ok(v);
     };
     let mut p = plugins
         .iter()
         .find(|p| p.get("ipam").is_some())
         .cloned()
-        .ok_or_else(|| format!("no plugin in {} has an ipam section", path.display()))?;
+        .ok_or_else(|| format!("no plugin in {source} has an ipam section"))?;
     // A conflist carries name and cniVersion at the top; plugins inherit them.
     for k in ["name", "cniVersion"] {
         if let (Some(obj), Some(val)) = (p.as_object_mut(), v.get(k))
@@ -100,7 +95,7 @@ pub fn read_network_file(path: &PathBuf) -> Result<NetworkFile, String> {
             obj.insert(k.to_string(), val.clone());
         }
     }
-    Ok(NetworkFile { config: p, nad })
+    Ok(p)
 }
 
 /// The store behind an [`OpenStore`].
@@ -116,67 +111,129 @@ pub enum Backend {
 pub struct OpenStore {
     pub backend: Backend,
     /// API access (to check pods): on the Kubernetes store's client, or next to a file store
-    /// (from `--kubeconfig` or the config's `kubernetes`).
+    /// (the credentials found).
     cluster: Option<Cluster>,
+    /// Which store this is, and where its credentials came from, in words.
+    pub description: String,
 }
 
 impl OpenStore {
+    /// The store an operator command names ([`StoreArgs`]), and the config it read.
     pub fn open(args: &StoreArgs) -> Result<(OpenStore, Option<PoolConfig>), String> {
+        let found = find_cluster(
+            args.kubeconfig.as_deref(),
+            args.context.as_deref(),
+            &Places::of_this_process(),
+        )?;
         let cfg = match &args.config {
-            // As the plugin on this host reads it.
             Some(p) => Some(
-                PoolConfig::from_value(&read_network_config(p)?, &node_agent())
+                PoolConfig::from_value(&read_network_config(p)?, &NodeAgent::on_every_node())
                     .map_err(|e| e.to_string())?,
             ),
             None => None,
         };
-        let kind = match &cfg {
-            Some(c) => c.store,
-            None if args.data_dir.is_none() && args.kubeconfig.is_some() => StoreKind::Kubernetes,
-            None => StoreKind::File,
-        };
-        let settings = || -> Result<Option<KubeSettings>, String> {
-            let mut s = match cfg.as_ref().and_then(|c| c.kubernetes.as_ref()) {
-                Some(k) => {
-                    Some(KubeSettings::from_kubernetes_config(Some(k)).map_err(|e| e.to_string())?)
-                }
+        let file_dir = args.data_dir.clone().or_else(|| match &cfg {
+            Some(c) if c.store == StoreKind::File => Some(c.data_dir.clone()),
+            Some(_) => None,
+            None => found.is_none().then(|| PathBuf::from(DEFAULT_DATA_DIR)),
+        });
+        if let Some(dir) = file_dir {
+            let cluster = match &found {
+                Some((s, _)) => Some(Cluster::connect(s).map_err(|e| e.to_string())?),
                 None => None,
             };
-            if let Some(p) = &args.kubeconfig {
-                s.get_or_insert_with(KubeSettings::default).kubeconfig = Some(p.clone());
+            let why = match (&args.data_dir, &cfg, &found) {
+                (Some(_), _, _) => "--data-dir",
+                (None, Some(_), _) => "the config's store",
+                _ => {
+                    "no cluster credentials were found (--kubeconfig, KUBECONFIG, ~/.kube/config, a pod's service \
+                     account, this node's tether credential)"
+                }
+            };
+            return Ok((
+                OpenStore {
+                    description: format!("the node-local file store in {} ({why})", dir.display()),
+                    backend: Backend::File(FileStore::new(dir)),
+                    cluster,
+                },
+                cfg,
+            ));
+        }
+        let (mut settings, found) = match (cfg.as_ref().and_then(|c| c.kubernetes.as_ref()), found)
+        {
+            // A kubeconfig the config names itself, when it is here and no flag overrides it.
+            (Some(k), _)
+                if args.kubeconfig.is_none()
+                    && k.source == KubeconfigSource::Config
+                    && k.kubeconfig.as_ref().is_some_and(|p| p.is_file()) =>
+            {
+                let p = k.kubeconfig.clone().unwrap_or_default();
+                (KubeSettings::with_kubeconfig(p.clone()), Found::Flag(p))
             }
-            Ok(s)
+            (_, Some(f)) => f,
+            (_, None) => {
+                return Err(
+                    "the config keeps its leases in the cluster store, and no cluster credentials were found: pass \
+                     --kubeconfig, set KUBECONFIG, or run where ~/.kube/config or this node's tether credential is"
+                        .into(),
+                );
+            }
         };
+        if let Some(k) = cfg.as_ref().and_then(|c| c.kubernetes.as_ref()) {
+            let from_config =
+                KubeSettings::from_kubernetes_config(Some(k)).map_err(|e| e.to_string())?;
+            settings.api_root = from_config.api_root;
+            settings.timeout = from_config.timeout;
+        }
+        let store = KubeStore::connect(settings).map_err(|e| e.to_string())?;
+        let description = format!(
+            "the cluster store at {} (credentials: {found}{})",
+            store.api().server(),
+            args.context
+                .as_deref()
+                .map(|c| format!(", context {c}"))
+                .unwrap_or_default()
+        );
+        Ok((
+            OpenStore {
+                cluster: Some(Cluster::new(store.api().clone())),
+                backend: Backend::Kube(store),
+                description,
+            },
+            cfg,
+        ))
+    }
 
-        match kind {
-            StoreKind::File => {
-                let dir = args
-                    .data_dir
-                    .clone()
-                    .or_else(|| cfg.as_ref().map(|c| c.data_dir.clone()))
-                    .unwrap_or_else(|| PathBuf::from("/var/lib/cni/tether"));
-                let cluster = match settings()? {
-                    Some(s) => Some(Cluster::connect(&s).map_err(|e| e.to_string())?),
+    /// The store `tether doctor` checks: the config's, read as the plugin on this node reads it,
+    /// with its own credentials.
+    pub fn as_the_plugin(config: &Path) -> Result<OpenStore, String> {
+        let cfg = PoolConfig::from_value(&read_network_config(config)?, &node_agent())
+            .map_err(|e| e.to_string())?;
+        match cfg.store {
+            StoreKind::File => Ok(OpenStore {
+                description: format!("the node-local file store in {}", cfg.data_dir.display()),
+                backend: Backend::File(FileStore::new(cfg.data_dir.clone())),
+                // Pods are checked with the config's `kubernetes` credentials, when it has some.
+                cluster: match &cfg.kubernetes {
+                    Some(k) => Some(
+                        Cluster::connect(
+                            &KubeSettings::from_kubernetes_config(Some(k))
+                                .map_err(|e| e.to_string())?,
+                        )
+                        .map_err(|e| e.to_string())?,
+                    ),
                     None => None,
-                };
-                Ok((
-                    OpenStore {
-                        backend: Backend::File(FileStore::new(dir)),
-                        cluster,
-                    },
-                    cfg,
-                ))
-            }
+                },
+            }),
             StoreKind::Kubernetes => {
-                let s = settings()?.unwrap_or_default();
+                let s = KubeSettings::from_kubernetes_config(cfg.kubernetes.as_ref())
+                    .map_err(|e| e.to_string())?;
                 let store = KubeStore::connect(s).map_err(|e| e.to_string())?;
-                Ok((
-                    OpenStore {
-                        cluster: Some(Cluster::new(store.api().clone())),
-                        backend: Backend::Kube(store),
-                    },
-                    cfg,
-                ))
+                Ok(OpenStore {
+                    description: format!("the cluster store at {}", store.api().server()),
+                    cluster: Some(Cluster::new(store.api().clone())),
+                    backend: Backend::Kube(store),
+                })
             }
         }
     }

@@ -37,20 +37,29 @@ fn leases_table_and_json() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(
         lines[0].split_whitespace().collect::<Vec<_>>(),
-        ["NETWORK", "ADDRESS", "POD", "NODE", "STATE", "AGE"]
+        [
+            "NETWORK",
+            "ADDRESS",
+            "POD",
+            "INTERFACE",
+            "NODE",
+            "STATE",
+            "AGE"
+        ]
     );
     assert_eq!(lines.len(), 4, "{out}");
     assert!(
         lines[1].starts_with("net-a")
             && lines[1].contains("10.3.0.10/24")
             && lines[1].contains("ns/p1")
-            && lines[1].contains("leased")
+            && lines[1].contains(" net1 ")
+            && lines[1].contains("Leased")
             && lines[1].contains("10m"),
         "{out}"
     );
     assert!(lines[2].contains("(container ctr-10.3.0.1)"), "{out}");
     assert!(
-        lines[3].starts_with("net-b") && lines[3].contains("released"),
+        lines[3].starts_with("net-b") && lines[3].contains("Released"),
         "{out}"
     );
 
@@ -65,9 +74,16 @@ fn leases_table_and_json() {
     ]);
     assert_eq!(o.status.code(), Some(0));
     let v = json_out(&o);
+    assert_eq!(v["kind"], "LeaseList");
+    let v = &v["items"];
     assert_eq!(v.as_array().unwrap().len(), 1);
     assert_eq!(v[0]["address"], "10.4.0.5");
-    assert_eq!(v[0]["state"], "released");
+    assert_eq!(v[0]["state"], "Released");
+    assert_eq!(v[0]["ifname"], "net1");
+    assert!(
+        v[0]["releasedAt"].as_str().unwrap().ends_with('Z'),
+        "RFC 3339: {v}"
+    );
     assert_eq!(
         v[0]["pod"],
         json!({"namespace": "ns", "name": "old", "uid": "u0"})
@@ -82,7 +98,201 @@ fn leases_table_and_json() {
         "-o",
         "json",
     ]);
-    assert_eq!((o.status.code(), json_out(&o)), (Some(0), json!([])));
+    assert_eq!(
+        (o.status.code(), json_out(&o)["items"].clone()),
+        (Some(0), json!([]))
+    );
+    assert!(
+        stderr(&o).contains("no leases match, in the node-local file store"),
+        "an empty answer says where it looked: {}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn leases_filters_and_kubectls_output_forms() {
+    let (_dir, _fs, data) = setup("leases-forms");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["leases", "--data-dir", &data];
+        args.extend_from_slice(extra);
+        let o = tether(&args);
+        assert_eq!(o.status.code(), Some(0), "{extra:?}: {}", stderr(&o));
+        o
+    };
+    // `-o name` is what `release` takes.
+    assert_eq!(
+        stdout(&run(&["-o", "name"])),
+        "net-a/10.3.0.10\nnet-a/10.3.0.11\nnet-b/10.4.0.5\n"
+    );
+    let names = |extra: &[&str]| {
+        let mut a = extra.to_vec();
+        a.extend(["-o", "name"]);
+        stdout(&run(&a))
+    };
+    assert_eq!(names(&["--state", "released"]), "net-b/10.4.0.5\n");
+    assert_eq!(
+        names(&["--state", "Leased", "--network", "net-a"])
+            .lines()
+            .count(),
+        2
+    );
+    assert_eq!(names(&["--pod", "ns/p1"]), "net-a/10.3.0.10\n");
+    assert_eq!(names(&["--pod", "old"]), "net-b/10.4.0.5\n");
+    assert_eq!(names(&["--node", "n2"]), "");
+    assert_eq!(names(&["--node", "n1"]).lines().count(), 3);
+    // Label selectors match the labels the leases' objects carry.
+    assert_eq!(
+        names(&["-l", "ipam.tether.dev/network=net-b"]),
+        "net-b/10.4.0.5\n"
+    );
+    assert_eq!(
+        names(&["-l", "ipam.tether.dev/pod,ipam.tether.dev/network!=net-b"]),
+        "net-a/10.3.0.10\n"
+    );
+    // YAML is the JSON's list.
+    let yaml = stdout(&run(&["-o", "yaml", "--network", "net-a"]));
+    let v: Value = serde_saphyr::from_str(&yaml).unwrap();
+    assert_eq!(v["kind"], "LeaseList");
+    assert_eq!(v["items"][0]["address"], "10.3.0.10");
+    assert_eq!(v["items"][0]["state"], "Leased");
+    // Wide adds the fabric, the container and the MAC.
+    let wide = stdout(&run(&["-o", "wide"]));
+    let head: Vec<&str> = wide.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(&head[7..], ["ISOLATED-FABRIC", "CONTAINER", "MAC"]);
+    assert!(wide.contains("ctr-10.3.0.1"), "{wide}");
+    // Usage errors exit 2 before anything is read.
+    let o = tether(&["leases", "--data-dir", &data, "--state", "held"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("Leased, Released and Quarantined"));
+    let o = tether(&["leases", "--data-dir", &data, "-o", "xml"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = tether(&["leases", "--data-dir", &data, "-l", "tier in (a,b)"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("set-based"), "{}", stderr(&o));
+}
+
+#[test]
+fn without_credentials_it_says_it_read_the_node_local_file_store() {
+    // No --kubeconfig, KUBECONFIG, ~/.kube/config, pod or node-agent credential (the harness
+    // removes this machine's): the node's file store, and stderr says so and why.
+    let o = tether(&["leases", "-o", "name"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("the node-local file store in /var/lib/cni/tether")
+            && err.contains("no cluster credentials were found"),
+        "{err}"
+    );
+    // A KUBECONFIG naming nothing is an error, as kubectl's, not a quiet fallback.
+    let o = tether_env(&["leases"], &[("KUBECONFIG", "/nonexistent/kubeconfig")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("names no file that exists"),
+        "{}",
+        stderr(&o)
+    );
+    let o = tether(&["leases", "--context", "prod"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("--context prod"), "{}", stderr(&o));
+}
+
+#[test]
+fn pools_count_a_config_against_the_file_store() {
+    let (dir, _fs, data) = setup("pools");
+    let cfg = dir.join("net-a.json");
+    std::fs::write(
+        &cfg,
+        json!({"cniVersion": "1.0.0", "name": "net-a", "type": "tether-ipvlan",
+               "ipam": {"type": "tether-ipam", "store": "file", "isolated_fabric": fabric_of("net-a"),
+                        "ipRanges": [{"range": "10.3.0.8/29"}, {"range": "10.3.1.0/30"}]}})
+        .to_string(),
+    )
+    .unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let o = tether(&["pools", "--config", cfg, "--data-dir", &data, "-o", "json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = json_out(&o);
+    assert_eq!(v["kind"], "PoolList");
+    let items = v["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2, "{v}");
+    assert_eq!(items[0]["network"], "net-a");
+    assert_eq!(
+        (&items[0]["leased"], &items[0]["size"], &items[0]["free"]),
+        (&json!(2), &json!(6), &json!(4)),
+        "{v}"
+    );
+    assert_eq!(
+        (&items[1]["leased"], &items[1]["free"]),
+        (&json!(0), &json!(2))
+    );
+    let o = tether(&["pools", "--config", cfg, "--data-dir", &data]);
+    let out = stdout(&o);
+    assert_eq!(
+        out.lines()
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+        [
+            "NETWORK",
+            "RANGE",
+            "SIZE",
+            "LEASED",
+            "QUARANTINED",
+            "COOLING",
+            "FREE"
+        ]
+    );
+    let o = tether(&[
+        "pools",
+        "--config",
+        cfg,
+        "--data-dir",
+        &data,
+        "--by-node",
+        "-o",
+        "json",
+    ]);
+    let v = json_out(&o);
+    assert_eq!(
+        v["items"].as_array().unwrap().len(),
+        1,
+        "only n1 holds any: {v}"
+    );
+    assert_eq!(
+        (&v["items"][0]["node"], &v["items"][0]["leased"]),
+        (&json!("n1"), &json!(2))
+    );
+    // Without NADs to read, it says where the ranges could come from.
+    let o = tether(&["pools", "--data-dir", &data]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("--config FILE"), "{}", stderr(&o));
+}
+
+#[test]
+fn release_takes_what_leases_o_name_prints() {
+    let (_dir, fs, data) = setup("release-name");
+    let o = tether(&[
+        "leases",
+        "--data-dir",
+        &data,
+        "--state",
+        "Released",
+        "-o",
+        "name",
+    ]);
+    let name = stdout(&o).trim().to_string();
+    assert_eq!(name, "net-b/10.4.0.5");
+    let o = tether(&["release", &name, "--data-dir", &data]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(fs.list_mine(&scope_of("net-b")).unwrap().is_empty());
+    let o = tether(&["release", "net-a/10.4.0.5", "--data-dir", &data]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("network net-a has no record of 10.4.0.5 in the node-local file store"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -123,7 +333,7 @@ fn release_refuses_leased_without_api_and_force_overrides() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v = json_out(&o);
     assert_eq!(v["released"], "10.3.0.10");
-    assert_eq!(v["was"]["state"], "leased");
+    assert_eq!(v["was"]["state"], "Leased");
     assert!(
         !fs.list_mine(&scope_of("net-a"))
             .unwrap()
@@ -538,12 +748,137 @@ fn item94_validate_compares_the_ranges_of_several_configs() {
     ]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains(&format!("tether: {broken}: ipam.range"))
+        stderr(&o).contains(&format!("tether: network broken ({broken}): ipam.range"))
             && stderr(&o).contains("tether: warning:")
             && stdout(&o).contains("ranges of 2 config(s) compared: 1 overlap finding(s)"),
         "{}\n{}",
         stdout(&o),
         stderr(&o)
+    );
+}
+
+/// The repository's example NADs, as a user applies them: one YAML manifest each, checked in one
+/// run, compared with each other (the fixed and the pool NAD share addresses in one domain, with one
+/// prefix and gateway: no finding).
+#[test]
+fn validate_reads_the_example_manifests_as_they_are() {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples");
+    let mut args = vec![
+        "validate".to_string(),
+        "-o".into(),
+        "json".into(),
+        "--strict".into(),
+    ];
+    for f in std::fs::read_dir(&examples).unwrap() {
+        args.push(f.unwrap().path().to_str().unwrap().to_string());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = tether(&args);
+    let v = json_out(&o);
+    assert_eq!(o.status.code(), Some(0), "{v:#}{}", stderr(&o));
+    let networks: Vec<&str> = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["ipam"]["network"].as_str().unwrap())
+        .collect();
+    assert_eq!(networks.len(), 3, "{v:#}");
+    for n in ["mgmt-pool", "mgmt-fixed", "compute"] {
+        assert!(networks.contains(&n), "{n}: {v:#}");
+    }
+    assert_eq!(v["valid"], true);
+    assert!(
+        v["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("skipped Pod")),
+        "the training pod's manifest is skipped, said: {v:#}"
+    );
+}
+
+/// What each plugin refuses or ignores, found before a pod meets it: one YAML manifest of several
+/// NADs, each with one fault.
+#[test]
+fn validate_checks_the_whole_nad_as_both_plugins_read_it() {
+    let dir = TempDir::new("validate-whole");
+    let manifest = dir.join("nads.yaml");
+    let nad = |name: &str, config: Value| {
+        format!(
+            "---\napiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\nmetadata: {{name: {name}, namespace: ml}}\nspec:\n  config: '{}'\n",
+            config
+        )
+    };
+    let ipam = |extra: Value| {
+        let mut i = json!({"type": "tether-ipam", "range": "10.8.0.0/24"});
+        i.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        i
+    };
+    let text = [
+        nad("ok", json!({"cniVersion": "1.0.0", "type": "tether-ipvlan", "master": "eth1", "ipam": ipam(json!({}))})),
+        nad("bad-mode", json!({"cniVersion": "1.0.0", "type": "tether-ipvlan", "mode": "l4", "ipam": ipam(json!({}))})),
+        nad("mac", json!({"cniVersion": "1.0.0", "type": "tether-ipvlan", "capabilities": {"mac": true, "ips": true},
+                          "ipam": ipam(json!({"range": "10.8.1.0/24"}))})),
+        nad("log-number", json!({"cniVersion": "1.0.0", "type": "tether-ipvlan", "log_file": 7,
+                                 "ipam": ipam(json!({"range": "10.8.2.0/24"}))})),
+        nad("data-dir", json!({"cniVersion": "1.0.0", "type": "tether-ipvlan",
+                               "ipam": ipam(json!({"range": "10.8.3.0/24", "dataDir": "/etc/tether"}))})),
+        nad("no-ipam", json!({"cniVersion": "1.0.0", "type": "tether-ipvlan"})),
+        nad("bad-version", json!({"cniVersion": "9.9.9", "type": "tether-ipvlan", "ipam": ipam(json!({"range": "10.8.4.0/24"}))})),
+    ]
+    .concat();
+    std::fs::write(&manifest, text).unwrap();
+    let o = tether(&["validate", manifest.to_str().unwrap(), "-o", "json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let v = json_out(&o);
+    let of = |name: &str| -> Value {
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["nad"] == format!("ml/{name}"))
+            .unwrap_or_else(|| panic!("{name}: {v:#}"))
+            .clone()
+    };
+    let text = |i: &Value, key: &str| i[key].to_string();
+    assert_eq!(
+        (of("ok")["valid"].clone(), of("ok")["errors"].clone()),
+        (json!(true), json!([]))
+    );
+    assert!(
+        text(&of("bad-mode"), "errors").contains("unknown ipvlan mode \\\"l4\\\""),
+        "{v:#}"
+    );
+    let mac = of("mac");
+    assert_eq!(mac["valid"], true);
+    assert!(text(&mac, "warnings").contains("capabilities.mac"), "{v:#}");
+    assert!(
+        text(&of("log-number"), "errors").contains("log_file must be a string"),
+        "{v:#}"
+    );
+    assert!(
+        text(&of("data-dir"), "errors").contains("ipam.dataDir"),
+        "{v:#}"
+    );
+    assert!(
+        text(&of("no-ipam"), "errors").contains("no ipam section"),
+        "{v:#}"
+    );
+    assert!(
+        text(&of("bad-version"), "errors").contains("9.9.9"),
+        "{v:#}"
+    );
+    assert_eq!(v["valid"], false);
+
+    // The same as a person reads it: errors name the NAD and the document.
+    let o = tether(&["validate", manifest.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.contains("tether: NAD ml/bad-mode (") && err.contains("(document 2)"),
+        "{err}"
     );
 }
 

@@ -7,7 +7,7 @@
 mod reconcile_support;
 
 use reconcile_support::*;
-use serde_json::json;
+use serde_json::{Value, json};
 use tether_leases::{FileStore, LeaseState, LeaseStore};
 
 /// A test's names: networks, the pods' namespace, nodes.
@@ -85,7 +85,7 @@ fn leases_table_and_json_for_all_networks_or_one() {
         "{out}"
     );
     assert!(
-        lines[4].starts_with(n.other) && lines[4].contains("released") && lines[4].contains(n.n2),
+        lines[4].starts_with(n.other) && lines[4].contains("Released") && lines[4].contains(n.n2),
         "{out}"
     );
 
@@ -99,17 +99,251 @@ fn leases_table_and_json_for_all_networks_or_one() {
         "json",
     ]);
     assert_eq!(o.status.code(), Some(0));
-    let v = json_out(&o);
+    let v = json_out(&o)["items"].clone();
     assert_eq!(v.as_array().unwrap().len(), 4);
     assert_eq!(v[0]["pod"]["namespace"], n.ml);
     assert_eq!(v[0]["pod"]["name"], "trainer-0");
-    assert_eq!(v[0]["state"], "leased");
+    assert_eq!(v[0]["state"], "Leased");
 
     // The store from a NAD (its ipam.kubernetes.kubeconfig): that network by default.
     let nad = env.nad(n.net);
     let o = tether(&["leases", "--config", nad.to_str().unwrap(), "-o", "json"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert_eq!(json_out(&o).as_array().unwrap().len(), 4);
+    assert_eq!(json_out(&o)["items"].as_array().unwrap().len(), 4);
+}
+
+/// `tether leases` of this test's network, with `env` and nothing else: its `-o name` lines.
+fn names_found(n: &Names, args: &[&str], env: &[(&str, &str)]) -> (String, String) {
+    let mut a = vec!["leases", "--network", n.net, "-o", "name"];
+    a.extend_from_slice(args);
+    let o = tether_env(&a, env);
+    assert_eq!(o.status.code(), Some(0), "{args:?} {env:?}: {}", stderr(&o));
+    (stdout(&o), stderr(&o))
+}
+
+/// A kubeconfig whose current context points where nothing listens, and whose context `good` is
+/// the real server's: only `--context good` reaches the cluster.
+fn two_contexts(env: &Env, dir: &std::path::Path) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(&env.kubeconfig).unwrap();
+    let mut kc: Value = serde_saphyr::from_str(&text).unwrap();
+    let mut dead = kc["clusters"][0].clone();
+    dead["name"] = json!("dead");
+    dead["cluster"]["server"] = json!(closed_url().replace("http://", "https://"));
+    kc["clusters"].as_array_mut().unwrap().push(dead);
+    let good = kc["contexts"][0].clone();
+    let mut bad = good.clone();
+    bad["name"] = json!("broken");
+    bad["context"]["cluster"] = json!("dead");
+    let mut good = good;
+    good["name"] = json!("good");
+    kc["contexts"] = json!([bad, good]);
+    kc["current-context"] = json!("broken");
+    let p = dir.join("two-contexts.kubeconfig");
+    std::fs::write(&p, kc.to_string()).unwrap();
+    p
+}
+
+#[test]
+#[ignore = "needs a real API server: make test starts one (../shared/peers)"]
+fn leases_find_the_cluster_as_kubectl_does() {
+    let env = Env::real("kfind");
+    let n = fill(&env);
+    let kc = env.kubeconfig.to_str().unwrap();
+    let want: String = (10..14)
+        .map(|i| format!("{}/10.77.0.{i}\n", n.net))
+        .collect();
+
+    // KUBECONFIG, no flag.
+    let (out, err) = names_found(&n, &[], &[("KUBECONFIG", kc)]);
+    assert_eq!(out, want);
+    assert!(
+        err.contains("from the cluster store at https://")
+            && err.contains(&format!("KUBECONFIG ({kc})")),
+        "{err}"
+    );
+    // ~/.kube/config, no flag and no KUBECONFIG: a workstation's.
+    let home = env.dir.path().join("home");
+    std::fs::create_dir_all(home.join(".kube")).unwrap();
+    std::fs::copy(kc, home.join(".kube/config")).unwrap();
+    let (out, err) = names_found(&n, &[], &[("HOME", home.to_str().unwrap())]);
+    assert_eq!(out, want);
+    assert!(err.contains(".kube/config"), "{err}");
+    // --context picks a context other than the current one.
+    let two = two_contexts(&env, env.dir.path());
+    let two = two.to_str().unwrap();
+    let (out, err) = names_found(&n, &["--context", "good"], &[("KUBECONFIG", two)]);
+    assert_eq!(out, want);
+    assert!(err.contains("context good"), "{err}");
+    let o = tether_env(&["leases", "--network", n.net], &[("KUBECONFIG", two)]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "the current context reaches nothing: {}",
+        stderr(&o)
+    );
+    // As root on a node with only tether's credential: the node-agent's kubeconfig.
+    let node_kc = env.dir.path().join("tether.kubeconfig");
+    std::fs::copy(kc, &node_kc).unwrap();
+    let (out, err) = names_found(
+        &n,
+        &[],
+        &[("TETHER_NODE_KUBECONFIG", node_kc.to_str().unwrap())],
+    );
+    assert_eq!(out, want);
+    assert!(err.contains("this node's tether credential"), "{err}");
+    // An answer with nothing in it says so, and where it looked.
+    let o = tether_env(
+        &["leases", "--network", n.net, "--node", "no-such-node"],
+        &[("KUBECONFIG", kc)],
+    );
+    assert_eq!(
+        (o.status.code(), stdout(&o).lines().count()),
+        (Some(0), 1),
+        "the header only"
+    );
+    assert!(
+        stderr(&o).contains("no leases match, in the cluster store at https://"),
+        "{}",
+        stderr(&o)
+    );
+    // The API server matches -l.
+    let (out, _) = names_found(
+        &n,
+        &["-l", &format!("ipam.tether.dev/pod={}.trainer-0", n.ml)],
+        &[("KUBECONFIG", kc)],
+    );
+    assert_eq!(out, format!("{}/10.77.0.10\n", n.net));
+    let o = tether_env(&["leases", "-l", "a b=c"], &[("KUBECONFIG", kc)]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+}
+
+#[test]
+#[ignore = "needs a real API server: make test starts one (../shared/peers)"]
+fn kubectl_runs_it_as_its_tether_plugin() {
+    let env = Env::real("kplugin");
+    let n = fill(&env);
+    let bin = env.dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_tether"), bin.join("kubectl-tether")).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run = |args: &[&str]| {
+        std::process::Command::new(kubectl())
+            .args(args)
+            .env("PATH", &path)
+            .env("KUBECONFIG", &env.kubeconfig)
+            .env("HOME", env.dir.path())
+            .env("TETHER_NODE_KUBECONFIG", "")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .output()
+            .unwrap()
+    };
+    let o = run(&[
+        "tether",
+        "leases",
+        "--network",
+        n.net,
+        "--state",
+        "Leased",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stdout(&o).lines().count(), 4, "{}", stdout(&o));
+    let o = run(&["plugin", "list"]);
+    assert!(
+        stdout(&o).contains("kubectl-tether"),
+        "{}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+    let o = run(&["tether", "--help"]);
+    assert!(
+        stdout(&o).contains("Usage: kubectl tether"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+#[ignore = "needs a real API server: make test starts one (../shared/peers)"]
+fn pools_from_the_clusters_nads() {
+    let env = Env::real("kpools");
+    let n = fill(&env);
+    nad_crd(&env);
+    let kc = env.kubeconfig.to_str().unwrap();
+    let ipam = |range: &str| {
+        json!({"type": "tether-ipam", "range": range, "isolated_fabric": fabric_of(n.net),
+               "network_name": n.net})
+    };
+    let _a = cluster_nad(
+        &env,
+        n.ml,
+        "pool",
+        &json!({"cniVersion": "1.0.0", "name": "pool", "type": "tether-ipvlan", "master": "eth1",
+                "ipam": ipam("10.77.0.8/29")}),
+    );
+    let o = tether_env(
+        &["pools", "--network", n.net, "-o", "json"],
+        &[("KUBECONFIG", kc)],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = json_out(&o);
+    let item = &v["items"][0];
+    assert_eq!(v["items"].as_array().unwrap().len(), 1, "{v}");
+    // .10 .11 .12 .13 in 10.77.0.8/29 (.9-.14 usable): four leased, two free.
+    assert_eq!(
+        (&item["size"], &item["leased"], &item["free"]),
+        (&json!(6), &json!(4), &json!(2)),
+        "{v}"
+    );
+    assert_eq!(item["nads"], json!([format!("{}/pool", n.ml)]));
+    let o = tether_env(
+        &["pools", "--network", n.net, "--by-node", "-o", "yaml"],
+        &[("KUBECONFIG", kc)],
+    );
+    let v: Value = serde_saphyr::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["items"][0]["node"], n.n1);
+    assert_eq!(v["items"][0]["leased"], 4);
+    // A second NAD naming the network with other ranges: counted with the first's, and said.
+    let _b = cluster_nad(
+        &env,
+        n.ml,
+        "pool-wider",
+        &json!({"cniVersion": "1.0.0", "name": "pool-wider", "type": "tether-ipvlan", "master": "eth1",
+                "ipam": ipam("10.77.0.0/24")}),
+    );
+    let o = tether_env(&["pools", "--network", n.net], &[("KUBECONFIG", kc)]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("other ranges"), "{}", stderr(&o));
+    assert_eq!(stdout(&o).lines().count(), 2, "{}", stdout(&o));
+}
+
+#[test]
+#[ignore = "needs a real API server: make test starts one (../shared/peers)"]
+fn release_network_slash_address_on_the_cluster() {
+    let env = Env::real("krelname");
+    let n = fill(&env);
+    let kc = env.kubeconfig.to_str().unwrap();
+    let gone = format!("{}/10.77.0.11", n.net);
+    let o = tether_env(&["release", &gone], &[("KUBECONFIG", kc)]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("releasing in the cluster store at https://"),
+        "{}",
+        stderr(&o)
+    );
+    let (out, _) = names_found(&n, &[], &[("KUBECONFIG", kc)]);
+    assert!(!out.contains("10.77.0.11"), "{out}");
+    // The live pod's is refused, by exit code 3.
+    let o = tether_env(
+        &["release", &format!("{}/10.77.0.10", n.net)],
+        &[("KUBECONFIG", kc)],
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
 }
 
 #[test]
@@ -260,7 +494,7 @@ fn file_store_with_a_kubeconfig_checks_pods_too() {
         .collect();
     assert_eq!(left, vec!["10.9.0.1".to_string()]);
     let o = tether(&["leases", "--data-dir", d, "-o", "json"]);
-    assert_eq!(json_out(&o).as_array().unwrap().len(), 1);
+    assert_eq!(json_out(&o)["items"].as_array().unwrap().len(), 1);
 }
 
 fn doctor_nad(nad: &std::path::Path) -> (Option<i32>, String) {

@@ -1,14 +1,17 @@
-//! `tether leases` and `tether release`: the leases of a network as a table or JSON, and the
-//! release of one address (refused while its pod may still be alive, unless forced).
+//! `tether leases` and `tether release`: the leases of the store found (or named) as a table, JSON,
+//! YAML or names, filtered; and the release of one address (refused while its pod may still be
+//! alive, unless forced).
 
 use std::net::IpAddr;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use tether_kube_store::Cluster;
 use tether_leases::{Lease, LeaseState};
 
-use crate::output::{EXIT_OK, EXIT_REFUSED, Output, print_table};
-use crate::store_access::{OpenStore, StoreArgs};
+use super::lease_filter::{LeaseFilter, matching_labels};
+use super::lease_view::{header, lease_json, lease_name, pod_text, row, short, state_name};
+use crate::output::{EXIT_OK, EXIT_REFUSED, ListOutput, Output, print_items, print_table};
+use crate::store_access::{Backend, OpenStore, StoreArgs};
 
 pub(super) fn now() -> u64 {
     std::time::SystemTime::now()
@@ -17,105 +20,90 @@ pub(super) fn now() -> u64 {
         .unwrap_or(0)
 }
 
-/// `5s`, `3m`, `2h`, `4d`.
-pub fn age(secs: u64) -> String {
-    match secs {
-        s if s < 120 => format!("{s}s"),
-        s if s < 7200 => format!("{}m", s / 60),
-        s if s < 172_800 => format!("{}h", s / 3600),
-        s => format!("{}d", s / 86_400),
-    }
-}
-
-fn pod_text(l: &Lease) -> String {
-    match (&l.pod.namespace, &l.pod.name) {
-        (Some(ns), Some(n)) => format!("{ns}/{n}"),
-        (None, Some(n)) => n.clone(),
-        _ => format!("(container {})", short(&l.container_id)),
-    }
-}
-
-fn short(id: &str) -> &str {
-    &id[..id.len().min(12)]
-}
-
-fn state_text(s: &LeaseState) -> String {
-    match s {
-        LeaseState::Leased => "leased".into(),
-        LeaseState::Released { .. } => "released".into(),
-        LeaseState::Quarantined { mac, .. } => format!("quarantined({mac})"),
-    }
-}
-
-pub fn lease_json(l: &Lease, now: u64) -> Value {
-    let (state, mac) = match &l.state {
-        LeaseState::Leased => ("leased", None),
-        LeaseState::Released { .. } => ("released", None),
-        LeaseState::Quarantined { mac, .. } => ("quarantined", Some(mac.clone())),
+/// The leases of `open` that pass `filter`, ordered by network and address.
+fn listed(open: &OpenStore, filter: &LeaseFilter) -> Result<Vec<Lease>, String> {
+    let mut all = match (&open.backend, &filter.selector) {
+        (Backend::Kube(k), Some(sel)) => {
+            k.restart_budget();
+            k.list_matching(sel).map_err(|e| e.to_string())?
+        }
+        (_, Some(sel)) => matching_labels(open.leases(None)?, sel)?,
+        (_, None) => open.leases(filter.network.as_deref())?,
     };
-    json!({
-        "network": l.network,
-        "isolatedFabric": l.domain,
-        "address": l.address.to_string(),
-        "prefixLength": l.prefix_len,
-        "containerID": l.container_id,
-        "ifname": l.ifname,
-        "pod": { "namespace": l.pod.namespace, "name": l.pod.name, "uid": l.pod.uid },
-        "node": l.node,
-        "state": state,
-        "mac": mac,
-        "since": l.since,
-        "ageSeconds": now.saturating_sub(l.since),
-    })
+    all.retain(|l| filter.keeps(l));
+    all.sort_by(|a, b| (&a.network, a.address).cmp(&(&b.network, b.address)));
+    Ok(all)
 }
 
 pub(super) fn leases(
-    network: Option<&str>,
+    filter: &LeaseFilter,
     args: &StoreArgs,
-    output: Output,
+    output: ListOutput,
 ) -> Result<i32, String> {
     let (open, cfg) = OpenStore::open(args)?;
-    let only = network.map(str::to_string).or_else(|| {
-        args.config
-            .as_ref()
-            .and(cfg.as_ref().map(|c| c.network_name.clone()))
-    });
-    let mut all = open.leases(only.as_deref())?;
-    all.sort_by(|a, b| (&a.network, a.address).cmp(&(&b.network, b.address)));
+    // `--config` alone: that config's network.
+    let mut filter = filter.clone();
+    if filter.network.is_none()
+        && let Some(c) = &cfg
+    {
+        filter.network = Some(c.network_name.clone());
+    }
+    let all = listed(&open, &filter)?;
+    // Where the answer came from goes to stderr, so that an empty answer is never a silent one.
+    if all.is_empty() {
+        eprintln!("tether: no leases match, in {}", open.description);
+    } else {
+        eprintln!("tether: {} lease(s) from {}", all.len(), open.description);
+    }
     let now = now();
     match output {
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(
-                &all.iter().map(|l| lease_json(l, now)).collect::<Vec<_>>()
-            )
-            .expect("json")
-        ),
-        Output::Table => {
-            let rows: Vec<Vec<String>> = all
-                .iter()
-                .map(|l| {
-                    vec![
-                        match &l.domain {
-                            // The address is unique only within its isolated fabric.
-                            Some(f) => format!("{} ({f})", l.network),
-                            None => l.network.clone(),
-                        },
-                        format!("{}/{}", l.address, l.prefix_len),
-                        pod_text(l),
-                        l.node.clone().unwrap_or_default(),
-                        state_text(&l.state),
-                        age(now.saturating_sub(l.since)),
-                    ]
-                })
-                .collect();
-            print_table(
-                &["NETWORK", "ADDRESS", "POD", "NODE", "STATE", "AGE"],
-                &rows,
-            );
+        ListOutput::Json | ListOutput::Yaml => print_items(
+            "LeaseList",
+            all.iter().map(|l| lease_json(l, now)).collect(),
+            output == ListOutput::Yaml,
+        )?,
+        ListOutput::Name => {
+            for l in &all {
+                println!("{}", lease_name(l));
+            }
+        }
+        ListOutput::Table | ListOutput::Wide => {
+            let wide = output == ListOutput::Wide;
+            let rows: Vec<Vec<String>> = all.iter().map(|l| row(l, now, wide)).collect();
+            print_table(&header(wide), &rows);
         }
     }
     Ok(EXIT_OK)
+}
+
+/// `release`'s target: `NETWORK/ADDRESS` (as `tether leases -o name` prints it), or an address
+/// with `--network`.
+pub(super) fn release_target(
+    target: &str,
+    network: Option<&str>,
+) -> Result<(String, IpAddr), String> {
+    let usage = || {
+        format!(
+            "{target:?} is not NETWORK/ADDRESS (as `tether leases -o name` prints it), nor an address with --network"
+        )
+    };
+    if let Ok(address) = target.parse::<IpAddr>() {
+        let network = network.ok_or_else(|| {
+            format!("which network's record of {address}? Say NETWORK/{address}, or pass --network")
+        })?;
+        return Ok((network.to_string(), address));
+    }
+    let (net, addr) = target.split_once('/').ok_or_else(usage)?;
+    let address: IpAddr = addr.parse().map_err(|_| usage())?;
+    if net.is_empty() {
+        return Err(usage());
+    }
+    if let Some(n) = network.filter(|n| *n != net) {
+        return Err(format!(
+            "{target} names network {net}, and --network names {n}: say one"
+        ));
+    }
+    Ok((net.to_string(), address))
 }
 
 /// Is the pod holding `lease` alive? `Ok(reason it may be released)` or `Err(reason to refuse)`.
@@ -166,6 +154,7 @@ pub(super) fn release(
     output: Output,
 ) -> Result<i32, String> {
     let (open, _) = OpenStore::open(args)?;
+    eprintln!("tether: releasing in {}", open.description);
     let records: Vec<Lease> = open
         .leases(None)?
         .into_iter()
@@ -178,10 +167,14 @@ pub(super) fn release(
             .map(|l| format!("network {}", l.network))
             .collect();
         return Err(if others.is_empty() {
-            format!("network {network} has no record of {address}")
+            format!(
+                "network {network} has no record of {address} in {}",
+                open.description
+            )
         } else {
             format!(
-                "network {network} has no record of {address}; {} holds it: name that network with --network",
+                "network {network} has no record of {address}; {} holds it: release NETWORK/{address} with that \
+                 network",
                 others.join(" and ")
             )
         });
@@ -220,8 +213,8 @@ pub(super) fn release(
             json!({"released": address.to_string(), "network": network, "reason": why, "was": lease_json(lease, now())})
         ),
         Output::Table => println!(
-            "released {address} in network {network} (was {} of {}): {why}",
-            state_text(&lease.state),
+            "released {address} in network {network} (was {} by {}): {why}",
+            state_name(&lease.state),
             pod_text(lease)
         ),
     }

@@ -5,24 +5,30 @@
 //! 2 usage error; 3 refused (`release` of an address whose pod may be alive, without `--force`).
 
 use std::ffi::OsString;
-use std::net::IpAddr;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 use serde_json::{Value, json};
 use tether_kube_store::KubeSettings;
 use tether_lease_service::ServiceOptions;
 
 use crate::doctor;
 use crate::options;
-use crate::output::{EXIT_FAILED, EXIT_OK, EXIT_USAGE, Output};
+use crate::output::{EXIT_FAILED, EXIT_OK, EXIT_USAGE, ListOutput, Output};
 use crate::reconcile;
 use crate::store_access::StoreArgs;
 
 mod lease_commands;
+mod lease_filter;
+mod lease_view;
+mod pools;
+mod reconcile_args;
 mod validate;
-pub use lease_commands::{age, lease_json};
-use lease_commands::{leases, now, release};
+use lease_commands::{leases, now, release, release_target};
+use lease_filter::LeaseFilter;
+pub use lease_view::{age, lease_json};
+use pools::{PoolsArgs, pools};
+pub use reconcile_args::ReconcileArgs;
 pub use validate::validate_warnings;
 use validate::{ValidateArgs, validate};
 
@@ -40,22 +46,27 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// List leases: network, address, pod, node, state, age.
+    /// List leases: network, address, pod, interface, node, state, age. Reads the cluster store
+    /// when it finds credentials as kubectl does (else this node's file store) and says which on
+    /// stderr.
     Leases {
-        /// Only this network (the ipam `network_name`, default the network's `name`).
-        #[arg(long)]
-        network: Option<String>,
+        #[command(flatten)]
+        filter: LeaseFilter,
         #[command(flatten)]
         store: StoreArgs,
-        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
-        output: Output,
+        #[arg(short = 'o', long, value_enum, default_value_t = ListOutput::Table)]
+        output: ListOutput,
     },
+    /// How full each network's pool is: range, size, leased, quarantined, cooling, free (from the
+    /// cluster's NADs, or --config).
+    Pools(PoolsArgs),
     /// Release one address now (no cooldown). Refuses a leased address whose pod is (or, without
     /// API access, may be) alive.
     Release {
-        address: IpAddr,
+        /// NETWORK/ADDRESS, as `tether leases -o name` prints it (or ADDRESS with --network).
+        target: String,
         #[arg(long)]
-        network: String,
+        network: Option<String>,
         /// Release even if the lease is held by a pod that may still be running.
         #[arg(long)]
         force: bool,
@@ -196,116 +207,21 @@ enum Cmd {
     Version,
 }
 
-/// Reconciler flags shared by `reconcile` and `node-agent`.
-#[derive(Args, Debug, Clone)]
-pub struct ReconcileArgs {
-    /// This node's name (default: $NODE_NAME).
-    #[arg(long)]
-    pub node: Option<String>,
-    /// Leases younger than this are never released (an ADD in flight holds its lease before its
-    /// pod shows any network status).
-    #[arg(long, default_value_t = options::DEFAULT_GRACE_S)]
-    pub grace_s: u64,
-    /// Seconds between periodic full passes (pod deletions trigger a pass at once).
-    #[arg(long, default_value_t = options::DEFAULT_INTERVAL_S)]
-    pub interval_s: u64,
-    /// Namespace of the node-agent's pods: the nodes running one are the live nodes, and the one
-    /// agent that sweeps leases of deleted nodes is chosen among them. Default: $POD_NAMESPACE,
-    /// else the service account's namespace file, else kube-system.
-    #[arg(long)]
-    pub agent_namespace: Option<String>,
-    /// Label selector of the node-agent's pods (the DaemonSet's pod label).
-    #[arg(long, default_value = options::DEFAULT_AGENT_SELECTOR)]
-    pub agent_selector: String,
-    /// Do not reclaim leases of deleted nodes (only this node's).
-    #[arg(long)]
-    pub no_sweep: bool,
-    /// Serve Prometheus metrics here (`IP:PORT`, `[IPv6]:PORT`, `:PORT`); off when unset. The
-    /// DaemonSet passes `$(POD_IP):9464`. See docs/monitoring.md.
-    #[arg(long)]
-    pub metrics_addr: Option<String>,
-    /// Seconds between the monitor's rounds: conflict Events and the pool gauges.
-    #[arg(long, default_value_t = options::DEFAULT_MONITOR_INTERVAL_S)]
-    pub monitor_interval_s: u64,
-    /// Do not post an AddressConflict Event on a pod whose ADD met an address in use.
-    #[arg(long)]
-    pub no_conflict_events: bool,
-}
-
-impl ReconcileArgs {
-    /// [`ReconcileArgs::options`] for a command (`who`) that cannot work without the API.
-    fn api_options(
-        &self,
-        kubeconfig: Option<PathBuf>,
-        data_dir: Option<PathBuf>,
-        who: &str,
-    ) -> Result<reconcile::Options, String> {
-        let opts = self.options(kubeconfig, data_dir)?;
-        if opts.kube.is_none() {
-            return Err(format!(
-                "{who} needs the Kubernetes API to see which pods exist: pass --kubeconfig, set KUBECONFIG, \
-                 or run in a pod"
-            ));
-        }
-        Ok(opts)
-    }
-
-    /// Reconciler options; `kube` from `kubeconfig`, else in-cluster/KUBECONFIG when available.
-    pub fn options(
-        &self,
-        kubeconfig: Option<PathBuf>,
-        data_dir: Option<PathBuf>,
-    ) -> Result<reconcile::Options, String> {
-        let node = self
-            .node
-            .clone()
-            .or_else(|| std::env::var("NODE_NAME").ok())
-            .map(|n| n.trim().to_string())
-            .filter(|n| !n.is_empty())
-            .ok_or("no node name: pass --node or set NODE_NAME (the DaemonSet sets it from spec.nodeName)")?;
-        if self.interval_s == 0 {
-            return Err("--interval-s must be at least 1".into());
-        }
-        let mut o = reconcile::Options::new(node);
-        o.kube = match kubeconfig {
-            Some(p) => Some(KubeSettings::with_kubeconfig(p)),
-            None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
-                || std::env::var_os("KUBECONFIG").is_some_and(|v| !v.is_empty()) =>
-            {
-                Some(KubeSettings::default())
-            }
-            None => None,
-        };
-        o.data_dir = data_dir;
-        o.grace_s = self.grace_s;
-        o.interval = std::time::Duration::from_secs(self.interval_s);
-        o.sweep_dead_nodes = !self.no_sweep;
-        o.agent_namespace = match self.agent_namespace.as_deref().map(str::trim) {
-            Some("") => return Err("--agent-namespace must not be empty".into()),
-            Some(ns) => ns.to_string(),
-            None => options::default_agent_namespace(),
-        };
-        if self.agent_selector.trim().is_empty() {
-            return Err("--agent-selector must not be empty (it would take every pod of the namespace for an agent)".into());
-        }
-        o.agent_selector = self.agent_selector.trim().to_string();
-        o.metrics_addr = self
-            .metrics_addr
-            .as_deref()
-            .map(crate::metrics::parse_listen_addr)
-            .transpose()?;
-        if self.monitor_interval_s == 0 {
-            return Err("--monitor-interval-s must be at least 1".into());
-        }
-        o.monitor_interval = std::time::Duration::from_secs(self.monitor_interval_s);
-        o.conflict_events = !self.no_conflict_events;
-        Ok(o)
-    }
-}
-
 /// Parse and run; returns the exit code.
 pub fn run(args: Vec<OsString>) -> i32 {
-    let cli = match Cli::try_parse_from(args) {
+    // Installed as `kubectl-tether`, it is kubectl's plugin `kubectl tether`: its help says so.
+    let as_kubectl_plugin = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == "kubectl-tether");
+    let mut command = <Cli as clap::CommandFactory>::command();
+    if as_kubectl_plugin {
+        command = command.bin_name("kubectl tether");
+    }
+    let parsed = command
+        .try_get_matches_from(args)
+        .and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m));
+    let cli = match parsed {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
@@ -318,17 +234,30 @@ pub fn run(args: Vec<OsString>) -> i32 {
             Ok(EXIT_OK)
         }
         Cmd::Leases {
-            network,
+            filter,
             store,
             output,
-        } => leases(network.as_deref(), &store, output),
+        } => match filter.check() {
+            Ok(()) => leases(&filter, &store, output),
+            Err(e) => {
+                eprintln!("tether: {e}");
+                return EXIT_USAGE;
+            }
+        },
+        Cmd::Pools(args) => pools(&args),
         Cmd::Release {
-            address,
+            target,
             network,
             force,
             store,
             output,
-        } => release(address, &network, force, &store, output),
+        } => match release_target(&target, network.as_deref()) {
+            Ok((network, address)) => release(address, &network, force, &store, output),
+            Err(e) => {
+                eprintln!("tether: {e}");
+                return EXIT_USAGE;
+            }
+        },
         Cmd::Doctor {
             config,
             max_probes,
@@ -553,17 +482,50 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ages_read_well() {
-        assert_eq!(age(5), "5s");
-        assert_eq!(age(600), "10m");
-        assert_eq!(age(3 * 3600), "3h");
-        assert_eq!(age(5 * 86_400), "5d");
-    }
-
-    #[test]
     fn usage_errors_exit_2_and_help_exits_0() {
         assert_eq!(run(vec!["tether".into(), "frobnicate".into()]), EXIT_USAGE);
         assert_eq!(run(vec!["tether".into(), "release".into()]), EXIT_USAGE);
         assert_eq!(run(vec!["tether".into(), "--help".into()]), EXIT_OK);
+        assert_eq!(
+            run(vec![
+                "/usr/local/bin/kubectl-tether".into(),
+                "version".into()
+            ]),
+            EXIT_OK
+        );
+    }
+
+    #[test]
+    fn release_takes_network_slash_address() {
+        let t = |s: &str, n: Option<&str>| release_target(s, n);
+        assert_eq!(
+            t("mgmt/10.0.0.5", None).unwrap(),
+            ("mgmt".to_string(), "10.0.0.5".parse().unwrap())
+        );
+        assert_eq!(
+            t("mgmt/fd00::5", None).unwrap(),
+            ("mgmt".to_string(), "fd00::5".parse().unwrap())
+        );
+        assert_eq!(t("10.0.0.5", Some("mgmt")).unwrap().0, "mgmt");
+        assert!(
+            t("10.0.0.5", None)
+                .unwrap_err()
+                .contains("NETWORK/10.0.0.5")
+        );
+        assert!(
+            t("10.0.0.5/24", None)
+                .unwrap_err()
+                .contains("not NETWORK/ADDRESS")
+        );
+        assert!(t("/10.0.0.5", None).is_err());
+        assert!(
+            t("mgmt/10.0.0.5", Some("other"))
+                .unwrap_err()
+                .contains("say one")
+        );
+        assert_eq!(
+            run(vec!["tether".into(), "release".into(), "10.0.0.5".into()]),
+            EXIT_USAGE
+        );
     }
 }

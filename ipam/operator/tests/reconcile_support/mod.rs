@@ -863,7 +863,11 @@ pub fn tether_env(args: &[&str], env: &[(&str, &str)]) -> Output {
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env_remove("KUBECONFIG")
         .env_remove("NODE_NAME")
-        .env_remove("POD_NAMESPACE");
+        .env_remove("POD_NAMESPACE")
+        // Nothing of this machine's: no ~/.kube/config, no node-agent kubeconfig, unless a test
+        // names one.
+        .env("HOME", "/nonexistent/tether-test-home")
+        .env("TETHER_NODE_KUBECONFIG", "");
     for (k, v) in env {
         c.env(k, v);
     }
