@@ -165,6 +165,7 @@ fuzz:
 manifests:
 	$(CARGO) build --locked --bin tether
 	$(KUBE) python3 deploy/validate.py
+	conformance/monitoring/check.sh
 
 lab-tests:
 	@mkdir -p $(LOGS)

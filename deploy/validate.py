@@ -39,6 +39,9 @@ KUBECTL = os.environ.get(
 )
 PEERS = pathlib.Path(os.environ.get("TETHER_PEERS", ROOT.parent / "shared" / "peers"))
 NAD_CRD = PEERS / "nad-crd.yaml"
+# The Prometheus Operator's CRDs for deploy/monitoring (conformance/peers/build.sh copies them from
+# its published module beside the peers' bin directory).
+MONITORING_CRDS = pathlib.Path(os.environ.get("PEERS_BIN_DIR", "/var/cache/tether-peers/bin")).parent / "crds"
 IPLEASE_CRD = DEPLOY / "crds" / "ipleases.yaml"
 K8S_VERSION = "1.32.0"
 RENDERED_HEADER = """\
@@ -149,7 +152,14 @@ def dry_run_server(manifests):
         errors.append(f"{NAD_CRD}: Multus' NAD CRD is missing; the example NADs cannot be dry-run")
         return 0
     # The CRDs for real (idempotent): a dry-run of a NAD or of tether.yaml's CRD needs them served.
-    for crd, name in ((IPLEASE_CRD, "ipleases.ipam.tether.dev"), (NAD_CRD, "network-attachment-definitions.k8s.cni.cncf.io")):
+    crds = [(IPLEASE_CRD, "ipleases.ipam.tether.dev"), (NAD_CRD, "network-attachment-definitions.k8s.cni.cncf.io")]
+    for plural in ("podmonitors", "prometheusrules"):
+        crds.append((MONITORING_CRDS / f"monitoring.coreos.com_{plural}.yaml", f"{plural}.monitoring.coreos.com"))
+    for crd, _ in crds:
+        if not crd.is_file():
+            errors.append(f"{crd} is missing: run .ci/deps.sh (make peers), which copies it from its published module")
+            return 0
+    for crd, name in crds:
         r = kubectl(kc, "apply", "-f", str(crd))
         if r.returncode == 0:
             r = kubectl(kc, "wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")

@@ -60,6 +60,20 @@ pass "tether controller (ServiceAccount tether-controller, outside the node) lea
 pools() { curl -s --max-time 5 http://127.0.0.1:9465/metrics | grep -q '^tether_pool_size{.*network="mgmt-pool"'; }
 wait_for 90 pools || fail "the controller reports no tether_pool_size for mgmt-pool: $(grep -m2 -i 'forbid\|error' "$W/logs/controller.log")"
 pass "the leading controller reports the pools (tether_pool_size of mgmt-pool)"
+# What the shipped monitoring reads is what they serve: every series the alert rules and the
+# dashboard of deploy/monitoring name is served by this controller or the node's agent (the
+# PodMonitor scrapes both), and the pool-full alerts' series carry the example networks.
+agent_ip=$(K -n kube-system get pod "$(agent_pod)" -o jsonpath='{.status.podIP}')
+served=$( { curl -fsS --max-time 10 http://127.0.0.1:9465/metrics; curl -fsS --max-time 10 "http://$agent_ip:9464/metrics"; } |
+  awk '/^# TYPE / {print $3}' | sort -u) || fail "cannot read the controller's or the agent's metrics"
+named=$(grep -oh 'tether_[a-z_]*' "$E2E_ROOT/deploy/monitoring/prometheusrule.yaml" "$E2E_ROOT/deploy/monitoring/dashboard.json" | sort -u)
+missing=$(comm -23 <(echo "$named") <(echo "$served"))
+[ -z "$missing" ] || fail "the rules or the dashboard of deploy/monitoring name series nothing serves: $missing"
+for s in tether_pool_size tether_pool_free; do
+  curl -s --max-time 5 http://127.0.0.1:9465/metrics | grep -q "^$s{.*network=\"mgmt-pool\"" ||
+    fail "the controller serves no $s of mgmt-pool, which TetherPoolAlmostFull and TetherPoolExhausted read"
+done
+pass "the $(wc -l <<<"$named") series deploy/monitoring's rules and dashboard name are served by the controller and the agent; the pool alerts' series carry mgmt-pool"
 # It sees the node-agent (label ipam.tether.dev/lease-names=by-address) Ready long enough and
 # ends the mirrors under network names: it says so in the ConfigMap tether-lease-names, deletes
 # them, and the agent writes the switch beside the plugins' kubeconfig, which they read per ADD.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the real peers the tests run (kube-apiserver, kubelet, kube-controller-manager,
-# kube-scheduler, kubectl, Multus thin and thick, whereabouts, cnitool) from the published Go modules,
+# kube-scheduler, kubectl, Multus thin and thick, whereabouts, cnitool, promtool) from the published Go modules,
 # with this machine's Go through the module registry, into PEERS_BIN_DIR
 # (default /var/cache/tether-peers/bin, where ../shared/peers looks for them).
 #
@@ -19,15 +19,17 @@ log() { echo "peers: $*" >&2; }
 
 # module directory | binary=package ... | ldflags. The -X flags put the released version where each
 # program reports it (kubelet registers its version with the node; `multus --version`).
-K8S=v1.36.3 MULTUS=v4.3.0 WHEREABOUTS=v0.9.2 CNI=v1.3.0
+K8S=v1.36.3 MULTUS=v4.3.0 WHEREABOUTS=v0.9.2 CNI=v1.3.0 PROMETHEUS=3.16.0
 kv=k8s.io/component-base/version
 mv=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/pkg/multus
 wv=github.com/k8snetworkplumbingwg/whereabouts/pkg/version
+pv=github.com/prometheus/common/version
 MODULES=(
   "kubernetes|kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kubelet=k8s.io/kubernetes/cmd/kubelet kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler kubectl=k8s.io/kubernetes/cmd/kubectl|-X $kv.gitVersion=$K8S -X $kv.gitMajor=1 -X $kv.gitMinor=36 -X $kv.gitTreeState=clean"
   "multus|multus=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus multus-daemon=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-daemon multus-shim=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-shim|-X $mv.version=$MULTUS -X $mv.releaseStatus=,released"
   "whereabouts|whereabouts=github.com/k8snetworkplumbingwg/whereabouts/cmd|-X $wv.Version=$WHEREABOUTS -X $wv.ReleaseStatus=released"
   "cni|cnitool=github.com/containernetworking/cni/cnitool|"
+  "prometheus|promtool=github.com/prometheus/prometheus/cmd/promtool|-X $pv.Version=$PROMETHEUS"
 )
 
 command -v go >/dev/null || { log "Go is required (the machine's toolchain builds the peers)"; exit 1; }
@@ -79,5 +81,25 @@ for entry in "${MODULES[@]}"; do
   trap - EXIT
   log "$dir: built in $(( $(date +%s) - t0 )) s (modules $(( t1 - t0 )) s, compile and link $(( $(date +%s) - t1 )) s)"
 done
+
+# Not programs: the Prometheus Operator's PodMonitor and PrometheusRule CRDs, which the server-side
+# dry-run of deploy/monitoring needs (make manifests), copied from its published module (the Go
+# module registry checks them against the checksum database) into $BIN/../crds.
+PROMOP=github.com/prometheus-operator/prometheus-operator@v0.85.0
+CRDS=$(dirname "$BIN")/crds
+crd_files=(monitoring.coreos.com_podmonitors.yaml monitoring.coreos.com_prometheusrules.yaml)
+crds_fresh=1
+[ "$(cat "$CRDS/.stamp" 2>/dev/null)" = "$PROMOP" ] || crds_fresh=0
+for f in "${crd_files[@]}"; do [ -s "$CRDS/$f" ] || crds_fresh=0; done
+if [ $crds_fresh = 0 ] && [ $check = 1 ]; then
+  stale+=("crds ($PROMOP)")
+elif [ $crds_fresh = 0 ]; then
+  dir=$(cd "$HERE/prometheus" && go mod download -json "$PROMOP" | python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])') ||
+    { log "crds: FAILED downloading $PROMOP"; exit 1; }
+  mkdir -p "$CRDS"
+  for f in "${crd_files[@]}"; do install -m 0644 "$dir/example/prometheus-operator-crd/$f" "$CRDS/$f"; done
+  echo "$PROMOP" >"$CRDS/.stamp"
+  log "crds: ${crd_files[*]} from $PROMOP in $CRDS"
+fi
 if [ $check = 1 ] && ((${#stale[@]})); then log "missing or stale in $BIN: ${stale[*]}"; exit 1; fi
 log "all peers in $BIN ($(( $(date +%s) - total )) s)"
