@@ -124,6 +124,28 @@ fn collect(doc: Value, source: &str, out: &mut FileContents) -> Result<(), Strin
     Ok(())
 }
 
+/// The plugin configurations of a network configuration, as the runtime hands them to each
+/// plugin: the config itself, or each plugin of a conflist with the list's `name` and
+/// `cniVersion` (which plugins inherit).
+pub fn plugins_of(config: &Value) -> Vec<Value> {
+    let Some(list) = config.get("plugins").and_then(Value::as_array) else {
+        return vec![config.clone()];
+    };
+    list.iter()
+        .map(|p| {
+            let mut p = p.clone();
+            for k in ["name", "cniVersion"] {
+                if let (Some(obj), Some(val)) = (p.as_object_mut(), config.get(k))
+                    && !obj.contains_key(k)
+                {
+                    obj.insert(k.to_string(), val.clone());
+                }
+            }
+            p
+        })
+        .collect()
+}
+
 fn read_bounded(path: &Path) -> Result<String, String> {
     let shown = path.display();
     let file = std::fs::File::open(path).map_err(|e| format!("cannot read {shown}: {e}"))?;

@@ -10,6 +10,7 @@ use serde_json::Value;
 use tether_kube_store::NadConfig;
 use tether_pool::{NodeAgent, PoolConfig};
 
+use crate::manifests::plugins_of;
 use crate::store_access::read_network_file;
 
 /// One tether-ipam configuration of a NAD.
@@ -71,7 +72,7 @@ pub fn with_files(cluster: Vec<NadNetwork>, files: &[NadNetwork]) -> Vec<NadNetw
 }
 
 /// The attacher's `master` of a network configuration, if it names one.
-fn master_of(config: &Value) -> Option<String> {
+pub(crate) fn master_of(config: &Value) -> Option<String> {
     config
         .get("master")
         .and_then(Value::as_str)
@@ -109,25 +110,7 @@ pub fn ipam_configs(text: &str, nad_name: &str, ipam_type: &str) -> Vec<Value> {
         obj.insert("name".into(), Value::from(nad_name));
     }
     let ours = |p: &Value| p.pointer("/ipam/type").and_then(Value::as_str) == Some(ipam_type);
-    match v.get("plugins").and_then(Value::as_array) {
-        Some(plugins) => plugins
-            .iter()
-            .filter(|p| ours(p))
-            .map(|p| {
-                let mut p = p.clone();
-                for k in ["name", "cniVersion"] {
-                    if let (Some(obj), Some(val)) = (p.as_object_mut(), v.get(k))
-                        && !obj.contains_key(k)
-                    {
-                        obj.insert(k.to_string(), val.clone());
-                    }
-                }
-                p
-            })
-            .collect(),
-        None if ours(&v) => vec![v],
-        None => Vec::new(),
-    }
+    plugins_of(&v).into_iter().filter(ours).collect()
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use tether_leases::{FileStore, Lease, LeaseStore};
 use tether_pool::{KubeconfigSource, NodeAgent, PoolConfig, StoreKind};
 
 use crate::find_cluster::{Found, Places, find_cluster};
-use crate::manifests::read_documents;
+use crate::manifests::{plugins_of, read_documents};
 
 /// Where the file store is when nothing names another place (the plugin's `dataDir` default).
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/tether";
@@ -51,8 +51,8 @@ pub struct NetworkFile {
 }
 
 /// Read a network config file: a single config, or a conflist whose plugin with an `ipam` is used,
-/// or a NetworkAttachmentDefinition object as JSON (`kubectl get net-attach-def NAME -o json`),
-/// whose `spec.config` is used with the NAD's name injected as Multus does.
+/// or a NetworkAttachmentDefinition object as JSON or YAML (`kubectl get net-attach-def NAME -o
+/// yaml`), whose `spec.config` is used with the NAD's name injected as Multus does.
 pub fn read_network_config(path: &Path) -> Result<Value, String> {
     read_network_file(path).map(|f| f.config)
 }
@@ -77,25 +77,12 @@ pub fn read_network_file(path: &Path) -> Result<NetworkFile, String> {
 }
 
 /// The configuration a network's IPAM reads: the config itself, or a conflist's plugin with an
-/// `ipam` section, with the list's `name` and `cniVersion`.
+/// `ipam` section ([`plugins_of`]).
 pub fn plugin_with_ipam(v: Value, source: &str) -> Result<Value, String> {
-    let Some(plugins) = v.get("plugins").and_then(Value::as_array) else {
-        return Ok(v);
-    };
-    let mut p = plugins
-        .iter()
+    plugins_of(&v)
+        .into_iter()
         .find(|p| p.get("ipam").is_some())
-        .cloned()
-        .ok_or_else(|| format!("no plugin in {source} has an ipam section"))?;
-    // A conflist carries name and cniVersion at the top; plugins inherit them.
-    for k in ["name", "cniVersion"] {
-        if let (Some(obj), Some(val)) = (p.as_object_mut(), v.get(k))
-            && !obj.contains_key(k)
-        {
-            obj.insert(k.to_string(), val.clone());
-        }
-    }
-    Ok(p)
+        .ok_or_else(|| format!("no plugin in {source} has an ipam section"))
 }
 
 /// The store behind an [`OpenStore`].

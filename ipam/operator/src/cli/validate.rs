@@ -19,8 +19,8 @@ use tether_pool::{
 };
 use tether_trusted_fs::Place;
 
-use crate::manifests::{NetworkDocument, read_documents};
-use crate::nads::{NadNetwork, nad_networks, with_files};
+use crate::manifests::{NetworkDocument, plugins_of, read_documents};
+use crate::nads::{NadNetwork, master_of, nad_networks, with_files};
 use crate::output::{EXIT_FAILED, EXIT_OK, Output};
 use crate::overlap::findings;
 use crate::store_access::describe_store;
@@ -222,24 +222,7 @@ fn check_document(doc: NetworkDocument, node_local: bool) -> Checked {
             .map(str::to_string),
         ..Checked::default()
     };
-    let plugins: Vec<Value> = match doc.config.get("plugins").and_then(Value::as_array) {
-        None => vec![doc.config.clone()],
-        Some(list) => list
-            .iter()
-            .map(|p| {
-                let mut p = p.clone();
-                // A conflist carries name and cniVersion at the top; plugins inherit them.
-                for k in ["name", "cniVersion"] {
-                    if let (Some(obj), Some(val)) = (p.as_object_mut(), doc.config.get(k))
-                        && !obj.contains_key(k)
-                    {
-                        obj.insert(k.to_string(), val.clone());
-                    }
-                }
-                p
-            })
-            .collect(),
-    };
+    let plugins = plugins_of(&doc.config);
     for (i, plugin) in plugins.iter().enumerate() {
         let kind = plugin
             .get("type")
@@ -331,12 +314,7 @@ fn check_ipam(plugin: &Value, doc: &NetworkDocument, node_local: bool, c: &mut C
             c.warnings.extend(whereabouts_key_warnings(plugin));
             c.ipam = Some(NadNetwork {
                 nad: doc.nad.clone().unwrap_or_else(|| doc.source.clone()),
-                master: plugin
-                    .get("master")
-                    .and_then(Value::as_str)
-                    .map(str::trim)
-                    .filter(|m| !m.is_empty())
-                    .map(str::to_string),
+                master: master_of(plugin),
                 cfg,
             });
         }
