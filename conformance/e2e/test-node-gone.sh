@@ -57,7 +57,7 @@ leads() { grep -q "leads" "$W/logs/controller.log"; }
 wait_for 60 leads || { tail -20 "$W/logs/controller.log" >&2; fail "the controller did not take the leader lease in 60 s"; }
 pass "tether controller (ServiceAccount tether-controller, outside the node) leads"
 # While it leads it reports the cluster's pools, read from the NADs with its own RBAC.
-pools() { curl -s --max-time 5 http://127.0.0.1:9465/metrics | grep -q '^tether_pool_size{.*network="mgmt-pool"'; }
+pools() { local m; m=$(curl -s --max-time 5 http://127.0.0.1:9465/metrics) && grep -q '^tether_pool_size{.*network="mgmt-pool"' <<<"$m"; }
 wait_for 90 pools || fail "the controller reports no tether_pool_size for mgmt-pool: $(grep -m2 -i 'forbid\|error' "$W/logs/controller.log")"
 pass "the leading controller reports the pools (tether_pool_size of mgmt-pool)"
 # What the shipped monitoring reads is what they serve: every series the alert rules and the
@@ -69,8 +69,10 @@ served=$( { curl -fsS --max-time 10 http://127.0.0.1:9465/metrics; curl -fsS --m
 named=$(grep -oh 'tether_[a-z_]*' "$E2E_ROOT/deploy/monitoring/prometheusrule.yaml" "$E2E_ROOT/deploy/monitoring/dashboard.json" | sort -u)
 missing=$(comm -23 <(echo "$named") <(echo "$served"))
 [ -z "$missing" ] || fail "the rules or the dashboard of deploy/monitoring name series nothing serves: $missing"
+# Read whole, then searched: `curl | grep -q` fails under pipefail once grep stops reading early.
+controller_metrics=$(curl -fsS --max-time 10 http://127.0.0.1:9465/metrics) || fail "cannot read the controller's metrics"
 for s in tether_pool_size tether_pool_free; do
-  curl -s --max-time 5 http://127.0.0.1:9465/metrics | grep -q "^$s{.*network=\"mgmt-pool\"" ||
+  grep -q "^$s{.*network=\"mgmt-pool\"" <<<"$controller_metrics" ||
     fail "the controller serves no $s of mgmt-pool, which TetherPoolAlmostFull and TetherPoolExhausted read"
 done
 pass "the $(wc -l <<<"$named") series deploy/monitoring's rules and dashboard name are served by the controller and the agent; the pool alerts' series carry mgmt-pool"

@@ -96,7 +96,7 @@ fn measure(tag: &str, pods_on_me: usize, nodes: usize) {
             .unwrap()
             .unwrap();
     }
-    let mut child = Command::new(ipam_bin())
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tether"))
         .args([
             "reconcile",
             "--kubeconfig",
