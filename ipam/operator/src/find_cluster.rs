@@ -23,13 +23,19 @@ pub enum Found {
     InCluster,
     /// The plugins' kubeconfig the node-agent writes on every node.
     NodeAgent(PathBuf),
+    /// `ipam.kubernetes.kubeconfig` of the network config given (`--config`).
+    Config(PathBuf),
 }
 
 impl Found {
     /// The kubeconfig file, unless the credential is a pod's own.
     pub fn kubeconfig(&self) -> Option<&Path> {
         match self {
-            Found::Flag(p) | Found::Env(p) | Found::Home(p) | Found::NodeAgent(p) => Some(p),
+            Found::Flag(p)
+            | Found::Env(p)
+            | Found::Home(p)
+            | Found::NodeAgent(p)
+            | Found::Config(p) => Some(p),
             Found::InCluster => None,
         }
     }
@@ -43,6 +49,9 @@ impl fmt::Display for Found {
             Found::Home(p) => write!(f, "{}", p.display()),
             Found::InCluster => f.write_str("this pod's service account"),
             Found::NodeAgent(p) => write!(f, "this node's tether credential {}", p.display()),
+            Found::Config(p) => {
+                write!(f, "the config's ipam.kubernetes.kubeconfig {}", p.display())
+            }
         }
     }
 }
@@ -101,7 +110,8 @@ pub fn find_cluster(
             None => Ok(None),
         };
     };
-    if let (Some(c), Found::InCluster | Found::NodeAgent(_)) = (context, &found) {
+    if let (Some(c), Found::InCluster | Found::NodeAgent(_) | Found::Config(_)) = (context, &found)
+    {
         return Err(format!(
             "--context {c}: the credential found is {found}, which has no contexts to choose from; name a kubeconfig \
              with --kubeconfig or KUBECONFIG"

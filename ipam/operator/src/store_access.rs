@@ -155,7 +155,7 @@ impl OpenStore {
                     && k.kubeconfig.as_ref().is_some_and(|p| p.is_file()) =>
             {
                 let p = k.kubeconfig.clone().unwrap_or_default();
-                (KubeSettings::with_kubeconfig(p.clone()), Found::Flag(p))
+                (KubeSettings::with_kubeconfig(p.clone()), Found::Config(p))
             }
             (_, Some(f)) => f,
             (_, None) => {
