@@ -48,3 +48,27 @@ stop_pidfile() {
 # now: seconds since the epoch, with decimals (for the measured times)
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}'; }
+
+# The kernel's own count of tether's CNI calls, independent of tether: an ftrace instance
+# recording every exec of a tether plugin (sched_process_exec, filtered by file name), whoever
+# runs it (containerd's Multus, the thick daemon's chroot, tether-ipvlan's delegation, a check by
+# hand). node.sh starts it before tether is installed; test-node-gone.sh holds the agent's
+# tether_cni_call_duration_seconds_count against it.
+E2E_TRACE=/sys/kernel/tracing/instances/tether-e2e-calls
+exec_trace_start() {
+  mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing || return 1
+  [ ! -d "$E2E_TRACE" ] || rmdir "$E2E_TRACE" || return 1
+  mkdir "$E2E_TRACE" &&
+    echo 4096 >"$E2E_TRACE/buffer_size_kb" &&
+    echo 'filename ~ "*/tether-ip*"' >"$E2E_TRACE/events/sched/sched_process_exec/filter" &&
+    echo 1 >"$E2E_TRACE/events/sched/sched_process_exec/enable" &&
+    echo 1 >"$E2E_TRACE/tracing_on"
+}
+# traced_execs PLUGIN: how many times the kernel exec'd PLUGIN since exec_trace_start; fails if
+# the ring buffer lost events (the count would be short).
+traced_execs() {
+  local lost
+  lost=$(awk '/^overrun:/ {n += $2} END {print n + 0}' "$E2E_TRACE"/per_cpu/cpu*/stats) || return 1
+  [ "$lost" = 0 ] || { echo "the exec trace lost $lost events" >&2; return 1; }
+  grep -c "sched_process_exec: filename=[^ ]*/$1 " "$E2E_TRACE/trace" || true
+}

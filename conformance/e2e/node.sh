@@ -318,6 +318,9 @@ e2e_log "node $E2E_NODE Ready $(since "$TK") s after the kubelet started"
 # at TETHER_LAB_TIMEOUT, and the logs are copied out only by the teardown).
 left=$(( ${TETHER_LAB_TIMEOUT:-600} - TEARDOWN_S - ${SECONDS} - BOOT_S ))
 [ "$left" -gt 30 ] || e2e_die "no time left for the checks (${left} s; raise TETHER_E2E_TIMEOUT)"
+# Every exec of a tether plugin from now on, in the kernel's words (lib.sh): what the agent's
+# count of CNI calls is held against.
+exec_trace_start || e2e_die "cannot trace the plugins' execs (tracefs, sched_process_exec)"
 # The scripts, in order (TETHER_E2E_CHECKS; `make bench-node`: install.sh bench-node.sh).
 checks=${TETHER_E2E_CHECKS:-install.sh test.sh test-events.sh test-thick.sh test-node-gone.sh}
 [ "${TETHER_E2E_NODE_ONLY:-0}" = 1 ] ||

@@ -65,7 +65,7 @@ pass "the leading controller reports the pools (tether_pool_size of mgmt-pool)"
 # PodMonitor scrapes both), and the pool-full alerts' series carry the example networks.
 agent_ip=$(K -n kube-system get pod "$(agent_pod)" -o jsonpath='{.status.podIP}')
 served=$( { curl -fsS --max-time 10 http://127.0.0.1:9465/metrics; curl -fsS --max-time 10 "http://$agent_ip:9464/metrics"; } |
-  awk '/^# TYPE / {print $3}' | sort -u) || fail "cannot read the controller's or the agent's metrics"
+  awk '/^# TYPE / {print $3} /^# TYPE .* histogram$/ {print $3 "_bucket"; print $3 "_sum"; print $3 "_count"}' | sort -u) || fail "cannot read the controller's or the agent's metrics"
 named=$(grep -oh 'tether_[a-z_]*' "$E2E_ROOT/deploy/monitoring/prometheusrule.yaml" "$E2E_ROOT/deploy/monitoring/dashboard.json" | sort -u)
 missing=$(comm -23 <(echo "$named") <(echo "$served"))
 [ -z "$missing" ] || fail "the rules or the dashboard of deploy/monitoring name series nothing serves: $missing"
@@ -76,6 +76,29 @@ for s in tether_pool_size tether_pool_free; do
     fail "the controller serves no $s of mgmt-pool, which TetherPoolAlmostFull and TetherPoolExhausted read"
 done
 pass "the $(wc -l <<<"$named") series deploy/monitoring's rules and dashboard name are served by the controller and the agent; the pool alerts' series carry mgmt-pool"
+# Every CNI call this node made in the whole run, counted by its agent: the kernel's record of
+# each exec of a tether plugin (lib.sh, from before tether was installed) against the agent's
+# tether_cni_call_duration_seconds_count. Among them the calls made while no agent ran (test.sh's
+# image roll and the agent's deletion), which the next agent took in from the call spool.
+counted_calls() { # PLUGIN METRICS: the agent's count of PLUGIN's calls
+  awk -v p="$1" 'index($1, "tether_cni_call_duration_seconds_count{plugin=\"" p "\"") == 1 {n += $2} END {print n + 0}' <<<"$2"
+}
+calls_covered() {
+  local m p t c
+  m=$(curl -fsS --max-time 10 "http://$agent_ip:9464/metrics") || return 1
+  COVERAGE=()
+  for p in tether-ipvlan tether-ipam; do
+    t=$(traced_execs "$p") && c=$(counted_calls "$p" "$m") || return 1
+    COVERAGE+=("$p: $c of $t")
+    # At least 99% counted, none counted that the kernel did not run.
+    [ "$t" -gt 0 ] && [ $((c * 100)) -ge $((t * 99)) ] && [ "$c" -le "$t" ] || return 1
+  done
+}
+if ! wait_for 30 calls_covered; then
+  calls_covered || true
+  fail "the agent's count of CNI calls does not cover the node's: ${COVERAGE[*]} (execs the kernel traced)"
+fi
+pass "the agent counted the node's CNI calls through agent restarts and the image roll: ${COVERAGE[*]} (execs the kernel traced)"
 # It sees the node-agent (label ipam.tether.dev/lease-names=by-address) Ready long enough and
 # ends the mirrors under network names: it says so in the ConfigMap tether-lease-names, deletes
 # them, and the agent writes the switch beside the plugins' kubeconfig, which they read per ADD.

@@ -26,9 +26,12 @@ VARIABLES = {"$__rate_interval": "5m", '"$network"': '".*"'}
 def documented(docs: pathlib.Path) -> set:
     names = set()
     for line in docs.read_text().splitlines():
-        m = re.match(r"^\| `(tether_[a-z_]+)` \|", line)
+        m = re.match(r"^\| `(tether_[a-z_]+)` \| ([a-z]+) \|", line)
         if m:
             names.add(m.group(1))
+            # A histogram is served as its three series.
+            if m.group(2) == "histogram":
+                names.update(m.group(1) + s for s in ("_bucket", "_sum", "_count"))
     return names
 
 

@@ -293,3 +293,53 @@ fn routes_and_dns_reach_the_result_whole() {
         "{r}"
     );
 }
+
+/// Every call leaves one record for the node-agent's metrics: verb, network, CNI code and how
+/// long it took; a call that fails before its config is read still says its verb and code.
+#[test]
+fn each_call_leaves_one_record_for_the_node_agent() {
+    use tether_cni::call_spool::{SPOOL_ENV, Spool};
+    let net = Net::new(json!({"range": "10.1.2.0/30"}));
+    let spool_dir = net.dir.path().join("calls");
+    std::fs::create_dir(&spool_dir).unwrap();
+    std::fs::set_permissions(net.dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(&spool_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let run = |verb: &str, att: Option<&Att>, stdin: &str| {
+        let mut c = net.command(verb, att);
+        c.env(SPOOL_ENV, &spool_dir);
+        run_with_stdin(&mut c, stdin.as_bytes())
+    };
+    let conf = net.conf().to_string();
+    let (a, b, c) = (Att::new("c1"), Att::new("c2"), Att::new("c3"));
+    assert!(run("ADD", Some(&a), &conf).status.success());
+    assert!(run("ADD", Some(&b), &conf).status.success());
+    // A /30 has two usable addresses: the third ADD fails, pool exhausted (102).
+    assert!(!run("ADD", Some(&c), &conf).status.success());
+    assert!(run("DEL", Some(&a), &conf).status.success());
+    assert!(!run("ADD", Some(&c), "{not json").status.success());
+    assert!(run("VERSION", None, "{}").status.success());
+    let spool = Spool::existing(&spool_dir).unwrap().expect("the spool");
+    let taken = spool.take(100).unwrap();
+    assert_eq!(taken.unreadable, 0);
+    let mut seen: Vec<(String, String, u32)> = taken
+        .records
+        .iter()
+        .map(|r| {
+            assert_eq!(r.plugin, "tether-ipam");
+            assert!(r.seconds > 0.0 && r.seconds < 60.0, "{r:?}");
+            (r.verb.clone(), r.network.clone(), r.code)
+        })
+        .collect();
+    seen.sort();
+    let n = net.name.clone();
+    let mut want = vec![
+        ("ADD".to_string(), String::new(), 6),
+        ("ADD".to_string(), n.clone(), 0),
+        ("ADD".to_string(), n.clone(), 0),
+        ("ADD".to_string(), n.clone(), 102),
+        ("DEL".to_string(), n.clone(), 0),
+        ("VERSION".to_string(), String::new(), 0),
+    ];
+    want.sort();
+    assert_eq!(seen, want);
+}

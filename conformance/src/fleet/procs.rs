@@ -147,6 +147,8 @@ impl Agent {
             // harness's ADDs go straight to the API: what is measured here is the reconciler).
             .arg("--lease-socket")
             .arg(s.dir.join("run/leases.sock"))
+            .arg("--call-spool")
+            .arg(s.dir.join("run/calls"))
             .args([
                 "--grace-s",
                 &s.grace_s.to_string(),

@@ -8,9 +8,11 @@
 //! - [`delegate`]: running the IPAM plugin as libcni does.
 //! - [`plugin`]: the dispatcher binaries call: one Result or one error on stdout, panics included.
 //! - [`logging`]: `log_file` / `log_level`, never stdout.
+//! - [`call_spool`]: each call's record (verb, network, code, duration) for the node-agent's metrics.
 //!
 //! Why not rscni-types/rscni-plugin: see docs/design.md.
 
+pub mod call_spool;
 pub mod config;
 pub mod delegate;
 pub mod env;

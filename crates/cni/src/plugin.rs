@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::IpAddr;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::Instant;
 
+use crate::call_spool::{CallRecord, Spool};
 use crate::config::{NetConf, sniff_version};
 use crate::delegate::Delegation;
 use crate::env::{Command, Env};
@@ -69,11 +71,12 @@ pub trait Plugin {
 
 /// Run as a CNI plugin with the process's environment and standard streams, then exit.
 pub fn run_main<P: Plugin>(plugin: &P) -> ! {
+    let started = Instant::now();
     crate::logging::install(plugin.name());
     // A panic becomes a CNI error below; the hook only logs it, without a backtrace on the runtime's stderr.
     std::panic::set_hook(Box::new(|info| log::error!("internal error: {info}")));
     let vars: HashMap<String, String> = std::env::vars().collect();
-    let (status, linger) = serve(
+    let served = serve(
         plugin,
         &vars,
         &mut std::io::stdin().lock(),
@@ -81,8 +84,53 @@ pub fn run_main<P: Plugin>(plugin: &P) -> ! {
         &mut std::io::stderr(),
     );
     close_output();
-    drop(linger);
-    std::process::exit(status)
+    // Timed to the reply; recorded once the caller has it.
+    let seconds = started.elapsed().as_secs_f64();
+    drop(served.linger);
+    if let Some(call) = served.call {
+        spool_record(call.record(plugin.name(), seconds));
+    }
+    std::process::exit(served.status)
+}
+
+/// Leave the call's record for the node-agent's metrics; a failure here never fails the call.
+fn spool_record(record: CallRecord) {
+    let Some(path) = crate::call_spool::spool_path() else {
+        return;
+    };
+    match Spool::existing(&path).and_then(|s| s.map(|s| s.write(&record)).transpose()) {
+        Ok(_) => {}
+        Err(e) => log::debug!("not recording this call for the node-agent: {e}"),
+    }
+}
+
+/// What one invocation was, for its record: known once the dispatcher is done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Call {
+    verb: &'static str,
+    /// Empty until the configuration was read.
+    network: String,
+    code: u32,
+}
+
+impl Call {
+    fn record(self, plugin: &str, seconds: f64) -> CallRecord {
+        CallRecord {
+            plugin: plugin.to_string(),
+            verb: self.verb.to_string(),
+            network: self.network,
+            code: self.code,
+            seconds,
+        }
+    }
+}
+
+/// What [`serve`] did: the exit status, what a successful ADD keeps until the reply is out, and
+/// the call (`None` when there was no CNI_COMMAND: a person asking what this is).
+struct Served {
+    status: i32,
+    linger: Option<Box<dyn Any>>,
+    call: Option<Call>,
 }
 
 /// Point stdout and stderr at /dev/null, so the caller reads EOF now rather than at exit. (A plugin that
@@ -112,17 +160,27 @@ pub fn dispatch<P: Plugin>(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> i32 {
-    serve(plugin, vars, stdin, stdout, stderr).0
+    serve(plugin, vars, stdin, stdout, stderr).status
 }
 
-/// [`dispatch`], also returning what a successful ADD asked to keep until the reply is out.
+/// [`dispatch`], also returning what a successful ADD asked to keep until the reply is out, and
+/// what the call was.
 fn serve<P: Plugin>(
     plugin: &P,
     vars: &HashMap<String, String>,
     stdin: &mut dyn Read,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> (i32, Option<Box<dyn Any>>) {
+) -> Served {
+    let answered = |status: i32, verb: &'static str, network: String, code: u32| Served {
+        status,
+        linger: None,
+        call: Some(Call {
+            verb,
+            network,
+            code,
+        }),
+    };
     let command = match vars.get("CNI_COMMAND").map(String::as_str) {
         None | Some("") => {
             let _ = writeln!(
@@ -132,34 +190,34 @@ fn serve<P: Plugin>(
                 env!("CARGO_PKG_VERSION"),
                 SUPPORTED.join(", ")
             );
-            return (0, None);
+            return Served {
+                status: 0,
+                linger: None,
+                call: None,
+            };
         }
         Some(c) => c,
     };
+    let verb = Command::parse(command).map_or("unknown", Command::as_str);
     let mut raw = Vec::new();
     if let Err(e) = stdin.take(MAX_STDIN as u64 + 1).read_to_end(&mut raw) {
-        return (
-            fail(
-                stdout,
-                LATEST,
-                &CniError::new(code::IO, format!("reading stdin: {e}")),
-            ),
-            None,
-        );
+        let e = CniError::new(code::IO, format!("reading stdin: {e}"));
+        return answered(fail(stdout, LATEST, &e), verb, String::new(), e.code);
     }
     if raw.len() > MAX_STDIN {
         let e = CniError::invalid_config(format!(
             "the network configuration on stdin is larger than {} MiB; nothing was done",
             MAX_STDIN >> 20
         ));
-        return (fail(stdout, LATEST, &e), None);
+        return answered(fail(stdout, LATEST, &e), verb, String::new(), e.code);
     }
     let sniffed = sniff_version(&raw).filter(|v| !v.is_empty());
     let Some(command) = Command::parse(command) else {
         let e = CniError::invalid_env(format!(
             "CNI_COMMAND {command:?} is unknown; expected ADD, DEL, CHECK, STATUS, GC or VERSION"
         ));
-        return (fail(stdout, sniffed.as_deref().unwrap_or(LATEST), &e), None);
+        let status = fail(stdout, sniffed.as_deref().unwrap_or(LATEST), &e);
+        return answered(status, verb, String::new(), e.code);
     };
     if command == Command::Version {
         let _ = writeln!(
@@ -167,7 +225,7 @@ fn serve<P: Plugin>(
             "{}",
             version::version_info(sniffed.as_deref().unwrap_or(LATEST))
         );
-        return (0, None);
+        return answered(0, verb, String::new(), 0);
     }
     // Errors are stamped with the config's version when it is one we speak, else the newest.
     let stamp = sniffed
@@ -176,32 +234,51 @@ fn serve<P: Plugin>(
         .unwrap_or(LATEST)
         .to_string();
 
-    let outcome = run_verb(plugin, command, vars, &raw);
+    let (network, outcome) = run_verb(plugin, command, vars, &raw);
     match outcome {
         Ok(Some((added, v))) => {
             let mut out = added.result.to_value(v);
             crate::result::note_probed(&mut out, &added.probed);
             let _ = writeln!(stdout, "{out}");
-            (0, added.linger)
+            Served {
+                linger: added.linger,
+                ..answered(0, verb, network, 0)
+            }
         }
-        Ok(None) => (0, None),
+        Ok(None) => answered(0, verb, network, 0),
         Err(e) => {
             log::warn!("{} {} failed: {e}", plugin.name(), command.as_str());
-            (fail(stdout, &stamp, &e), None)
+            answered(fail(stdout, &stamp, &e), verb, network, e.code)
         }
     }
 }
 
 /// Validate env and config for `command`, then call the plugin; a panic inside becomes an error.
-/// ADD's Result comes back with the version to print it in.
+/// ADD's Result comes back with the version to print it in; the network's name beside it, once
+/// the config was read.
 fn run_verb<P: Plugin>(
     plugin: &P,
     command: Command,
     vars: &HashMap<String, String>,
     raw: &[u8],
+) -> (String, Result<Option<(Added, Version)>, CniError>) {
+    let parsed = Env::from_vars(command, vars).and_then(|env| Ok((env, NetConf::parse(raw)?)));
+    match parsed {
+        Ok((env, conf)) => (
+            conf.name.clone(),
+            call_verb(plugin, command, vars, env, conf),
+        ),
+        Err(e) => (String::new(), Err(e)),
+    }
+}
+
+fn call_verb<P: Plugin>(
+    plugin: &P,
+    command: Command,
+    vars: &HashMap<String, String>,
+    env: Env,
+    conf: NetConf,
 ) -> Result<Option<(Added, Version)>, CniError> {
-    let env = Env::from_vars(command, vars)?;
-    let conf = NetConf::parse(raw)?;
     gate_version(command, conf.version)?;
     crate::logging::configure(&conf.value).map_err(|e| CniError::invalid_config(e.0))?;
     let version = conf.version;
@@ -449,7 +526,8 @@ mod tests {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         let (mut o, mut e) = (Vec::new(), Vec::new());
-        let (status, linger) = serve(&Fake, &vars, &mut conf("1.1.0").as_bytes(), &mut o, &mut e);
+        let Served { status, linger, .. } =
+            serve(&Fake, &vars, &mut conf("1.1.0").as_bytes(), &mut o, &mut e);
         assert_eq!(status, 0);
         assert!(
             !o.is_empty(),
@@ -457,6 +535,47 @@ mod tests {
         );
         let kept = linger.expect("the ADD's linger");
         assert_eq!(kept.downcast_ref::<&str>(), Some(&"probe sockets"));
+    }
+
+    #[test]
+    fn each_call_says_what_it_was_for_its_record() {
+        let call = |cmd: Option<&str>, stdin: &str| {
+            let mut vars: HashMap<String, String> = [
+                ("CNI_CONTAINERID", "c1"),
+                ("CNI_NETNS", "/run/netns/p"),
+                ("CNI_IFNAME", "net1"),
+                ("CNI_PATH", "/opt/cni/bin"),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            if let Some(c) = cmd {
+                vars.insert("CNI_COMMAND".into(), c.into());
+            }
+            let (mut o, mut e) = (Vec::new(), Vec::new());
+            let served = serve(&Fake, &vars, &mut stdin.as_bytes(), &mut o, &mut e);
+            served.call.map(|c| (c.verb, c.network, c.code))
+        };
+        let named = |verb, code| Some((verb, "mgmt".to_string(), code));
+        assert_eq!(call(Some("ADD"), &conf("1.1.0")), named("ADD", 0));
+        assert_eq!(call(Some("DEL"), &conf("1.1.0")), named("DEL", 7));
+        assert_eq!(call(Some("CHECK"), &conf("0.3.1")), named("CHECK", 1));
+        let panicked = r#"{"cniVersion":"1.0.0","name":"mgmt","panic":true}"#;
+        assert_eq!(call(Some("ADD"), panicked), named("ADD", 999));
+        // Before the config is read the network is not known; the verb and code still are.
+        assert_eq!(
+            call(Some("ADD"), "{not json"),
+            Some(("ADD", String::new(), 6))
+        );
+        assert_eq!(
+            call(Some("FOO"), &conf("1.1.0")),
+            Some(("unknown", String::new(), 4))
+        );
+        assert_eq!(
+            call(Some("VERSION"), "{}"),
+            Some(("VERSION", String::new(), 0))
+        );
+        assert_eq!(call(None, ""), None, "no command: no CNI call to record");
     }
 
     #[test]

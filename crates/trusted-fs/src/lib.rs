@@ -529,6 +529,14 @@ impl TrustedDir {
         })
     }
 
+    /// The directory's own size in bytes: on tmpfs it grows with every entry, so it bounds
+    /// how much a spool holds without listing it.
+    pub fn byte_size(&self) -> Result<u64, TrustError> {
+        fstat(&self.fd)
+            .map(|st| st.st_size.max(0) as u64)
+            .map_err(io_err("checking", &self.path))
+    }
+
     /// Does the directory still exist (it was not removed since it was opened)?
     pub fn exists(&self) -> bool {
         fstat(&self.fd).is_ok_and(|st| st.st_nlink > 0)

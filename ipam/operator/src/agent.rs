@@ -19,6 +19,8 @@
 //!    plugin's own credential. Stopped first on SIGTERM, so plugins go on directly.
 //! 6. Follows the controller's word on lease names ([`crate::lease_names`]): before it installs
 //!    the plugins, and at every refresh.
+//! 7. Counts the node's CNI calls from the records the plugins leave in `--call-spool`
+//!    ([`crate::metrics::CniCalls`]), every two seconds, into the metrics.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -33,12 +35,16 @@ use tether_lease_service::{LeaseService, ServiceGauges, ServiceOptions};
 
 use crate::kube::Kube;
 use crate::lease_names::Follower;
+use crate::metrics::CniCalls;
 pub use crate::node_files::{write_atomic, write_private};
 use crate::observers::Observers;
 use crate::plugin_token::PluginToken;
 use crate::reconcile::{self, Reconciler};
 
 pub const BINARIES: &[&str] = &["tether-ipvlan", "tether-ipam"];
+
+/// How often the plugins' call records are taken into the metrics.
+const ABSORB_EVERY: Duration = Duration::from_secs(2);
 
 /// Where the service account's credentials are mounted, and where the API server is.
 #[derive(Debug, Clone)]
@@ -130,6 +136,8 @@ pub struct AgentOptions {
     pub reconcile: Option<reconcile::Options>,
     /// Where to serve the lease service (`None`: `--no-lease-service`).
     pub lease_socket: Option<PathBuf>,
+    /// The plugins' call records to count (`None`: not counted).
+    pub call_spool: Option<PathBuf>,
     /// Stop after the first pass (tests, and `kubectl debug` style checks).
     pub once: bool,
 }
@@ -156,6 +164,12 @@ pub fn run(
     {
         log::error!("writing the plugins' kubeconfig before installing them: {e}");
     }
+    // The spool exists before the plugins do: their first call is recorded.
+    let cni_calls = opts.call_spool.as_deref().and_then(|p| {
+        CniCalls::open(p)
+            .map_err(|e| log::error!("the plugins' CNI calls are not counted: {e}"))
+            .ok()
+    });
     let changed = install_binaries(&opts.source_dir, &opts.cni_bin_dir)?;
     log::warn!(
         "installed into {}: {}",
@@ -176,6 +190,7 @@ pub fn run(
         if opts.lease_socket.is_some() {
             ro.lease_service = Some(gauges.clone());
         }
+        ro.cni_calls = cni_calls.clone();
         ro
     });
     let traffic = reconcile
@@ -239,7 +254,17 @@ pub fn run(
             return Ok(());
         }
         let until = Instant::now() + opts.refresh;
+        let mut absorbed = Instant::now() - ABSORB_EVERY;
         while Instant::now() < until {
+            if let Some(c) = cni_calls
+                .as_ref()
+                .filter(|_| absorbed.elapsed() >= ABSORB_EVERY)
+            {
+                if let Err(e) = c.absorb() {
+                    log::error!("counting the plugins' CNI calls: {e}");
+                }
+                absorbed = Instant::now();
+            }
             if stop.load(Ordering::Relaxed) {
                 // The socket goes first: every plugin from now on goes direct.
                 if let Some(s) = service.take() {

@@ -92,6 +92,8 @@ pub struct Options {
     pub monitor_interval: Duration,
     /// The node's lease service, shown in the metrics (the agent sets it when it runs one).
     pub lease_service: Option<tether_lease_service::ServiceGauges>,
+    /// The node's CNI calls the agent takes in, shown in the metrics.
+    pub cni_calls: Option<crate::metrics::CniCalls>,
 }
 
 impl Options {
@@ -114,6 +116,7 @@ impl Options {
             conflict_events: true,
             monitor_interval: Duration::from_secs(DEFAULT_MONITOR_INTERVAL_S),
             lease_service: None,
+            cni_calls: None,
         }
     }
 }

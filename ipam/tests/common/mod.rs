@@ -283,7 +283,9 @@ impl Net {
         c.env("CNI_COMMAND", verb)
             .env("CNI_PATH", "/nonexistent")
             .env("NODE_NAME", "node-a")
-            .env("TETHER_NODE_KUBECONFIG", "");
+            .env("TETHER_NODE_KUBECONFIG", "")
+            // No call records into this host's spool (tests/verbs.rs reads its own).
+            .env("TETHER_CALL_SPOOL", "");
         if let Some(a) = att {
             c.env("CNI_CONTAINERID", &a.container_id)
                 .env("CNI_IFNAME", &a.ifname);

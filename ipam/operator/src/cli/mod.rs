@@ -127,6 +127,11 @@ enum Cmd {
         /// Do not run the lease service: every plugin call goes straight to the API server.
         #[arg(long)]
         no_lease_service: bool,
+        /// Where the plugins leave a record of each CNI call, which the agent counts into its
+        /// metrics (created root-only; the plugins use the default unless their
+        /// TETHER_CALL_SPOOL says otherwise).
+        #[arg(long, default_value = tether_cni::call_spool::SPOOL_DIR)]
+        call_spool: PathBuf,
         /// One pass, then exit.
         #[arg(long)]
         once: bool,
@@ -277,6 +282,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
             no_reconcile,
             lease_socket,
             no_lease_service,
+            call_spool,
             once,
         } => {
             tether_cni::logging::install("tether");
@@ -318,6 +324,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
                 plugin_token_api,
                 reconcile,
                 lease_socket: (!no_lease_service && !once).then_some(lease_socket),
+                call_spool: (!once).then_some(call_spool),
                 once,
             };
             crate::agent::run(&opts, stop.unwrap_or_default(), || {}).map(|()| EXIT_OK)

@@ -14,8 +14,10 @@ use tether_leases::RangeStatus;
 
 use crate::report::{PassReport, StoreName};
 
+mod cni_calls;
 mod endpoint;
 mod nad_overlaps;
+pub use cni_calls::{Absorbed, CniCalls};
 pub use endpoint::{parse_listen_addr, serve, start};
 
 /// Counts of one range of one network.
@@ -38,6 +40,8 @@ pub struct Registry {
     traffic: ApiTraffic,
     /// The node's lease service, when this agent runs one.
     lease_service: Option<ServiceGauges>,
+    /// The node's CNI calls, when this agent takes in the plugins' records.
+    cni_calls: Option<CniCalls>,
 }
 
 #[derive(Default)]
@@ -92,6 +96,12 @@ impl Registry {
     /// The same, also showing the lease service's counters and networks.
     pub fn serving(mut self, lease_service: Option<ServiceGauges>) -> Registry {
         self.lease_service = lease_service;
+        self
+    }
+
+    /// The same, also showing the node's CNI calls.
+    pub fn with_calls(mut self, cni_calls: Option<CniCalls>) -> Registry {
+        self.cni_calls = cni_calls;
         self
     }
 
@@ -486,6 +496,9 @@ impl Registry {
                     })
                     .collect(),
             );
+        }
+        if let Some(c) = &self.cni_calls {
+            out.push_str(&c.render());
         }
         out
     }

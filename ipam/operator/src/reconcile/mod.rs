@@ -161,7 +161,11 @@ impl Reconciler {
             .as_ref()
             .map(|k| k.traffic.clone())
             .unwrap_or_default();
-        let metrics = Arc::new(Registry::counting(traffic).serving(opts.lease_service.clone()));
+        let metrics = Arc::new(
+            Registry::counting(traffic)
+                .serving(opts.lease_service.clone())
+                .with_calls(opts.cni_calls.clone()),
+        );
         Ok(Reconciler {
             opts,
             kube,
