@@ -32,7 +32,7 @@ LAB_TESTS  := $(sort $(basename $(notdir $(wildcard conformance/tests/lab_*.rs))
 
 BENCH_BIN := $(CARGO) run --release --locked -p tether-conformance --bin
 
-.PHONY: previous peers bins bench bench-agents bench-attach bench-kube bench-ipam bench-probe bench-static all build install image render static-check test unit kube-up kube-down host-tests lab-tests conformance manifests fuzz-regressions fuzz driver deps demo fmt clippy clean
+.PHONY: previous peers bins bench bench-agents bench-attach bench-kube bench-ipam bench-probe bench-static all build install image render static-check test unit kube-up kube-down host-tests lab-tests conformance manifests fuzz-regressions fuzz driver deps demo fmt clippy clean docs-check
 
 all: build
 
@@ -97,7 +97,7 @@ test:
 	@rm -f $(PHASES)
 	@status=0; \
 	  conformance/phases.sh deps driver bins && \
-	  $(KUBE) conformance/phases.sh clippy unit fuzz-regressions manifests build static-check image conformance e2e || status=$$?; \
+	  $(KUBE) conformance/phases.sh clippy unit fuzz-regressions manifests build static-check docs-check image conformance e2e || status=$$?; \
 	  conformance/phases.sh --report; exit $$status
 
 bins:
@@ -166,6 +166,12 @@ manifests:
 	$(CARGO) build --locked --bin tether
 	$(KUBE) python3 deploy/validate.py
 	conformance/monitoring/check.sh
+
+# The docs' command blocks: each has a runner (conformance/docs/blocks.py), and those that run on
+# this host run here; the e2e runs those of the real node.
+docs-check: build
+	python3 conformance/docs/blocks.py check .
+	conformance/docs/run-host.sh
 
 lab-tests:
 	@mkdir -p $(LOGS)

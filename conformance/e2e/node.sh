@@ -261,6 +261,9 @@ imgs=("$E2E_DIR/images/pause.tar" "$E2E_DIR/images/busybox.tar" "$E2E_DIR/images
 for i in "${imgs[@]}"; do
   CTR images import "$i" >/dev/null || e2e_die "ctr images import $i failed"
 done
+# deploy/recipes name busybox:1.35 as users pull it; this busybox is Debian's 1.35, tagged so.
+CTR images tag localhost/kubelet-lab/busybox:1.35 docker.io/library/busybox:1.35 >/dev/null ||
+  e2e_die "ctr images tag busybox"
 CTR images ls -q >"$W/images.txt"
 e2e_log "images: $(tr '\n' ' ' <"$W/images.txt")"
 mark images-imported
