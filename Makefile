@@ -97,7 +97,7 @@ test:
 	@rm -f $(PHASES)
 	@status=0; \
 	  conformance/phases.sh deps driver bins && \
-	  $(KUBE) conformance/phases.sh clippy unit fuzz-regressions manifests build static-check docs-check image conformance e2e || status=$$?; \
+	  $(KUBE) conformance/phases.sh clippy unit fuzz-regressions manifests build static-check image docs-check conformance e2e || status=$$?; \
 	  conformance/phases.sh --report; exit $$status
 
 bins:

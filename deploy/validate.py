@@ -103,22 +103,23 @@ def check_nad(path, doc):
 
 
 def check_readme():
-    """Every tether-ipvlan config in the README is one the plugin accepts, with the cluster store."""
-    readme = ROOT / "README.md"
-    blocks = re.findall(r"```json\n(.*?)```", readme.read_text(), re.S)
+    """Every tether-ipvlan config in the README and the install page is one the plugin accepts,
+    with the cluster store."""
     nads = 0
-    for i, block in enumerate(blocks):
-        try:
-            conf = json.loads(block)
-        except json.JSONDecodeError as e:
-            fail(readme, f"json block {i + 1} is not JSON: {e}")
-            continue
-        if conf.get("type") == "tether-ipvlan":
-            nads += 1
-            conf.setdefault("name", "readme")
-            ipam_validate(readme, conf, f"the NAD in json block {i + 1}")
+    for page in (ROOT / "README.md", ROOT / "docs" / "install.md"):
+        blocks = re.findall(r"```json\n(.*?)```", page.read_text(), re.S)
+        for i, block in enumerate(blocks):
+            try:
+                conf = json.loads(block)
+            except json.JSONDecodeError as e:
+                fail(page, f"json block {i + 1} is not JSON: {e}")
+                continue
+            if conf.get("type") == "tether-ipvlan":
+                nads += 1
+                conf.setdefault("name", "readme")
+                ipam_validate(page, conf, f"the NAD in json block {i + 1}")
     if nads == 0:
-        fail(readme, "no tether-ipvlan NAD in a ```json block")
+        fail(ROOT / "docs" / "install.md", "no tether-ipvlan NAD in a ```json block")
 
 
 def kustomize():
@@ -176,7 +177,29 @@ def dry_run_server(manifests):
     count += 1
     if r.returncode != 0:
         fail(BASE, f"kubectl apply --dry-run=server -k:\n    {(r.stderr or r.stdout).strip()}")
+    apply_monitoring_as_documented(kc)
     return count
+
+
+def apply_monitoring_as_documented(kc):
+    """docs/monitoring.md's command that installs deploy/monitoring, run as written (for real, then
+    removed): both objects are there afterwards."""
+    block = subprocess.run(
+        [sys.executable, *"conformance/docs/blocks.py extract docs/monitoring.md apply-monitoring".split()],
+        cwd=ROOT, capture_output=True, text=True)
+    if block.returncode != 0:
+        errors.append(f"docs/monitoring.md apply-monitoring: {block.stderr.strip()}")
+        return
+    env = dict(os.environ, KUBECONFIG=kc, PATH=f"{pathlib.Path(KUBECTL).parent}:{os.environ.get('PATH', '')}")
+    r = subprocess.run(["bash", "-euo", "pipefail", "-c", block.stdout], cwd=ROOT, env=env,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        errors.append(f"docs/monitoring.md apply-monitoring failed as written:\n    {(r.stderr or r.stdout).strip()}")
+    for kind in ("podmonitor", "prometheusrule"):
+        got = kubectl(kc, "-n", "kube-system", "get", kind, "tether", "-o", "name")
+        if got.returncode != 0:
+            errors.append(f"docs/monitoring.md apply-monitoring: no {kind} tether afterwards: {got.stderr.strip()}")
+        kubectl(kc, "-n", "kube-system", "delete", kind, "tether", "--ignore-not-found")
 
 
 def main():

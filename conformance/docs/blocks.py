@@ -6,6 +6,9 @@ marker naming where it runs:
 
     <!-- run: e2e quick-start -->      on the e2e's real node (conformance/e2e), as root
     <!-- run: host install-by-hand --> on the test host (make docs-check)
+    <!-- run: kube import-whereabouts --> on the real API server of the suites (Rust in
+                                         ipam/operator/tests: `doc_block("FILE", "NAME")`;
+                                         deploy/validate.py)
 
   blocks.py extract FILE NAME   print the block FILE's marker NAME precedes (for a runner)
   blocks.py check ROOT          every block has a marker, every marker a runner: a script or
@@ -18,11 +21,8 @@ import re
 import sys
 
 FENCE = re.compile(r"^```(sh|bash|shell|console)\s*$")
-MARKER = re.compile(r"^<!-- run: (e2e|host) ([a-z0-9-]+) -->$")
-RUNNER = re.compile(r"blocks\.py extract (\S+) ([a-z0-9-]+)")
-# Pages whose blocks are not all run yet (each still to be given a runner); every other page's
-# blocks must be.
-NOT_YET = {"docs/operations.md", "docs/monitoring.md", "docs/e2e.md", "docs/install.md"}
+MARKER = re.compile(r"^<!-- run: (e2e|host|kube) ([a-z0-9-]+) -->$")
+RUNNER = re.compile(r"blocks\.py extract (\S+) ([a-z0-9-]+)|doc_block\(\s*\"([^\"]+)\",\s*\"([a-z0-9-]+)\"")
 
 
 def pages(root: pathlib.Path):
@@ -57,12 +57,14 @@ def extract(root: pathlib.Path, file: str, name: str) -> int:
 
 def runners(root: pathlib.Path) -> set:
     found = set()
-    scripts = [root / "Makefile"] + [p for p in (root / "conformance").rglob("*") if p.suffix in (".sh", ".rs", ".py")]
+    scripts = [root / "Makefile"]
+    for tree in ("conformance", "ipam", "deploy"):
+        scripts += [p for p in (root / tree).rglob("*") if p.suffix in (".sh", ".rs", ".py")]
     for p in scripts:
-        if p.name == "blocks.py" or not p.is_file():
+        if p.name == "blocks.py" or not p.is_file() or "target" in p.parts:
             continue
         for m in RUNNER.finditer(p.read_text(errors="replace")):
-            found.add((m.group(1), m.group(2)))
+            found.add((m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4)))
     return found
 
 
@@ -74,8 +76,7 @@ def check(root: pathlib.Path) -> int:
         rel = str(page.relative_to(root))
         for marker, line, _ in blocks(page):
             if marker is None:
-                if rel not in NOT_YET:
-                    problems.append(f"{rel}:{line}: a command block without a <!-- run: KIND NAME --> marker")
+                problems.append(f"{rel}:{line}: a command block without a <!-- run: KIND NAME --> marker")
                 continue
             if (rel, marker[1]) in names:
                 problems.append(f"{rel}:{line}: a second block named {marker[1]}")

@@ -16,3 +16,11 @@ done
 CNI_COMMAND=VERSION /tmp/tether-root/opt/cni/bin/tether-ipam </dev/null | grep -q supportedVersions ||
   { echo "docs-check: the installed tether-ipam does not answer VERSION" >&2; exit 1; }
 echo "docs-check: docs/install.md install-by-hand: the plugins, tether and kubectl-tether installed and answering"
+
+# docs/install.md: the image, offline (make test built it already: this is the incremental run).
+before=$(stat -c %Y target/tether-image.tar 2>/dev/null || echo 0)
+bash -euo pipefail -c "$(python3 conformance/docs/blocks.py extract docs/install.md build-image)" >/dev/null
+python3 deploy/check-image.py target/tether-image.tar >/dev/null ||
+  { echo "docs-check: build-image left no valid target/tether-image.tar" >&2; exit 1; }
+[ "$(stat -c %Y target/tether-image.tar)" -ge "$before" ] || { echo "docs-check: build-image did not write the image" >&2; exit 1; }
+echo "docs-check: docs/install.md build-image: target/tether-image.tar built and valid"

@@ -325,7 +325,7 @@ left=$(( ${TETHER_LAB_TIMEOUT:-600} - TEARDOWN_S - ${SECONDS} - BOOT_S ))
 # count of CNI calls is held against.
 exec_trace_start || e2e_die "cannot trace the plugins' execs (tracefs, sched_process_exec)"
 # The scripts, in order (TETHER_E2E_CHECKS; `make bench-node`: install.sh bench-node.sh).
-checks=${TETHER_E2E_CHECKS:-install.sh test.sh test-events.sh test-thick.sh test-node-gone.sh}
+checks=${TETHER_E2E_CHECKS:-install.sh test-docs.sh test.sh test-events.sh test-thick.sh test-node-gone.sh}
 [ "${TETHER_E2E_NODE_ONLY:-0}" = 1 ] ||
   timeout -k 5 "$left" bash -c 'd=$1; shift; for c in "$@"; do bash "$d/$c" || exit; done' checks "$E2E_HERE" $checks ||
   { rc=$?; [ $rc != 124 ] || e2e_log "the checks did not finish in $left s"; exit $rc; }

@@ -4,10 +4,13 @@
 # and run as written, as root on the node with an admin kubeconfig in KUBECONFIG, as a user
 # would. What each promised is then checked, so a page that drifts from the product fails here.
 #
+#   0. docs/install.md install-apply: deploy/tether.yaml (unchanged) and the example NADs.
 #   1. README.md quick-start: tether applied (already, by install.sh: unchanged), the rollout, the
 #      example NADs, the smoke-test pod Succeeded with "PASS", `kubectl tether leases`.
 #   2. docs/recipes.md smoke-test: the same pod again, its message, deleted.
 #   3. docs/troubleshooting.md troubleshooting-installed: the agent, the files, the CRD.
+#   4. docs/install.md: install-apply (unchanged), rke2-manifests, doctor-on-node (every check
+#      passes on the example pool).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/checks.sh"
 export KUBECONFIG=$E2E_DIR/cp/guest-admin.kubeconfig
@@ -15,6 +18,13 @@ export KUBECONFIG=$E2E_DIR/cp/guest-admin.kubeconfig
 cp "$E2E_ROOT/target/image/tether" /run/e2e/bin/tether
 ln -sfn tether /run/e2e/bin/kubectl-tether
 cd "$E2E_ROOT"
+
+# docs/install.md, the long way (install.sh applied the same already: unchanged).
+OUT=$(bash -euo pipefail -c "$(python3 conformance/docs/blocks.py extract docs/install.md install-apply)" 2>&1) ||
+  { echo "$OUT" >&2; fail "docs/install.md install-apply failed as written"; }
+grep -q 'daemonset.apps/tether unchanged' <<<"$OUT" && grep -q 'networkattachmentdefinition.k8s.cni.cncf.io/mgmt-pool' <<<"$OUT" ||
+  { echo "$OUT" >&2; fail "docs/install.md install-apply did not apply tether and the NADs"; }
+pass "docs/install.md install-apply as written: deploy/tether.yaml unchanged, the example NADs"
 
 t=$(now)
 OUT=$(bash -euo pipefail -c "$(python3 conformance/docs/blocks.py extract README.md quick-start)" 2>&1) ||
@@ -37,3 +47,20 @@ grep -q "tether-.* Running .* $E2E_NODE" <<<"$OUT" && grep -q -- '-rw------- .*t
   grep -q '^ipleases.ipam.tether.dev' <<<"$OUT" ||
   { echo "$OUT" >&2; fail "docs/troubleshooting.md troubleshooting-installed does not show what the page says"; }
 pass "docs/troubleshooting.md 'is tether installed' as written: agent Running on $E2E_NODE, plugins and kubeconfig (0600), CRD"
+
+# docs/install.md on RKE2: the server's auto-deploy directory (this node is no RKE2 server: the
+# directory is made as RKE2 makes it, and the copy must be the manifest, byte for byte).
+mkdir -p /var/lib/rancher/rke2/server/manifests
+bash -euo pipefail -c "$(python3 conformance/docs/blocks.py extract docs/install.md rke2-manifests)" ||
+  fail "docs/install.md rke2-manifests failed as written"
+cmp -s deploy/tether.yaml /var/lib/rancher/rke2/server/manifests/tether.yaml ||
+  fail "docs/install.md rke2-manifests did not put deploy/tether.yaml in RKE2's manifests directory"
+rm -rf /var/lib/rancher
+pass "docs/install.md rke2-manifests as written: deploy/tether.yaml in /var/lib/rancher/rke2/server/manifests"
+
+# docs/install.md: tether doctor on the node, as root, on the example pool.
+OUT=$(bash -euo pipefail -c "$(python3 conformance/docs/blocks.py extract docs/install.md doctor-on-node)" 2>&1) ||
+  { echo "$OUT" >&2; fail "docs/install.md doctor-on-node failed as written (doctor found a fault)"; }
+grep -q 'mgmt-pool' <<<"$OUT" && grep -q 'enp5s0' <<<"$OUT" ||
+  { echo "$OUT" >&2; fail "docs/install.md doctor-on-node did not check mgmt-pool on enp5s0"; }
+pass "docs/install.md doctor-on-node as written: mgmt-pool on enp5s0 passes every check"

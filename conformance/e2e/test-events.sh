@@ -11,6 +11,8 @@
 #      (its DEL succeeds although no ADD can work with that config).
 #   5. The IPLease CRD missing (deleted, with no pod holding a tether address) → deploy/tether.yaml
 #      applied again.
+#   (After 2.) A pool address another host answers for: an AddressConflict Event on the pod, as
+#      docs/monitoring.md's commands show it.
 #   (Before 5.) Two NADs on one segment: a pod asking mgmt-fixed (the whole /24) for the address
 #      mgmt-pool gave trainer-0 is refused, naming the holder; deleting it leaves trainer-0's lease.
 # Times: fault seen (event) and fixed → Running, in $E2E_DIR/timings.txt.
@@ -111,6 +113,44 @@ if ! wait_for 60 gone etcd; then
 fi
 timing delete-failed-pod-to-gone "$(since "$t")"
 pass "etcd deleted (its DEL succeeds)"
+
+# ---- an address conflict on the wire, as docs/monitoring.md shows it -----------------------------
+# A pool whose one address another host uses (configured in netns e2e-wire): the ADD's probe is
+# answered, the address quarantined, and the node-agent posts an AddressConflict Event on the pod.
+# docs/monitoring.md's commands, run as written, show it: namespace train, pod worker-3, as there.
+K get namespace train >/dev/null 2>&1 || K create namespace train >&2
+K apply -f - >&2 <<'EOF' || fail "creating NAD train/conflict"
+apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {name: conflict, namespace: train}
+spec:
+  config: '{"cniVersion": "1.0.0", "type": "tether-ipvlan", "master": "enp5s0", "ipam": {"type": "tether-ipam", "range": "10.20.30.231-10.20.30.231/24", "gateway": "10.20.30.1", "kubernetes": {"kubeconfig": "/etc/cni/net.d/tether.d/tether.kubeconfig"}}}'
+EOF
+ip -n e2e-wire addr add 10.20.30.231/24 dev wire0
+K apply -f - >&2 <<'EOF' || fail "creating pod train/worker-3"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: worker-3
+  namespace: train
+  annotations: {k8s.v1.cni.cncf.io/networks: '[{"name": "conflict", "interface": "net1"}]'}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {name: main, image: busybox:1.35, command: ["sleep", "3600"]}
+EOF
+t=$(now)
+conflict_posted() { [ -n "$(K -n train get events --field-selector reason=AddressConflict,involvedObject.name=worker-3 -o name)" ]; }
+wait_for 150 conflict_posted || { K -n train get events >&2; fail "conflict: no AddressConflict Event on train/worker-3 within 150 s"; }
+timing conflict-create-to-event "$(since "$t")"
+OUT=$(KUBECONFIG=$E2E_DIR/cp/guest-admin.kubeconfig bash -euo pipefail -c "$(cd "$E2E_ROOT" && python3 conformance/docs/blocks.py extract docs/monitoring.md conflict-events)" 2>&1) ||
+  { echo "$OUT" >&2; fail "docs/monitoring.md conflict-events failed as written"; }
+mac=$(ip -n e2e-wire -j link show dev wire0 | jq -r '.[0].address')
+grep -q "train .*AddressConflict .*10.20.30.231.*$mac" <<<"$OUT" && grep -q "Warning  *AddressConflict" <<<"$OUT" ||
+  { echo "$OUT" >&2; fail "docs/monitoring.md conflict-events does not show the conflict of 10.20.30.231 ($mac) on train/worker-3"; }
+pass "conflict: 10.20.30.231 answered by $mac on the wire → AddressConflict Event on train/worker-3, shown by docs/monitoring.md's commands as written"
+ip -n e2e-wire addr del 10.20.30.231/24 dev wire0
+K delete namespace train --wait=false >&2
 
 # ---- one address, one holder across NADs ---------------------------------------------------------
 # mgmt-fixed spans the /24 that mgmt-pool's range is part of: the address the pool gave trainer-0

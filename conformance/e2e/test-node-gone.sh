@@ -10,6 +10,9 @@
 #
 #   1. Two pods on mgmt-pool + compute, Running, four leases Leased.
 #   2. The kubelet stopped (the node goes silent; its containers keep running), the Node deleted.
+#   Before 2, with the controller leading: the series deploy/monitoring names are served; the
+#      agent's count of CNI calls covers the kernel's trace of the plugins' execs (>= 99 %); the
+#      pages' commands for the controller's overlap Events and the lease names, as written.
 #   3. The pod GC controller deletes the node's pods; the controller releases all four leases
 #      (confirmed by a GET of each pod) within 30 s of the later of the pods' deletion and the end
 #      of the leases' grace (30 s here: these pods are young). Time from the Node's deletion.
@@ -110,6 +113,31 @@ mirrors_ended() {
 wait_for 300 mirrors_ended || fail "mirrors not ended 300 s after the controller took the lead: word '$(switch_word)' ($(K -n kube-system get configmap tether-lease-names -o jsonpath='{.data.reason}')), $(mirrors_json | jq '.items | length') mirror(s), node's switch file: $(cat /etc/cni/net.d/tether.d/lease-names.json 2>&1)"
 for a in "${ADDRS[@]}"; do assert_leased "$a" "$(lease_of "$a" | jq -r .spec.pod.name)" "$(lease_of "$a" | jq -r .spec.ifname)"; done
 pass "the controller ended the mirrors under network names (ConfigMap, objects, the node's switch file); ${ADDRS[*]} still Leased"
+
+# ---- the pages' commands for what the controller reports, as written --------------------------
+# docs/monitoring.md: a NAD of another uniqueness domain on the same master and range as
+# mgmt-pool → the leading controller's AddressDomainsOverlap Event. docs/operations.md: where the
+# lease names stand (the ConfigMap's word, no mirror left).
+ADMIN=$E2E_DIR/cp/guest-admin.kubeconfig
+K apply -f - >&2 <<'EOF' || fail "creating NAD rail-x"
+apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {name: rail-x, namespace: default}
+spec:
+  config: '{"cniVersion": "1.0.0", "type": "tether-ipvlan", "master": "enp5s0", "ipam": {"type": "tether-ipam", "range": "10.20.30.241-10.20.30.250/24", "gateway": "10.20.30.1", "isolated_fabric": "rail-x", "kubernetes": {"kubeconfig": "/etc/cni/net.d/tether.d/tether.kubeconfig"}}}'
+EOF
+overlap_posted() { [ -n "$(K get events -A --field-selector reason=AddressDomainsOverlap -o name)" ]; }
+wait_for 150 overlap_posted || { tail -20 "$W/logs/controller.log" >&2; fail "no AddressDomainsOverlap Event 150 s after NAD rail-x overlapped mgmt-pool"; }
+OUT=$(KUBECONFIG=$ADMIN bash -euo pipefail -c "$(cd "$E2E_ROOT" && python3 conformance/docs/blocks.py extract docs/monitoring.md overlap-events)" 2>&1) ||
+  { echo "$OUT" >&2; fail "docs/monitoring.md overlap-events failed as written"; }
+grep -q "AddressDomainsOverlap.*rail-x" <<<"$OUT" || { echo "$OUT" >&2; fail "docs/monitoring.md overlap-events does not show rail-x's overlap"; }
+K delete network-attachment-definition rail-x >&2
+pass "docs/monitoring.md overlap-events as written: the controller's AddressDomainsOverlap Event on rail-x"
+OUT=$(KUBECONFIG=$ADMIN bash -euo pipefail -c "$(cd "$E2E_ROOT" && python3 conformance/docs/blocks.py extract docs/operations.md lease-names-status)" 2>&1) ||
+  { echo "$OUT" >&2; fail "docs/operations.md lease-names-status failed as written"; }
+grep -q '"mirrorLegacyNames":"false"' <<<"$OUT" && [ "$(tail -n 1 <<<"$OUT")" = 0 ] ||
+  { echo "$OUT" >&2; fail "docs/operations.md lease-names-status does not show the mirrors ended"; }
+pass "docs/operations.md lease-names-status as written: mirrorLegacyNames false, 0 mirrors left"
 
 # ---- the node goes away ------------------------------------------------------------------------
 stop_pidfile "$W/pids/kubelet.pid" kubelet 20

@@ -8,8 +8,8 @@
 #   2. The three NADs of deploy/examples, unchanged: mgmt-pool (.241-.250 but .245), mgmt-fixed
 #      (the whole /24 the pool is part of, addresses named by the pod), compute (enp6s0,
 #      192.168.100.10-250).
-#   3. A StatefulSet of two trainers (net1 from the pool, net2 compute) and one fixed-address pod
-#      (net1 10.20.30.240, net2) reach Running; net1/net2 are l2 ipvlan links with the right
+#   3. The recipes of deploy/recipes, unchanged: a StatefulSet of two trainers (net1 from the pool,
+#      net2 compute) and one fixed-address pod (net1 10.20.30.240, net2) reach Running; net1/net2 are l2 ipvlan links with the right
 #      addresses; the pods ping each other over net2 and the gateway over net1; each address is
 #      Leased to its pod on this node; Multus' network-status lists them; the ADDs went through
 #      the node-agent's lease service (its metrics).
@@ -33,30 +33,10 @@ pass "NADs mgmt-pool, mgmt-fixed, compute applied from deploy/examples"
 
 # ---- 3. the training setup: a StatefulSet of trainers and a fixed-address pod ------------------
 t=$(now)
-K apply -f - >&2 <<'EOF' || fail "creating StatefulSet trainer"
-apiVersion: apps/v1
-kind: StatefulSet
-metadata: {name: trainer, namespace: default}
-spec:
-  serviceName: trainer
-  replicas: 2
-  podManagementPolicy: Parallel
-  selector: {matchLabels: {app: trainer}}
-  template:
-    metadata:
-      labels: {app: trainer}
-      annotations:
-        k8s.v1.cni.cncf.io/networks: '[{"name": "mgmt-pool", "interface": "net1"}, {"name": "compute", "interface": "net2"}]'
-    spec:
-      terminationGracePeriodSeconds: 1
-      containers:
-      - name: trainer
-        image: localhost/kubelet-lab/busybox:1.35
-        imagePullPolicy: Never
-        command: ["/bin/sh", "-c", "exec sleep 3600"]
-        env: [{name: NCCL_SOCKET_IFNAME, value: net2}]
-EOF
-busybox_pod login '[{"name": "mgmt-fixed", "interface": "net1", "ips": ["10.20.30.240/24"]}, {"name": "compute", "interface": "net2"}]'
+# The recipes of docs/recipes.md, unchanged (their busybox:1.35 is the node's local image).
+for r in trainer-statefulset fixed-address-pod; do
+  K apply -f "$E2E_ROOT/deploy/recipes/$r.yaml" >&2 || fail "kubectl apply -f deploy/recipes/$r.yaml"
+done
 pods_exist() { K -n default get pod trainer-0 trainer-1; }
 wait_for 60 pods_exist || fail "the StatefulSet controller did not create trainer-0 and trainer-1"
 wait_running "${TETHER_E2E_POD_TIMEOUT:-240}" trainer-0 trainer-1 login
@@ -267,3 +247,15 @@ burst_released() {
 wait_for 300 burst_released || fail "burst pods deleted: still Leased after 300 s: $(leases_json | jq -c '[.items[] | select(.spec.state == "Leased" and (.spec.pod.name | startswith("burst-"))) | .spec.address]')"
 timing 20-pods-deleted-to-40-leases-released "$(since "$t")"
 pass "the 20 deleted: all 40 leases Released, no pod left"
+
+# ---- docs/operations.md's CLI examples, as written, as root on the node ------------------------
+cp "$E2E_ROOT/target/image/tether" /run/e2e/bin/tether
+OUT=$(KUBECONFIG=$E2E_DIR/cp/guest-admin.kubeconfig bash -euo pipefail -c "$(cd "$E2E_ROOT" && python3 conformance/docs/blocks.py extract docs/operations.md cli-examples)" 2>&1) ||
+  { echo "$OUT" >&2; fail "docs/operations.md cli-examples failed as written"; }
+for want in "^mgmt-fixed  *10.20.30.240/24  *default/login  *net1  *e2e-node  *Leased" "kind: LeaseList" "name: trainer-0" \
+  "^mgmt-pool .*10.20.30.241-10.20.30.250" "e2e-node"; do
+  grep -q -- "$want" <<<"$OUT" || { echo "$OUT" >&2; fail "docs/operations.md cli-examples: nothing matches '$want'"; }
+done
+released=$(grep -c '^released .*(was Released' <<<"$OUT" || true)
+[ "$released" -ge 40 ] || { echo "$OUT" >&2; fail "docs/operations.md cli-examples released $released cooling leases, not the 40 of the burst"; }
+pass "docs/operations.md CLI examples as written, as root on the node: leases of this node, a pod's as YAML, the pools, by node; $released cooldowns ended"

@@ -93,6 +93,25 @@ impl WhereaboutsNs {
         }
     }
 
+    /// The same, with whereabouts' objects in `ns` (one other tests do not use).
+    fn in_namespace(
+        env: &Env,
+        ns: &'static str,
+        range: &str,
+        lease_names: &'static str,
+    ) -> WhereaboutsNs {
+        let mut wb = WhereaboutsNs::new(env, range, lease_names, json!({}));
+        let kc_path = env.dir.join("whereabouts.kubeconfig");
+        let mut kc: Value =
+            serde_saphyr::from_str(&std::fs::read_to_string(&kc_path).unwrap()).unwrap();
+        for c in kc["contexts"].as_array_mut().unwrap() {
+            c["context"]["namespace"] = json!(ns);
+        }
+        std::fs::write(&kc_path, kc.to_string()).unwrap();
+        wb.ns = ns;
+        wb
+    }
+
     /// A NAD `ns/name` of network `net` with this IPAM.
     fn nad(&mut self, env: &Env, ns: &str, name: &str, net: &str) {
         namespace(env, ns);
@@ -717,4 +736,74 @@ fn follow_imports_new_allocations_until_sigterm() {
         err.contains(&format!("imported {second} of pod {ns}/r-1")),
         "{err}"
     );
+}
+
+/// docs/operations.md's import commands, run as written: no `-n`, so whereabouts' objects are in
+/// `kube-system` (its default, which no other test uses for them); then the page's RBAC for the
+/// person running them, bound to whoever `kubectl auth whoami` says they are.
+#[test]
+#[ignore = "needs a real API server: make test starts one (../shared/peers)"]
+fn the_operations_page_imports_as_written() {
+    let env = Env::real("wbdocs");
+    let n1 = node(&env, "n1");
+    let (ns, net) = (env.name("ml"), env.name("mgmt"));
+    let mut wb = WhereaboutsNs::in_namespace(&env, "kube-system", "10.204.0.0/28", "10.204.0.");
+    wb.nad(&env, ns, "mgmt", net);
+    let uid = env.pod(ns, "wb-0", "", n1.name);
+    let address = wb.add(net, ns, "wb-0", &uid, "ctr-wb-0");
+    let kc = env.kubeconfig.to_str().unwrap();
+    let o = doc_block(
+        "docs/operations.md",
+        "import-whereabouts",
+        &[("KUBECONFIG", kc)],
+    );
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let lease = iplease(&env, &address).unwrap_or_else(|| panic!("no IPLease of {address}"));
+    assert_eq!(
+        (&lease["spec"]["state"], &lease["spec"]["pod"]["name"]),
+        (&json!("Leased"), &json!("wb-0")),
+        "{lease}"
+    );
+
+    let kubectl_as_admin = |args: &[&str]| {
+        Command::new(kubectl())
+            .args(["--kubeconfig", kc])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let binding = "tether-import-whereabouts";
+    kubectl_as_admin(&[
+        "delete",
+        "clusterrolebinding",
+        binding,
+        "--ignore-not-found",
+    ]);
+    let o = doc_block(
+        "docs/operations.md",
+        "import-whereabouts-rbac",
+        &[("KUBECONFIG", kc)],
+    );
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let me = kubectl_as_admin(&[
+        "auth",
+        "whoami",
+        "-o",
+        "jsonpath={.status.userInfo.username}",
+    ]);
+    let got: Value = serde_json::from_slice(
+        &kubectl_as_admin(&["get", "clusterrolebinding", binding, "-o", "json"]).stdout,
+    )
+    .unwrap();
+    assert_eq!(
+        (&got["roleRef"]["name"], &got["subjects"][0]["name"]),
+        (&json!(binding), &json!(stdout(&me))),
+        "{got}"
+    );
+    kubectl_as_admin(&[
+        "delete",
+        "clusterrolebinding",
+        binding,
+        "--ignore-not-found",
+    ]);
 }

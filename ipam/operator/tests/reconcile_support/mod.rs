@@ -1079,3 +1079,41 @@ pub fn kubectl_ok(args: &[&str]) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A command block of the docs (`conformance/docs/blocks.py`), run as written: by `bash -e` from
+/// the repository's root, with this build's `tether` and the peers' `kubectl` first on PATH, and
+/// nothing of this machine's cluster settings unless `env` names them.
+pub fn doc_block(file: &str, name: &str, env: &[(&str, &str)]) -> Output {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let block = Command::new("python3")
+        .arg(root.join("conformance/docs/blocks.py"))
+        .args(["extract", file, name])
+        .output()
+        .unwrap();
+    assert!(
+        block.status.success(),
+        "{file} {name}: {}",
+        String::from_utf8_lossy(&block.stderr)
+    );
+    let tether = Path::new(env!("CARGO_BIN_EXE_tether")).parent().unwrap();
+    let peers = kubectl();
+    let path = format!(
+        "{}:{}:{}",
+        tether.display(),
+        peers.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut c = Command::new("bash");
+    c.args(["-euo", "pipefail", "-c"])
+        .arg(String::from_utf8(block.stdout).unwrap())
+        .current_dir(&root)
+        .env("PATH", path)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBECONFIG")
+        .env("HOME", "/nonexistent/tether-test-home")
+        .env("TETHER_NODE_KUBECONFIG", "");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
