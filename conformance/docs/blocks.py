@@ -13,7 +13,8 @@ marker naming where it runs:
   blocks.py extract FILE NAME   print the block FILE's marker NAME precedes (for a runner)
   blocks.py check ROOT          every block has a marker, every marker a runner: a script or
                                 Makefile under ROOT that says `blocks.py extract FILE NAME`;
-                                exit 1 with what is missing
+                                and every link between the pages leads to a page and heading
+                                that exist; exit 1 with what is missing
   blocks.py list ROOT KIND      FILE NAME of every marker of KIND
 """
 import pathlib
@@ -68,8 +69,36 @@ def runners(root: pathlib.Path) -> set:
     return found
 
 
-def check(root: pathlib.Path) -> int:
+def anchors(page: pathlib.Path) -> set:
+    """The anchors of a page's headings, as GitHub makes them."""
+    out = set()
+    for line in page.read_text().splitlines():
+        m = re.match(r"^#+ (.*)", line)
+        if m:
+            out.add(re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-"))
+    return out
+
+
+def broken_links(root: pathlib.Path) -> list:
+    """Links between the pages (and to files of the repository) that lead nowhere."""
     problems = []
+    for page in pages(root):
+        for m in re.finditer(r"\]\(([^)\s]+)\)", page.read_text()):
+            target = m.group(1)
+            if re.match(r"^[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (page.parent / file).resolve() if file else page
+            rel = page.relative_to(root)
+            if not dest.exists():
+                problems.append(f"{rel}: a link to {target}, which does not exist")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                problems.append(f"{rel}: a link to {target}, a heading {dest.name} does not have")
+    return problems
+
+
+def check(root: pathlib.Path) -> int:
+    problems = broken_links(root)
     run = runners(root)
     names = set()
     for page in pages(root):
@@ -88,7 +117,7 @@ def check(root: pathlib.Path) -> int:
     for p in problems:
         print(f"docs-check: {p}", file=sys.stderr)
     if not problems:
-        print(f"docs-check: {len(names)} command blocks, each run by a test")
+        print(f"docs-check: {len(names)} command blocks, each run by a test; the links lead somewhere")
     return 1 if problems else 0
 
 

@@ -33,10 +33,10 @@ use tether_link::Netlink;
 use tether_pool::{PoolConfig, ProbeConfig, StoreKind};
 use tether_wire::{ProbeBudget, ProbeOutcome};
 
-use super::nads::{file_network, nad_networks, with_files};
+use super::nads::{nad_networks, network_of, with_files};
 use super::output::{EXIT_FAILED, EXIT_OK, Output, print_table};
 use super::overlap::findings;
-use super::store_access::{OpenStore, describe_store, read_network_config};
+use super::store_access::{NetworkFile, OpenStore, describe_store, read_network_file};
 
 struct Finding {
     check: &'static str,
@@ -97,10 +97,13 @@ pub fn run(config: &Path, max_probes: u32, output: Output) -> Result<i32, String
 }
 
 fn diagnose(path: &Path, max_probes: u32, r: &mut Report) {
-    let raw = match read_network_config(path) {
-        Ok(v) => v,
+    // Read once: the config may come on a pipe (`kubectl get net-attach-def … | tether doctor
+    // --config /dev/stdin`).
+    let file = match read_network_file(path) {
+        Ok(f) => f,
         Err(e) => return r.fail("config", e),
     };
+    let raw = file.config.clone();
     let cfg = match PoolConfig::from_value(&raw, &node_agent()) {
         Ok(c) => c,
         Err(e) => return r.fail("config", format!("{e}; fix the ipam section")),
@@ -122,7 +125,7 @@ fn diagnose(path: &Path, max_probes: u32, r: &mut Report) {
         return;
     }
 
-    let open = match OpenStore::as_the_plugin(path) {
+    let open = match OpenStore::as_the_plugin(&raw) {
         Ok(s) => s,
         Err(e) => return r.fail("store", e),
     };
@@ -161,7 +164,7 @@ fn diagnose(path: &Path, max_probes: u32, r: &mut Report) {
     }
 
     if let Some(cluster) = open.cluster() {
-        check_overlaps(cluster, path, r);
+        check_overlaps(cluster, file, path, r);
     }
 
     let Some((index, mac, name)) = master else {
@@ -216,11 +219,12 @@ fn diagnose(path: &Path, max_probes: u32, r: &mut Report) {
     }
 }
 
-/// The config at `path` against the cluster's NADs: a FAIL line per finding involving it.
-fn check_overlaps(cluster: &Cluster, path: &Path, r: &mut Report) {
+/// The config of `file` (read from `path`) against the cluster's NADs: a FAIL line per finding
+/// involving it.
+fn check_overlaps(cluster: &Cluster, file: NetworkFile, path: &Path, r: &mut Report) {
     const CHECK: &str = "overlap";
     // Parsed before (the config check): this only adds its NAD's name and master.
-    let Ok(me) = file_network(path, &node_agent()) else {
+    let Ok(me) = network_of(file, path, &node_agent()) else {
         return;
     };
     let nads = match cluster.network_attachment_definitions() {

@@ -11,7 +11,7 @@ use tether_kube_store::NadConfig;
 use tether_pool::{NodeAgent, PoolConfig};
 
 use crate::manifests::plugins_of;
-use crate::store_access::read_network_file;
+use crate::store_access::{NetworkFile, read_network_file};
 
 /// One tether-ipam configuration of a NAD.
 #[derive(Debug, Clone)]
@@ -51,7 +51,11 @@ pub fn nad_networks(nads: &[NadConfig]) -> Vec<NadNetwork> {
 /// The network of a config file as `tether validate` and `tether doctor` read it (see
 /// [`read_network_file`]): named after its NAD when the file is a NAD object, else after the file.
 pub fn file_network(path: &Path, agent: &NodeAgent) -> Result<NadNetwork, String> {
-    let file = read_network_file(path)?;
+    network_of(read_network_file(path)?, path, agent)
+}
+
+/// [`file_network`] of a file already read (a pipe reads only once).
+pub fn network_of(file: NetworkFile, path: &Path, agent: &NodeAgent) -> Result<NadNetwork, String> {
     let cfg = PoolConfig::from_value(&file.config, agent).map_err(|e| e.to_string())?;
     Ok(NadNetwork {
         nad: file.nad.unwrap_or_else(|| path.display().to_string()),

@@ -52,14 +52,9 @@ pub struct NetworkFile {
 
 /// Read a network config file: a single config, or a conflist whose plugin with an `ipam` is used,
 /// or a NetworkAttachmentDefinition object as JSON or YAML (`kubectl get net-attach-def NAME -o
-/// yaml`), whose `spec.config` is used with the NAD's name injected as Multus does.
-pub fn read_network_config(path: &Path) -> Result<Value, String> {
-    read_network_file(path).map(|f| f.config)
-}
-
-/// [`read_network_config`], and which NAD the file is, if it is one. The file holds one network:
-/// JSON or YAML, a config, a conflist or a NAD ([`read_documents`]; `tether validate` takes
-/// manifests of several).
+/// yaml`), whose `spec.config` is used with the NAD's name injected as Multus does; and which NAD
+/// the file is, if it is one. The file holds one network ([`read_documents`]; `tether validate`
+/// takes manifests of several). Read it once: it may be a pipe.
 pub fn read_network_file(path: &Path) -> Result<NetworkFile, String> {
     let mut found = read_documents(path)?.networks;
     if found.len() != 1 {
@@ -102,6 +97,8 @@ pub struct OpenStore {
     cluster: Option<Cluster>,
     /// Which store this is, and where its credentials came from, in words.
     pub description: String,
+    /// The `--config` file, read once (it may be a pipe).
+    pub config: Option<NetworkFile>,
 }
 
 impl OpenStore {
@@ -112,9 +109,10 @@ impl OpenStore {
             args.context.as_deref(),
             &Places::of_this_process(),
         )?;
-        let cfg = match &args.config {
-            Some(p) => Some(
-                PoolConfig::from_value(&read_network_config(p)?, &NodeAgent::on_every_node())
+        let config = args.config.as_deref().map(read_network_file).transpose()?;
+        let cfg = match &config {
+            Some(f) => Some(
+                PoolConfig::from_value(&f.config, &NodeAgent::on_every_node())
                     .map_err(|e| e.to_string())?,
             ),
             None => None,
@@ -142,6 +140,7 @@ impl OpenStore {
                     description: format!("the node-local file store in {} ({why})", dir.display()),
                     backend: Backend::File(FileStore::new(dir)),
                     cluster,
+                    config,
                 },
                 cfg,
             ));
@@ -186,16 +185,16 @@ impl OpenStore {
                 cluster: Some(Cluster::new(store.api().clone())),
                 backend: Backend::Kube(store),
                 description,
+                config,
             },
             cfg,
         ))
     }
 
-    /// The store `tether doctor` checks: the config's, read as the plugin on this node reads it,
-    /// with its own credentials.
-    pub fn as_the_plugin(config: &Path) -> Result<OpenStore, String> {
-        let cfg = PoolConfig::from_value(&read_network_config(config)?, &node_agent())
-            .map_err(|e| e.to_string())?;
+    /// The store `tether doctor` checks: that of `config` (read by [`read_network_file`]), as
+    /// the plugin on this node uses it, with its own credentials.
+    pub fn as_the_plugin(config: &Value) -> Result<OpenStore, String> {
+        let cfg = PoolConfig::from_value(config, &node_agent()).map_err(|e| e.to_string())?;
         match cfg.store {
             StoreKind::File => Ok(OpenStore {
                 description: format!("the node-local file store in {}", cfg.data_dir.display()),
@@ -211,6 +210,7 @@ impl OpenStore {
                     ),
                     None => None,
                 },
+                config: None,
             }),
             StoreKind::Kubernetes => {
                 let s = KubeSettings::from_kubernetes_config(cfg.kubernetes.as_ref())
@@ -220,6 +220,7 @@ impl OpenStore {
                     description: format!("the cluster store at {}", store.api().server()),
                     cluster: Some(Cluster::new(store.api().clone())),
                     backend: Backend::Kube(store),
+                    config: None,
                 })
             }
         }

@@ -208,6 +208,33 @@ fn pools_count_a_config_against_the_file_store() {
         .to_string(),
     )
     .unwrap();
+    // The config on a pipe is read once (it used to be read again for the ranges, and empty).
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tether"))
+        .args([
+            "pools",
+            "--config",
+            "/dev/stdin",
+            "--data-dir",
+            &data,
+            "-o",
+            "json",
+        ])
+        .env_remove("KUBECONFIG")
+        .env("HOME", "/nonexistent/tether-test-home")
+        .env("TETHER_NODE_KUBECONFIG", "")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(
+        &mut child.stdin.take().unwrap(),
+        &std::fs::read(&cfg).unwrap(),
+    )
+    .unwrap();
+    let piped = child.wait_with_output().unwrap();
+    assert_eq!(piped.status.code(), Some(0), "{}", stderr(&piped));
+    assert_eq!(json_out(&piped)["items"].as_array().map(Vec::len), Some(2));
     let cfg = cfg.to_str().unwrap();
     let o = tether(&["pools", "--config", cfg, "--data-dir", &data, "-o", "json"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -416,6 +443,33 @@ fn doctor_happy_path_on_lo_exits_0() {
         out.lines().skip(1).all(|l| l.starts_with("OK ")),
         "one finding per line, status first: {out}"
     );
+    // On a pipe, as the install page shows it (`kubectl get net-attach-def … | tether doctor
+    // --config /dev/stdin`): read once, every check passes (the store check read the config again
+    // and found nothing).
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tether"))
+        .args(["doctor", "--config", "/dev/stdin"])
+        .env_remove("KUBECONFIG")
+        .env("HOME", "/nonexistent/tether-test-home")
+        .env("TETHER_NODE_KUBECONFIG", "")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(
+        &mut child.stdin.take().unwrap(),
+        &std::fs::read(&nad).unwrap(),
+    )
+    .unwrap();
+    let piped = child.wait_with_output().unwrap();
+    let piped_out = stdout(&piped);
+    assert_eq!(
+        piped.status.code(),
+        Some(0),
+        "{piped_out}{}",
+        stderr(&piped)
+    );
+    assert_eq!(findings(&piped_out, "OK", "store").len(), 1, "{piped_out}");
     let o = tether(&["doctor", "--config", nad.to_str().unwrap(), "-o", "json"]);
     assert_eq!(o.status.code(), Some(0));
     assert!(

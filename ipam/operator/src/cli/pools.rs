@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tether_leases::{Lease, RangeStatus};
 use tether_pool::{NodeAgent, StoreKind};
 
-use crate::nads::{NadNetwork, file_network, nad_networks};
+use crate::nads::{NadNetwork, nad_networks, network_of};
 use crate::output::{EXIT_OK, ListOutput, print_items, print_table};
 use crate::pool_usage::{NetworkOfNads, one_per_network, usage};
 use crate::store_access::{Backend, OpenStore, StoreArgs};
@@ -68,9 +68,10 @@ fn count(n: u128) -> Value {
 
 /// The networks to count: `--config`'s, else the cluster's NADs.
 fn networks(args: &PoolsArgs, open: &OpenStore) -> Result<Vec<NetworkOfNads>, String> {
-    let nets: Vec<NadNetwork> = match &args.store.config {
-        Some(p) => vec![file_network(p, &NodeAgent::on_every_node())?],
-        None => {
+    let nets: Vec<NadNetwork> = match (&args.store.config, &open.config) {
+        // The file `OpenStore::open` read: read again, a pipe would be empty.
+        (Some(p), Some(file)) => vec![network_of(file.clone(), p, &NodeAgent::on_every_node())?],
+        _ => {
             let cluster = open.cluster().ok_or(
                 "tether pools needs the networks' ranges: from the cluster's NADs (no cluster credentials were found) \
                  or from --config FILE",
