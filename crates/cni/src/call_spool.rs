@@ -51,6 +51,36 @@ pub struct CallRecord {
     pub seconds: f64,
 }
 
+/// What one invocation was, for its record: known once the dispatcher is done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub verb: &'static str,
+    /// Empty until the configuration was read.
+    pub network: String,
+    pub code: u32,
+}
+
+impl Call {
+    /// Leave this call's record (`seconds` from the plugin's start to its reply) in the spool,
+    /// when the node has one. A failure here never fails the call: it is only logged.
+    pub fn leave_record(self, plugin: &str, seconds: f64) {
+        let Some(path) = spool_path() else {
+            return;
+        };
+        let record = CallRecord {
+            plugin: plugin.to_string(),
+            verb: self.verb.to_string(),
+            network: self.network,
+            code: self.code,
+            seconds,
+        };
+        if let Err(e) = Spool::existing(&path).and_then(|s| s.map(|s| s.write(&record)).transpose())
+        {
+            log::debug!("not recording this call for the node-agent: {e}");
+        }
+    }
+}
+
 /// The spool directory this process should use: `$TETHER_CALL_SPOOL`, else [`SPOOL_DIR`]; `None`
 /// when the variable is set empty.
 pub fn spool_path() -> Option<PathBuf> {
