@@ -343,3 +343,31 @@ fn each_call_leaves_one_record_for_the_node_agent() {
     want.sort();
     assert_eq!(seen, want);
 }
+
+/// An environment variable that is not UTF-8 (a runtime may pass any bytes) never keeps the plugin
+/// from answering with one JSON object: VERSION answers, and a CNI variable with such bytes is
+/// refused with code 4, naming it.
+#[test]
+fn an_environment_that_is_not_utf8_still_gets_one_json_answer() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let net = Net::new(json!({"range": "10.1.2.0/24"}));
+    let mut c = net.command("VERSION", None);
+    c.env("JUNK", OsStr::from_bytes(b"\xff\xfe"));
+    let o = Out::from(
+        "VERSION".into(),
+        run_with_stdin(&mut c, br#"{"cniVersion":"1.0.0"}"#),
+    );
+    assert_eq!(o.expect_ok()["cniVersion"], "1.0.0");
+    let mut c = net.command("ADD", Some(&Att::new("c1")));
+    c.env("CNI_IFNAME", OsStr::from_bytes(b"net\xff"));
+    let o = Out::from(
+        "ADD".into(),
+        run_with_stdin(&mut c, net.conf().to_string().as_bytes()),
+    );
+    let msg = o.expect_err(4);
+    assert!(
+        msg.contains("CNI_IFNAME") && msg.contains("not valid UTF-8"),
+        "{msg}"
+    );
+}

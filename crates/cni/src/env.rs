@@ -97,10 +97,19 @@ pub struct Env {
 impl Env {
     /// Read and validate the variables `command` needs from `vars`.
     pub fn from_vars(command: Command, vars: &HashMap<String, String>) -> Result<Env, CniError> {
-        let get = |k: &str| vars.get(k).filter(|v| !v.is_empty()).cloned();
+        // The dispatcher reads the environment with invalid UTF-8 replaced (U+FFFD): a CNI
+        // variable so spoilt is refused here, naming it.
+        let get = |k: &str| -> Result<Option<String>, CniError> {
+            match vars.get(k).filter(|v| !v.is_empty()) {
+                Some(v) if v.contains(char::REPLACEMENT_CHARACTER) => Err(CniError::invalid_env(
+                    format!("{k} is not valid UTF-8 ({v:?}); the runtime must pass text"),
+                )),
+                v => Ok(v.cloned()),
+            }
+        };
         let needs_attachment = matches!(command, Command::Add | Command::Del | Command::Check);
         let require = |k: &str| -> Result<String, CniError> {
-            get(k).ok_or_else(|| {
+            get(k)?.ok_or_else(|| {
                 CniError::invalid_env(format!("{k} is not set; {} needs it", command.as_str()))
             })
         };
@@ -116,14 +125,14 @@ impl Env {
         };
         let netns = match command {
             Command::Add | Command::Check => Some(PathBuf::from(require("CNI_NETNS")?)),
-            Command::Del => get("CNI_NETNS").map(PathBuf::from),
+            Command::Del => get("CNI_NETNS")?.map(PathBuf::from),
             _ => None,
         };
-        let args = match get("CNI_ARGS") {
+        let args = match get("CNI_ARGS")? {
             Some(s) => CniArgs::parse(&s)?,
             None => CniArgs::default(),
         };
-        let path = get("CNI_PATH")
+        let path = get("CNI_PATH")?
             .map(|p| {
                 p.split(':')
                     .filter(|s| !s.is_empty())
@@ -219,6 +228,30 @@ mod tests {
         }
         let env = Env::from_vars(Command::Add, &vars(&full)).unwrap();
         assert_eq!(env.ifname(), "net1");
+    }
+
+    #[test]
+    fn a_cni_variable_that_was_not_utf8_is_refused_by_name() {
+        for (k, v) in [
+            ("CNI_IFNAME", "net\u{FFFD}"),
+            ("CNI_CONTAINERID", "c\u{FFFD}1"),
+            ("CNI_ARGS", "K8S_POD_NAME=\u{FFFD}"),
+            ("CNI_PATH", "/opt/cni/\u{FFFD}"),
+        ] {
+            let mut all = vars(&[
+                ("CNI_CONTAINERID", "c1"),
+                ("CNI_NETNS", "/run/netns/x"),
+                ("CNI_IFNAME", "net1"),
+            ]);
+            all.insert(k.to_string(), v.to_string());
+            let e = Env::from_vars(Command::Add, &all).unwrap_err();
+            assert_eq!(e.code, 4, "{k}");
+            assert!(
+                e.msg.contains(k) && e.msg.contains("not valid UTF-8"),
+                "{}",
+                e.msg
+            );
+        }
     }
 
     #[test]

@@ -75,7 +75,7 @@ pub fn run_main<P: Plugin>(plugin: &P) -> ! {
     crate::logging::install(plugin.name());
     // A panic becomes a CNI error below; the hook only logs it, without a backtrace on the runtime's stderr.
     std::panic::set_hook(Box::new(|info| log::error!("internal error: {info}")));
-    let vars: HashMap<String, String> = std::env::vars().collect();
+    let vars = environment();
     let served = serve(
         plugin,
         &vars,
@@ -91,6 +91,19 @@ pub fn run_main<P: Plugin>(plugin: &P) -> ! {
         call.leave_record(plugin.name(), seconds);
     }
     std::process::exit(served.status)
+}
+
+/// The process's environment as text, for reading and for a delegate. `std::env::vars` panics on
+/// a variable that is not UTF-8, before any reply could be printed; such a value is taken with its
+/// invalid bytes replaced (U+FFFD) instead: a CNI variable so spoilt is refused with code 4
+/// ([`Env::from_vars`]), any other reaches a delegate so.
+fn environment() -> HashMap<String, String> {
+    std::env::vars_os()
+        .map(|(k, v)| {
+            let text = |s: std::ffi::OsString| s.to_string_lossy().into_owned();
+            (text(k), text(v))
+        })
+        .collect()
 }
 
 /// What [`serve`] did: the exit status, what a successful ADD keeps until the reply is out, and

@@ -62,7 +62,7 @@ pub struct Out {
 }
 
 impl Out {
-    fn from(what: String, o: Output) -> Out {
+    pub fn from(what: String, o: Output) -> Out {
         Out {
             code: o.status.code(),
             stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
