@@ -76,11 +76,14 @@ impl Delegation<'_> {
                 format!("cannot execute {}: {e}", bin.display()),
             )
         })?;
-        // A plugin that exits without reading stdin gives EPIPE here; its exit status tells the story.
-        // (A config fits the pipe's buffer, so this does not wait for the plugin.)
-        let _ = child.stdin.take().expect("piped").write_all(self.stdin);
+        // What the pipe takes now is written now; the rest (a GC's list of attachments can be
+        // MiB) while the replies are read, so a delegate that writes to stderr before it reads
+        // stdin cannot stall with us. A plugin that exits without reading stdin gives EPIPE:
+        // its exit status tells the story.
+        let feed = Feed::start(child.stdin.take().expect("piped"), self.stdin);
         Ok(Running {
             child,
+            feed,
             bin,
             plugin: plugin.to_string(),
             command,
@@ -97,6 +100,8 @@ impl Delegation<'_> {
 #[derive(Debug)]
 pub struct Running {
     child: std::process::Child,
+    /// Stdin still to write, if the pipe did not take it all at the start.
+    feed: Option<Feed>,
     bin: PathBuf,
     plugin: String,
     command: Command,
@@ -152,7 +157,7 @@ impl Running {
         let (Some(out), Some(err)) = (self.child.stdout.take(), self.child.stderr.take()) else {
             unreachable!("spawn pipes stdout and stderr")
         };
-        let (stdout, stderr) = read_both(out, err).map_err(|e| {
+        let (stdout, stderr) = exchange(self.feed.take(), out, err).map_err(|e| {
             CniError::new(
                 code::DELEGATE_FAILED,
                 format!("reading the output of {}: {e}", self.bin.display()),
@@ -186,6 +191,7 @@ impl Replied {
                     bin,
                     plugin,
                     command,
+                    ..
                 },
             stdout,
             stderr,
@@ -241,8 +247,54 @@ fn read_some(
     }
 }
 
-/// Read two pipes to their ends at once.
-fn read_both(
+/// A delegate's stdin still to write: the pipe, non-blocking, and what is left.
+#[derive(Debug)]
+struct Feed {
+    pipe: std::process::ChildStdin,
+    rest: Vec<u8>,
+}
+
+impl Feed {
+    /// Write what the pipe takes now; the rest, if any, to be written by [`exchange`].
+    fn start(mut pipe: std::process::ChildStdin, bytes: &[u8]) -> Option<Feed> {
+        use std::os::fd::AsRawFd;
+        let fd = pipe.as_raw_fd();
+        // SAFETY: F_GETFL/F_SETFL on a descriptor `pipe` owns.
+        let nonblocking = unsafe {
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            fl >= 0 && libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) == 0
+        };
+        if !nonblocking {
+            // Cannot happen on a fresh pipe; blocking is what the caller had before.
+            let _ = pipe.write_all(bytes);
+            return None;
+        }
+        let mut feed = Feed {
+            pipe,
+            rest: bytes.to_vec(),
+        };
+        feed.write_some().then_some(feed)
+    }
+
+    /// Write as much as the pipe takes; true while something is left to write.
+    fn write_some(&mut self) -> bool {
+        while !self.rest.is_empty() {
+            match self.pipe.write(&self.rest) {
+                Ok(n) => drop(self.rest.drain(..n)),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+                // EPIPE: the plugin stopped reading; its exit status says why.
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+}
+
+/// Write the rest of stdin (closing it when done, so the plugin sees its end) while reading
+/// stdout and stderr to their ends, all at once.
+fn exchange(
+    mut feed: Option<Feed>,
     mut out: std::process::ChildStdout,
     mut err: std::process::ChildStderr,
 ) -> std::io::Result<(Vec<u8>, Vec<u8>)> {
@@ -262,9 +314,14 @@ fn read_both(
                 events: libc::POLLIN,
                 revents: 0,
             },
+            libc::pollfd {
+                fd: feed.as_ref().map_or(-1, |f| f.pipe.as_raw_fd()),
+                events: libc::POLLOUT,
+                revents: 0,
+            },
         ];
-        // SAFETY: two valid pollfd entries (a negative fd is ignored by poll).
-        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
+        // SAFETY: three valid pollfd entries (a negative fd is ignored by poll).
+        if unsafe { libc::poll(fds.as_mut_ptr(), 3, -1) } < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() == std::io::ErrorKind::Interrupted {
                 continue;
@@ -276,6 +333,10 @@ fn read_both(
         }
         if err_open && fds[1].revents != 0 {
             err_open = read_some(&mut err, &mut buf, &mut stderr)?;
+        }
+        if fds[2].revents != 0 && !feed.as_mut().is_some_and(Feed::write_some) {
+            // All written (dropped: the plugin reads its end), or it stopped reading.
+            feed = None;
         }
     }
     Ok((stdout, stderr))
@@ -303,225 +364,4 @@ fn spawn(process: &mut Process) -> std::io::Result<std::process::Child> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::fs::PermissionsExt;
-
-    fn script(dir: &Path, name: &str, body: &str) {
-        let p = dir.join(name);
-        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-
-    fn tempdir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("tether-delegate-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-
-    #[test]
-    fn passes_stdin_and_env_and_reads_result() {
-        let d = tempdir("ok");
-        // Echo stdin back as part of a result, proving the bytes arrived unchanged.
-        script(
-            &d,
-            "fake",
-            r#"in=$(cat); [ "$CNI_COMMAND" = ADD ] || exit 9; [ "$CNI_CONTAINERID" = c1 ] || exit 8; printf '{"cniVersion":"1.1.0","ips":[{"address":"10.0.0.2/24"}],"dns":{"domain":"%s"}}' "$(printf %s "$in" | md5sum | cut -c1-8)""#,
-        );
-        let vars: HashMap<String, String> =
-            [("CNI_CONTAINERID".to_string(), "c1".to_string())].into();
-        let stdin = br#"{"odd": "bytes",   "kept":true}"#;
-        let path = vec![PathBuf::from("/nonexistent"), d.clone()];
-        let r = Delegation {
-            path: &path,
-            vars: &vars,
-            stdin,
-        }
-        .add("fake")
-        .unwrap();
-        assert_eq!(r.ips[0].address.to_string(), "10.0.0.2/24");
-        let expect = {
-            let out = Process::new("sh")
-                .arg("-c")
-                .arg("printf %s \"$0\" | md5sum | cut -c1-8")
-                .arg(std::str::from_utf8(stdin).unwrap())
-                .output()
-                .unwrap();
-            String::from_utf8(out.stdout).unwrap().trim().to_string()
-        };
-        assert_eq!(r.dns.domain.as_deref(), Some(expect.as_str()));
-    }
-
-    #[test]
-    fn delegate_error_comes_back_unchanged() {
-        let d = tempdir("err");
-        script(
-            &d,
-            "fake",
-            r#"cat >/dev/null; echo '{"cniVersion":"1.1.0","code":102,"msg":"range 10.0.0.0/30 exhausted","details":"2 leased"}'; exit 1"#,
-        );
-        let vars = HashMap::new();
-        let path = vec![d.clone()];
-        let e = Delegation {
-            path: &path,
-            vars: &vars,
-            stdin: b"{}",
-        }
-        .add("fake")
-        .unwrap_err();
-        assert_eq!(
-            (e.code, e.msg.as_str(), e.details.as_str()),
-            (102, "range 10.0.0.0/30 exhausted", "2 leased")
-        );
-        script(&d, "crash", "echo boom >&2; exit 3");
-        let e = Delegation {
-            path: &path,
-            vars: &vars,
-            stdin: b"{}",
-        }
-        .exec("crash", Command::Del)
-        .unwrap_err();
-        assert_eq!(e.code, code::DELEGATE_FAILED);
-        assert!(e.details.contains("boom"));
-    }
-
-    #[test]
-    fn early_result_comes_at_eof_and_the_exit_is_checked_after() {
-        let d = tempdir("early");
-        let done = d.join("exited");
-        // Prints its Result, closes its output, and only exits when the caller lets it (a fifo), so
-        // the Result cannot have been waited for with the exit.
-        let gate = d.join("gate");
-        assert!(
-            Process::new("mkfifo")
-                .arg(&gate)
-                .status()
-                .unwrap()
-                .success()
-        );
-        let body = format!(
-            r#"cat >/dev/null; echo '{{"cniVersion":"1.1.0","ips":[{{"address":"10.0.0.2/24"}}]}}'; exec >&- 2>&-; read x <'{}'; touch '{}'; exit "$x""#,
-            gate.display(),
-            done.display()
-        );
-        script(&d, "fake", &body);
-        let vars = HashMap::new();
-        let path = vec![d.clone()];
-        for (status, ok) in [("0", true), ("4", false)] {
-            let _ = std::fs::remove_file(&done);
-            let running = Delegation {
-                path: &path,
-                vars: &vars,
-                stdin: b"{}",
-            }
-            .spawn("fake", Command::Add)
-            .unwrap();
-            let (r, _, exit) = running.early_result().unwrap();
-            assert_eq!(r.ips[0].address.to_string(), "10.0.0.2/24");
-            assert!(!done.exists(), "the Result came before the plugin exited");
-            std::fs::write(&gate, format!("{status}\n")).unwrap();
-            let checked = exit.check();
-            assert!(done.exists());
-            match checked {
-                Ok(()) => assert!(ok),
-                Err(e) => assert!(
-                    !ok && e.code == code::DELEGATE_FAILED && e.msg.contains("exit status: 4"),
-                    "{e:?}"
-                ),
-            }
-        }
-    }
-
-    #[test]
-    fn early_result_of_a_failed_add_is_its_error() {
-        let d = tempdir("earlyerr");
-        script(
-            &d,
-            "fake",
-            r#"cat >/dev/null; echo '{"cniVersion":"1.1.0","code":102,"msg":"exhausted"}'; exit 1"#,
-        );
-        script(&d, "garbage", "cat >/dev/null; echo not-json");
-        script(
-            &d,
-            "zero",
-            r#"cat >/dev/null; echo '{"cniVersion":"1.1.0","code":11,"msg":"try later"}'"#,
-        );
-        let vars = HashMap::new();
-        let path = vec![d.clone()];
-        let e = Delegation {
-            path: &path,
-            vars: &vars,
-            stdin: b"{}",
-        }
-        .spawn("fake", Command::Add)
-        .unwrap()
-        .early_result()
-        .unwrap_err();
-        assert_eq!((e.code, e.msg.as_str()), (102, "exhausted"));
-        let e = Delegation {
-            path: &path,
-            vars: &vars,
-            stdin: b"{}",
-        }
-        .spawn("zero", Command::Add)
-        .unwrap()
-        .early_result()
-        .unwrap_err();
-        assert_eq!(
-            (e.code, e.msg.as_str()),
-            (11, "try later"),
-            "an error object with exit status 0 is still the error"
-        );
-        let e = Delegation {
-            path: &path,
-            vars: &vars,
-            stdin: b"{}",
-        }
-        .spawn("garbage", Command::Add)
-        .unwrap()
-        .early_result()
-        .unwrap_err();
-        assert!(
-            e.code == code::DELEGATE_FAILED && e.msg.contains("unreadable result"),
-            "{e:?}"
-        );
-    }
-
-    #[test]
-    fn missing_plugin_names_it_and_the_path() {
-        let vars = HashMap::new();
-        let path = vec![PathBuf::from("/nonexistent-dir")];
-        let e = Delegation {
-            path: &path,
-            vars: &vars,
-            stdin: b"{}",
-        }
-        .find("tether-ipam")
-        .unwrap_err();
-        assert_eq!(e.code, code::DELEGATE_FAILED);
-        assert!(e.msg.contains("tether-ipam") && e.details.contains("/nonexistent-dir"));
-        assert_eq!(
-            Delegation {
-                path: &[],
-                vars: &vars,
-                stdin: b"{}"
-            }
-            .find("x")
-            .unwrap_err()
-            .code,
-            4
-        );
-        assert_eq!(
-            Delegation {
-                path: &path,
-                vars: &vars,
-                stdin: b"{}"
-            }
-            .find("../x")
-            .unwrap_err()
-            .code,
-            7
-        );
-    }
-}
+mod tests;
