@@ -142,11 +142,7 @@ impl Spool {
         let name = format!("{nanos}-{pid}{RECORD_SUFFIX}");
         let mut line = serde_json::to_vec(record).expect("a record serializes");
         line.push(b'\n');
-        let written = self
-            .dir
-            .open_file(&part, Open::Replace)?
-            .expect("Replace always opens")
-            .write_all(&line);
+        let written = self.dir.open_file(&part, Open::Replace)?.write_all(&line);
         if let Err(source) = written {
             let _ = self.dir.remove(&part);
             return Err(TrustError::Io {
@@ -199,7 +195,7 @@ impl Spool {
     }
 
     fn read_record(&self, name: &str) -> Option<CallRecord> {
-        let file = self.dir.open_file(name, Open::Read).ok()??;
+        let file = self.dir.read_file(name).ok()??;
         let mut text = String::new();
         file.take(MAX_RECORD).read_to_string(&mut text).ok()?;
         serde_json::from_str(text.trim_end()).ok()
@@ -208,7 +204,7 @@ impl Spool {
     fn is_stale_part(&self, name: &str) -> bool {
         let modified = self
             .dir
-            .open_file(name, Open::Read)
+            .read_file(name)
             .ok()
             .flatten()
             .and_then(|f| f.metadata().ok())

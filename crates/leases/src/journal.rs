@@ -196,10 +196,7 @@ impl FileJournal {
         list: impl FnOnce() -> Result<Vec<Lease>, StoreError>,
     ) -> Result<(), StoreError> {
         let d = self.net(network, true)?.expect("created");
-        let lock = d
-            .open_file(LOCK, Open::Lock)
-            .map_err(JournalError::Dir)?
-            .expect("a lock file is created");
+        let lock = d.open_file(LOCK, Open::Lock).map_err(JournalError::Dir)?;
         lock.lock().map_err(Self::write_err(&d.join(LOCK)))?;
         if d.is_file(COMPLETE) {
             return Ok(());
@@ -251,7 +248,7 @@ impl FileJournal {
 
     fn read_entry(d: &TrustedDir, name: &str) -> Result<Option<JournalEntry>, JournalError> {
         let path = d.join(name);
-        let Some(mut f) = d.open_file(name, Open::Read).map_err(JournalError::Dir)? else {
+        let Some(mut f) = d.read_file(name).map_err(JournalError::Dir)? else {
             return Ok(None);
         };
         let mut b = Vec::new();
@@ -371,8 +368,7 @@ impl AttachmentIndex for FileJournal {
         let write = || -> Result<(), JournalError> {
             let mut f = d
                 .open_file(&tmp, Open::Replace)
-                .map_err(JournalError::Dir)?
-                .expect("a temporary file is created");
+                .map_err(JournalError::Dir)?;
             f.write_all(&body).map_err(Self::write_err(&d.join(&tmp)))?;
             // No fsync: the journal guards against a killed process (the page cache survives
             // it); after a power loss the pods are re-created and the reconciler reclaims.

@@ -108,19 +108,25 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> TrustEr
     }
 }
 
-/// How a file is opened in a [`TrustedDir`].
+/// How a file is opened for writing in a [`TrustedDir`] ([`TrustedDir::open_file`]); reading
+/// and creating a file only once have methods of their own, as they may find no file to open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Open {
-    /// Read only; a missing file is `Ok(None)`.
-    Read,
     /// Read and write, created (mode 0600) when missing, never truncated: a lock file.
     Lock,
     /// Write, created (0600) or truncated: a temporary file to be renamed in place.
     Replace,
     /// Append, created (given mode) when missing: a log file.
     Append(u32),
-    /// Write, created (0600) only when missing (`O_EXCL`): a marker that something happened
-    /// once. An existing file is `Ok(None)`.
+}
+
+/// Every way [`TrustedDir`] opens a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum How {
+    Write(Open),
+    /// Read only; a missing file is `Ok(None)`.
+    Read,
+    /// Write, created (0600) only when missing (`O_EXCL`); an existing file is `Ok(None)`.
     CreateNew,
 }
 
@@ -382,29 +388,53 @@ impl TrustedDir {
         Ok(TrustedDir { fd, path })
     }
 
-    /// Open the regular file `name` here, never through a symlink. `Open::Read` of a missing
-    /// file is `Ok(None)`.
-    pub fn open_file(&self, name: &str, how: Open) -> Result<Option<File>, TrustError> {
+    /// Open the regular file `name` here for writing, never through a symlink; it is created
+    /// when missing.
+    pub fn open_file(&self, name: &str, how: Open) -> Result<File, TrustError> {
+        let path = self.path.join(name);
+        // Never None: writing creates the file.
+        self.open_as(name, How::Write(how))?
+            .ok_or_else(|| TrustError::UnfitFile {
+                path,
+                reason: "was not created".into(),
+            })
+    }
+
+    /// Open the regular file `name` here for reading, never through a symlink; `Ok(None)` when
+    /// there is none.
+    pub fn read_file(&self, name: &str) -> Result<Option<File>, TrustError> {
+        self.open_as(name, How::Read)
+    }
+
+    /// Create the file `name` here (0600) if it is not there yet: a marker that something
+    /// happened once. `Ok(None)` when it was there already.
+    pub fn create_new(&self, name: &str) -> Result<Option<File>, TrustError> {
+        self.open_as(name, How::CreateNew)
+    }
+
+    fn open_as(&self, name: &str, how: How) -> Result<Option<File>, TrustError> {
         let path = self.path.join(name);
         check_name(name, &path)?;
         let base = OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
         let (flags, mode) = match how {
-            Open::Read => (base | OFlag::O_RDONLY, 0),
-            Open::Lock => (base | OFlag::O_RDWR | OFlag::O_CREAT, 0o600),
-            Open::Replace => (
+            How::Read => (base | OFlag::O_RDONLY, 0),
+            How::Write(Open::Lock) => (base | OFlag::O_RDWR | OFlag::O_CREAT, 0o600),
+            How::Write(Open::Replace) => (
                 base | OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC,
                 0o600,
             ),
-            Open::Append(m) => (base | OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_APPEND, m),
-            Open::CreateNew => (
+            How::Write(Open::Append(m)) => {
+                (base | OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_APPEND, m)
+            }
+            How::CreateNew => (
                 base | OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
                 0o600,
             ),
         };
         let fd = match openat(&self.fd, name, flags, Mode::from_bits_truncate(mode)) {
             Ok(fd) => fd,
-            Err(Errno::ENOENT) if how == Open::Read => return Ok(None),
-            Err(Errno::EEXIST) if how == Open::CreateNew => return Ok(None),
+            Err(Errno::ENOENT) if how == How::Read => return Ok(None),
+            Err(Errno::EEXIST) if how == How::CreateNew => return Ok(None),
             Err(Errno::ELOOP) => {
                 return Err(TrustError::UnfitFile {
                     path,
@@ -435,7 +465,7 @@ impl TrustedDir {
             });
         }
         // A file of ours that an older version (or a umask) left wider than asked.
-        if matches!(how, Open::Lock | Open::Replace) && st.st_mode & 0o7777 != mode {
+        if matches!(how, How::Write(Open::Lock | Open::Replace)) && st.st_mode & 0o7777 != mode {
             nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(mode))
                 .map_err(io_err("chmod", &path))?;
         }
@@ -574,7 +604,7 @@ pub fn open_in_trusted_dir(
     path: &Path,
     place: Place,
     how: Open,
-) -> Result<Option<File>, TrustError> {
+) -> Result<File, TrustError> {
     check_file_place(key, path, place)?;
     let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(OsStr::to_str)) else {
         return Err(TrustError::Unfit {

@@ -36,19 +36,19 @@ fn creates_checks_and_round_trips() {
             & 0o777,
         0o700
     );
-    let mut f = t.open_file(".x.tmp", Open::Replace).unwrap().unwrap();
+    let mut f = t.open_file(".x.tmp", Open::Replace).unwrap();
     f.write_all(b"state").unwrap();
     drop(f);
     t.rename(".x.tmp", "x.json").unwrap();
     t.sync().unwrap();
     let mut s = String::new();
-    t.open_file("x.json", Open::Read)
+    t.read_file("x.json")
         .unwrap()
         .unwrap()
         .read_to_string(&mut s)
         .unwrap();
     assert_eq!(s, "state");
-    assert!(t.open_file("missing", Open::Read).unwrap().is_none());
+    assert!(t.read_file("missing").unwrap().is_none());
     assert_eq!(t.entries().unwrap(), vec![OsString::from("x.json")]);
     t.remove("x.json").unwrap();
     t.remove("x.json").unwrap();
@@ -93,9 +93,9 @@ fn refuses_writable_directories_symlinks_and_pseudo_filesystems() {
     );
     // A directory where a file belongs; a FIFO (would block a reader).
     std::fs::create_dir(d.join("data/dir.json")).unwrap();
-    assert!(t.open_file("dir.json", Open::Read).is_err());
+    assert!(t.read_file("dir.json").is_err());
     nix::unistd::mkfifo(&d.join("data/fifo.json"), Mode::from_bits_truncate(0o600)).unwrap();
-    let e = t.open_file("fifo.json", Open::Read).unwrap_err();
+    let e = t.read_file("fifo.json").unwrap_err();
     assert!(e.to_string().contains("not a regular file"), "{e}");
     for p in [
         "/proc/self",
@@ -109,7 +109,7 @@ fn refuses_writable_directories_symlinks_and_pseudo_filesystems() {
         assert!(e.to_string().contains("ipam.dataDir"), "{e}");
     }
     for n in ["", ".", "..", "a/b"] {
-        assert!(t.open_file(n, Open::Read).is_err(), "{n:?}");
+        assert!(t.read_file(n).is_err(), "{n:?}");
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
@@ -147,7 +147,7 @@ fn a_symlinked_configured_path_is_resolved_once() {
     std::fs::create_dir(d.join("real")).unwrap();
     symlink(d.join("real"), d.join("alias")).unwrap();
     let t = TrustedDir::open("ipam.dataDir", &d.join("alias/state"), Place::State, true).unwrap();
-    t.open_file("f", Open::Lock).unwrap().unwrap();
+    t.open_file("f", Open::Lock).unwrap();
     assert!(d.join("real/state/f").is_file());
     std::fs::remove_dir_all(&d).unwrap();
 }
@@ -204,8 +204,8 @@ fn a_refusal_never_lists_the_refused_place_as_allowed() {
 fn create_new_creates_once() {
     let d = scratch("once");
     let t = TrustedDir::open("ipam.dataDir", &d.join("data"), Place::State, true).unwrap();
-    assert!(t.open_file("said", Open::CreateNew).unwrap().is_some());
-    assert!(t.open_file("said", Open::CreateNew).unwrap().is_none());
+    assert!(t.create_new("said").unwrap().is_some());
+    assert!(t.create_new("said").unwrap().is_none());
     let mode = std::fs::metadata(d.join("data/said"))
         .unwrap()
         .permissions()
@@ -214,7 +214,7 @@ fn create_new_creates_once() {
     assert_eq!(mode, 0o600);
     // A symlink in its place is not followed: it counts as there, and nothing is created.
     symlink(d.join("elsewhere"), d.join("data/link")).unwrap();
-    assert!(t.open_file("link", Open::CreateNew).unwrap().is_none());
+    assert!(t.create_new("link").unwrap().is_none());
     assert!(!d.join("elsewhere").exists());
     std::fs::remove_dir_all(&d).unwrap();
 }

@@ -7,7 +7,7 @@
 //! concurrent calls say it once between them; removing the marker says it again.
 
 use tether_leases::file_stem;
-use tether_trusted_fs::{Open, TrustedDir};
+use tether_trusted_fs::TrustedDir;
 
 /// The directory of the markers, under `dataDir`.
 pub const NOTICES_DIR: &str = "notices";
@@ -19,7 +19,7 @@ pub fn warn_once(data_dir: &TrustedDir, what: &str, network: &str, text: impl Fn
     let name = format!("{what}.{}", file_stem(network));
     let first = data_dir
         .subdir(NOTICES_DIR, true)
-        .and_then(|d| d.open_file(&name, Open::CreateNew));
+        .and_then(|d| d.create_new(&name));
     match first {
         Ok(Some(_)) => log::warn!("{} (said once for this network on this node)", text()),
         Ok(None) => {}

@@ -315,8 +315,7 @@ fn lock_in(dir: &TrustedDir, stem: &str) -> Result<File, FileStoreError> {
     let name = format!("{stem}.lock");
     let file = dir
         .open_file(&name, Open::Lock)
-        .map_err(FileStoreError::Dir)?
-        .expect("a lock file is created");
+        .map_err(FileStoreError::Dir)?;
     loop {
         match file.lock() {
             Ok(()) => return Ok(file),
@@ -336,10 +335,7 @@ const DATA_DIR_KEY: &str = "ipam.dataDir";
 
 /// The whole of `name` in `dir`, or `None` when there is no such file.
 fn read_file(dir: &TrustedDir, name: &str) -> Result<Option<Vec<u8>>, FileStoreError> {
-    let Some(mut f) = dir
-        .open_file(name, Open::Read)
-        .map_err(FileStoreError::Dir)?
-    else {
+    let Some(mut f) = dir.read_file(name).map_err(FileStoreError::Dir)? else {
         return Ok(None);
     };
     let mut bytes = Vec::new();

@@ -226,8 +226,7 @@ pub(super) fn save(
     {
         let mut f = dir
             .open_file(&tmp, Open::Replace)
-            .map_err(FileStoreError::Dir)?
-            .expect("a temporary file is created");
+            .map_err(FileStoreError::Dir)?;
         f.write_all(&bytes).map_err(werr(dir.join(&tmp)))?;
         f.sync_all().map_err(werr(dir.join(&tmp)))?;
     }

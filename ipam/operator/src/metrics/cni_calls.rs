@@ -171,8 +171,7 @@ impl CniCalls {
         let dir = self.0.spool.dir();
         let lock = dir
             .open_file(TALLY_LOCK, Open::Lock)
-            .map_err(|e| e.to_string())?
-            .expect("Lock always opens");
+            .map_err(|e| e.to_string())?;
         lock.lock()
             .map_err(|e| format!("locking {}: {e}", dir.join(TALLY_LOCK).display()))?;
         let mut tally = self.read_kept()?;
@@ -208,10 +207,7 @@ impl CniCalls {
 
     fn read_kept(&self) -> Result<Tally, String> {
         let dir = self.0.spool.dir();
-        let Some(mut file) = dir
-            .open_file(TALLY, Open::Read)
-            .map_err(|e| e.to_string())?
-        else {
+        let Some(mut file) = dir.read_file(TALLY).map_err(|e| e.to_string())? else {
             return Ok(Tally::default());
         };
         let mut text = String::new();
@@ -236,8 +232,7 @@ impl CniCalls {
         let text = serde_json::to_vec(tally).expect("a tally serializes");
         let mut part = dir
             .open_file(TALLY_PART, Open::Replace)
-            .map_err(|e| e.to_string())?
-            .expect("Replace always opens");
+            .map_err(|e| e.to_string())?;
         part.write_all(&text)
             .map_err(|e| format!("writing {}: {e}", dir.join(TALLY_PART).display()))?;
         dir.rename(TALLY_PART, TALLY).map_err(|e| e.to_string())
