@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tether_leases::StoreError;
+use tether_leases::{BackendFailure, StoreError};
 
 use tether_pool::NODE_KUBECONFIG;
 
@@ -280,11 +280,8 @@ impl KubeStoreError {
 
 impl From<KubeStoreError> for StoreError {
     fn from(e: KubeStoreError) -> StoreError {
-        StoreError::Backend {
-            message: e.to_string(),
-            transient: e.is_transient(),
-            source: Some(Box::new(e)),
-        }
+        let transient = e.is_transient();
+        StoreError::Backend(BackendFailure::new(e, transient))
     }
 }
 
@@ -292,10 +289,8 @@ impl KubeStoreError {
     /// The store error inside a [`StoreError::Backend`], if it is one of ours.
     pub fn from_store_error(e: &StoreError) -> Option<&KubeStoreError> {
         match e {
-            StoreError::Backend {
-                source: Some(s), ..
-            } => s.downcast_ref::<KubeStoreError>(),
-            _ => None,
+            StoreError::Backend(f) => f.downcast_ref::<KubeStoreError>(),
+            StoreError::Invalid(_) => None,
         }
     }
 }

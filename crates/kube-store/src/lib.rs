@@ -34,7 +34,7 @@
 //! Errors ([`KubeStoreError`]) say what to do — the CRD is missing (names
 //! [`crd::CRD_MANIFEST`] and the `kubectl apply` command), RBAC forbids a verb (names verb and
 //! resource), the API server is unreachable or too slow, TLS failed, the kubeconfig is missing
-//! or invalid — and convert into [`tether_leases::StoreError::Backend`] with `transient` set for
+//! or invalid — and convert into [`tether_leases::StoreError::Backend`], transient for
 //! unreachable, timed-out and 429/5xx answers. Every call is bounded by one budget per store
 //! ([`KubeSettings::timeout`], default 10 s), so a pod sandbox never hangs on the IPAM.
 

@@ -10,8 +10,8 @@ use kube::core::Request;
 use kube::core::params::{DeleteParams, ListParams, Preconditions, VersionMatch};
 use serde_json::Value;
 use tether_leases::{
-    AttachmentIndex, CasResult, FileJournal, JournalBacked, Lease, LeaseStore, PodRef, Scope,
-    StoreError, Taken, validate_claim,
+    AttachmentIndex, BackendFailure, CasResult, FileJournal, JournalBacked, Lease, LeaseStore,
+    PodRef, Scope, StoreError, Taken, validate_claim,
 };
 
 use crate::api::{ApiClient, RequestCounts, Verb};
@@ -431,15 +431,12 @@ impl LeaseStore for KubeStore {
             Some(node) => Ok(self
                 .list_network_node(&scope.network, node, Kinds::Leases)?
                 .into_iter()
-                .filter(|l| {
-                    naming_of(l) != Naming::Domain || l.in_domain(scope.domain.as_deref())
-                })
+                .filter(|l| naming_of(l) != Naming::Domain || l.in_domain(scope.domain.as_deref()))
                 .collect()),
-            None => Err(StoreError::Backend {
-                message: "GC with the Kubernetes store needs this node's name (NODE_NAME or the hostname) so it only judges this node's leases".into(),
-                transient: false,
-                source: None,
-            }),
+            None => Err(StoreError::Backend(BackendFailure::new(
+                "GC with the Kubernetes store needs this node's name (NODE_NAME or the hostname) so it only judges this node's leases",
+                false,
+            ))),
         }
     }
 

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use tether_kube_store::{Kinds, Naming, convert::naming_of};
 use tether_kube_store::{KubeSettings, KubeStore};
 use tether_leases::{
-    AttachmentIndex, CasResult, FileJournal, JournalBacked, Lease, LeaseStore, PodRef, Scope,
-    StoreError, Taken, validate_claim,
+    AttachmentIndex, BackendFailure, CasResult, FileJournal, JournalBacked, Lease, LeaseStore,
+    PodRef, Scope, StoreError, Taken, validate_claim,
 };
 use tether_trusted_fs::{Place, TrustedDir};
 
@@ -193,11 +193,7 @@ enum Via<'a, D> {
 }
 
 fn failed(message: String, transient: bool) -> StoreError {
-    StoreError::Backend {
-        message,
-        transient,
-        source: None,
-    }
+    StoreError::Backend(BackendFailure::new(message, transient))
 }
 
 impl ServedStore<KubeStore> {

@@ -37,7 +37,7 @@ use tether_trusted_fs::{Open, Place, TrustError, TrustedDir};
 
 use crate::file::file_stem;
 use crate::model::{Lease, PodRef};
-use crate::store::{AttachmentIndex, JournalEntry, Lookup, StoreError};
+use crate::store::{AttachmentIndex, BackendFailure, JournalEntry, Lookup, StoreError};
 
 /// Errors of the journal files.
 #[derive(Debug, thiserror::Error)]
@@ -69,11 +69,8 @@ pub enum JournalError {
 
 impl From<JournalError> for StoreError {
     fn from(e: JournalError) -> StoreError {
-        StoreError::Backend {
-            message: e.to_string(),
-            transient: matches!(&e, JournalError::Dir(t) if t.is_transient()),
-            source: Some(Box::new(e)),
-        }
+        let transient = matches!(&e, JournalError::Dir(t) if t.is_transient());
+        StoreError::Backend(BackendFailure::new(e, transient))
     }
 }
 

@@ -44,23 +44,12 @@ impl fmt::Display for Taken {
 /// Errors of a lease store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// A backend failed with an error of its own that says what went wrong (e.g. the node-local
-    /// file store: [`FileStoreError::from_store_error`](crate::FileStoreError::from_store_error)
-    /// gets it back); shown as it is.
+    /// A backend failed with an error of its own that says what went wrong, shown as it is;
+    /// the backend gets it back (e.g.
+    /// [`FileStoreError::from_store_error`](crate::FileStoreError::from_store_error)) and says
+    /// whether retrying later may succeed (CNI code 11).
     #[error(transparent)]
-    Failed(BackendFailure),
-    /// Another backend (e.g. Kubernetes) failed. `transient` marks errors worth retrying
-    /// (CNI code 11).
-    #[error("lease store: {message}")]
-    Backend {
-        /// What failed, for the operator.
-        message: String,
-        /// Retrying later may succeed.
-        transient: bool,
-        /// Underlying error.
-        #[source]
-        source: Option<Box<dyn Error + Send + Sync>>,
-    },
+    Backend(BackendFailure),
     /// A caller broke the store contract (a bug, not an operator problem).
     #[error("lease store misuse: {0}")]
     Invalid(String),
@@ -70,14 +59,13 @@ impl StoreError {
     /// Worth retrying later (CNI code 11)?
     pub fn is_transient(&self) -> bool {
         match self {
-            StoreError::Failed(e) => e.is_transient(),
-            StoreError::Backend { transient, .. } => *transient,
+            StoreError::Backend(e) => e.is_transient(),
             StoreError::Invalid(_) => false,
         }
     }
 }
 
-/// A backend's own error inside [`StoreError::Failed`]: displayed as it is (its `source` is the
+/// A backend's own error inside [`StoreError::Backend`]: displayed as it is (its `source` is the
 /// error's own), and classified transient or permanent by the backend that raised it.
 #[derive(Debug)]
 pub struct BackendFailure {

@@ -10,9 +10,9 @@ use std::net::IpAddr;
 
 use common::*;
 use tether_leases::{
-    AllocError, Allocator, Attachment, AttachmentIndex, CasResult, FakeClock, FileJournal,
-    FileStore, JournalEntry, Lease, LeaseState, LeaseStore, NoProbe, PodRef, Policy, Scope,
-    ScriptedProber, StoreError, Taken, walk_start,
+    AllocError, Allocator, Attachment, AttachmentIndex, BackendFailure, CasResult, FakeClock,
+    FileJournal, FileStore, JournalEntry, Lease, LeaseState, LeaseStore, NoProbe, PodRef, Policy,
+    Scope, ScriptedProber, StoreError, Taken, walk_start,
 };
 
 const NET: &str = "mgmt";
@@ -62,11 +62,10 @@ impl Node {
 
     fn reach(&self) -> Result<(), StoreError> {
         if self.away.get() {
-            return Err(StoreError::Backend {
-                message: "the API server did not answer within 10 s".into(),
-                transient: true,
-                source: None,
-            });
+            return Err(StoreError::Backend(BackendFailure::new(
+                "the API server did not answer within 10 s",
+                true,
+            )));
         }
         Ok(())
     }

@@ -297,13 +297,10 @@ fn bind(socket: &Path) -> Result<UnixListener, String> {
 }
 
 fn failure(e: StoreError) -> Reply {
-    let transient = e.is_transient();
-    // The client turns the message back into a store error, which says "lease store:" itself.
-    let message = match e {
-        StoreError::Backend { message, .. } => message,
-        other => other.to_string(),
-    };
-    Reply::Failed { transient, message }
+    Reply::Failed {
+        transient: e.is_transient(),
+        message: e.to_string(),
+    }
 }
 
 impl Shared {

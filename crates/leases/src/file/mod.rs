@@ -136,7 +136,7 @@ impl FileStoreError {
     /// The file store error inside a [`StoreError`], if it is one.
     pub fn from_store_error(e: &StoreError) -> Option<&FileStoreError> {
         match e {
-            StoreError::Failed(f) => f.downcast_ref::<FileStoreError>(),
+            StoreError::Backend(f) => f.downcast_ref::<FileStoreError>(),
             _ => None,
         }
     }
@@ -146,7 +146,7 @@ impl FileStoreError {
 impl From<FileStoreError> for StoreError {
     fn from(e: FileStoreError) -> StoreError {
         let transient = e.is_transient();
-        StoreError::Failed(BackendFailure::new(e, transient))
+        StoreError::Backend(BackendFailure::new(e, transient))
     }
 }
 

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tether_leases::{AddRequest, CasResult, Lease, LeaseStore, PodRef, Scope, StoreError, Taken};
+use tether_leases::{
+    AddRequest, BackendFailure, CasResult, Lease, LeaseStore, PodRef, Scope, StoreError, Taken,
+};
 use tether_pool::{IpRange, RequestedIp};
 
 /// `network` in the cluster-wide domain.
@@ -94,11 +96,10 @@ impl<S: LeaseStore> FlakyStore<S> {
     }
     fn check(&self, a: IpAddr) -> Result<(), StoreError> {
         if self.fail.lock().unwrap().contains(&a) {
-            Err(StoreError::Backend {
-                message: format!("injected failure on {a}"),
-                transient: false,
-                source: None,
-            })
+            Err(StoreError::Backend(BackendFailure::new(
+                format!("injected failure on {a}"),
+                false,
+            )))
         } else {
             Ok(())
         }
