@@ -89,11 +89,6 @@ impl Delegation<'_> {
             command,
         })
     }
-
-    /// ADD through the delegate, reading its Result in whatever layout it printed.
-    pub fn add(&self, plugin: &str) -> Result<CniResult, CniError> {
-        self.spawn(plugin, Command::Add)?.result().map(|(r, _)| r)
-    }
 }
 
 /// A delegated plugin under way ([`Delegation::spawn`]).

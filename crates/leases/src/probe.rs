@@ -2,7 +2,6 @@
 //! and outside any store lock; a later implementation sends ARP/NDP probes.
 
 use std::collections::HashMap;
-use std::io;
 use std::net::IpAddr;
 use std::sync::Mutex;
 
@@ -23,14 +22,6 @@ pub enum ProbeOutcome {
 /// A probe could not be carried out.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
-    /// A socket or system call failed.
-    #[error("{what}: {source}")]
-    Io {
-        /// What was being done.
-        what: String,
-        /// Cause.
-        source: io::Error,
-    },
     /// Anything else, as text.
     #[error("{0}")]
     Failed(String),

@@ -34,7 +34,8 @@ fn passes_stdin_and_env_and_reads_result() {
         vars: &vars,
         stdin,
     }
-    .add("fake")
+    .spawn("fake", Command::Add)
+    .and_then(|r| r.result().map(|(r, _)| r))
     .unwrap();
     assert_eq!(r.ips[0].address.to_string(), "10.0.0.2/24");
     let expect = {
@@ -94,7 +95,8 @@ fn delegate_error_comes_back_unchanged() {
         vars: &vars,
         stdin: b"{}",
     }
-    .add("fake")
+    .spawn("fake", Command::Add)
+    .and_then(|r| r.result().map(|(r, _)| r))
     .unwrap_err();
     assert_eq!(
         (e.code, e.msg.as_str(), e.details.as_str()),

@@ -143,24 +143,9 @@ impl<'a> Allocator<'a> {
         )
     }
 
-    /// The network name.
-    pub fn network(&self) -> &str {
-        &self.scope.network
-    }
-
     /// The network and its domain.
     pub fn scope(&self) -> &Scope {
         &self.scope
-    }
-
-    /// The ranges.
-    pub fn ranges(&self) -> &[IpRange] {
-        &self.ranges
-    }
-
-    /// The policy.
-    pub fn policy(&self) -> &Policy {
-        &self.policy
     }
 
     /// The range entry a record belongs to: its recorded `range_index` if that range still
