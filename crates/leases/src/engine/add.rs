@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use tether_pool::RequestedIp;
 
 use super::call::{Call, Journaling, Written};
-use super::claim::Claimed;
+use super::claim::{Claimed, Wire};
 use super::{AllocError, Allocator};
 use crate::model::{Lease, LeaseState, PodRef};
 use crate::store::JournalEntry;
@@ -27,6 +27,13 @@ pub struct AddRequest {
     pub node: Option<String>,
     /// Requested addresses (at most one per range entry).
     pub requested: Vec<RequestedIp>,
+}
+
+/// Whose journal records [`Allocator::find_held`] looks among.
+#[derive(Debug, Clone, Copy)]
+enum Holder {
+    ThisAttachment,
+    PodsOtherSandboxes,
 }
 
 impl Allocator<'_> {
@@ -216,21 +223,20 @@ impl Allocator<'_> {
     }
 
     /// A record of range `i` satisfying `pred`: from the snapshot, or (point mode) among the
-    /// journal's records of this attachment (`mine`) or of the pod's other sandboxes.
+    /// journal's records of `whose` attachments.
     fn find_held(
         &self,
         call: &mut Call<'_>,
         i: usize,
-        mine: bool,
+        whose: Holder,
         pred: impl Fn(&Lease) -> bool,
     ) -> Result<Option<Lease>, AllocError> {
         let Some(j) = &call.journal else {
             return Ok(self.find(&call.view, i, pred));
         };
-        let entries: Vec<JournalEntry> = if mine {
-            j.lookup.mine.iter().cloned().collect()
-        } else {
-            j.lookup.same_pod.clone()
+        let entries: Vec<JournalEntry> = match whose {
+            Holder::ThisAttachment => j.lookup.mine.iter().cloned().collect(),
+            Holder::PodsOtherSandboxes => j.lookup.same_pod.clone(),
         };
         Ok(self
             .journaled(call, i, &entries)?
@@ -303,7 +309,7 @@ impl Allocator<'_> {
         wanted: Option<RequestedIp>,
         call: &mut Call<'_>,
     ) -> Result<Option<Lease>, AllocError> {
-        let Some(l) = self.find_held(call, i, true, |l| {
+        let Some(l) = self.find_held(call, i, Holder::ThisAttachment, |l| {
             l.is_leased() && l.is_attachment(&req.container_id, &req.ifname)
         })?
         else {
@@ -330,7 +336,7 @@ impl Allocator<'_> {
         req: &AddRequest,
         call: &mut Call<'_>,
     ) -> Result<Option<Lease>, AllocError> {
-        let Some(old) = self.find_held(call, i, false, |l| {
+        let Some(old) = self.find_held(call, i, Holder::PodsOtherSandboxes, |l| {
             l.is_leased()
                 && l.pod.same_pod(&req.pod)
                 && l.ifname == req.ifname
@@ -341,7 +347,7 @@ impl Allocator<'_> {
         };
         let new = self.new_lease(req, old.address, old.prefix_len, i, self.clock.now());
         let from = old.container_id.clone();
-        let Claimed::Got(l) = self.claim(i, new, Some(old), false, call)? else {
+        let Claimed::Got(l) = self.claim(i, new, Some(old), Wire::Ours, call)? else {
             return Ok(None);
         };
         log::info!(
@@ -411,7 +417,7 @@ impl Allocator<'_> {
         };
         let now = self.clock.now();
         let new = self.new_lease(req, old.address, self.ranges[i].prefix_len(), i, now);
-        Ok(match self.claim(i, new, Some(old), true, call)? {
+        Ok(match self.claim(i, new, Some(old), Wire::Probe, call)? {
             Claimed::Got(l) => Some(l),
             Claimed::Lost | Claimed::InUse(_) => None,
         })
@@ -445,11 +451,11 @@ impl Allocator<'_> {
                         });
                     }
                     // Same pod, new sandbox: take it over without probing.
-                    self.claim(i, new, current, false, call)?
+                    self.claim(i, new, current, Wire::Ours, call)?
                 }
                 // Free, released or quarantined: an explicit request overrides cooldown and
                 // quarantine, but is probed.
-                _ => self.claim(i, new, current, true, call)?,
+                _ => self.claim(i, new, current, Wire::Probe, call)?,
             };
             match outcome {
                 Claimed::Got(l) => return Ok(l),

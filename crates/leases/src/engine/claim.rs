@@ -7,6 +7,15 @@ use crate::model::{Lease, LeaseState};
 use crate::probe::ProbeOutcome;
 use crate::store::Taken;
 
+/// Whether a claimed address is probed on the wire first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Wire {
+    /// A new holder: something on the segment may use the address.
+    Probe,
+    /// The attachment's own address (a re-created sandbox of the same pod): it answers for it.
+    Ours,
+}
+
 /// What became of one claim.
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Claimed {
@@ -16,14 +25,15 @@ pub(super) enum Claimed {
 }
 
 impl Allocator<'_> {
-    /// Claim one record; probe it (when `probe`) with no lock held; quarantine it on conflict.
+    /// Claim one record; probe it (unless it is [`Wire::Ours`]) with no lock held; quarantine
+    /// it on conflict.
     /// With a journal, the address is recorded for this attachment before it is claimed.
     pub(super) fn claim(
         &self,
         i: usize,
         new: Lease,
         expected: Option<Lease>,
-        probe: bool,
+        wire: Wire,
         call: &mut Call<'_>,
     ) -> Result<Claimed, AllocError> {
         let address = new.address;
@@ -49,7 +59,7 @@ impl Allocator<'_> {
             now: got.clone(),
             prev: expected,
         });
-        if !probe {
+        if wire == Wire::Ours {
             return Ok(Claimed::Got(got));
         }
         match self.prober.probe(address, &self.ranges[i]) {

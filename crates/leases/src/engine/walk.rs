@@ -9,7 +9,7 @@ use tether_pool::IpRange;
 
 use super::add::AddRequest;
 use super::call::Call;
-use super::claim::Claimed;
+use super::claim::{Claimed, Wire};
 use super::{AllocError, Allocator};
 use crate::model::{Lease, LeaseState, PodRef};
 use tether_stable_hash::{fnv1a64, mix64};
@@ -148,7 +148,7 @@ impl Allocator<'_> {
                 },
             };
             let new = self.new_lease(req, cand, prefix, i, self.clock.now());
-            match self.claim(i, new, expected, true, call)? {
+            match self.claim(i, new, expected, Wire::Probe, call)? {
                 Claimed::Got(l) => return Ok(Some(l)),
                 Claimed::Lost => {}
                 Claimed::InUse(mac) => conflicts.add(self, range, cand, mac)?,
@@ -190,7 +190,7 @@ impl Allocator<'_> {
         }
         let prefix = self.ranges[i].prefix_len();
         let new = self.new_lease(req, cand, prefix, i, self.clock.now());
-        Ok(match self.claim(i, new, None, true, call)? {
+        Ok(match self.claim(i, new, None, Wire::Probe, call)? {
             Claimed::Got(l) => Touched::Got(l),
             Claimed::InUse(mac) => Touched::InUse(mac),
             Claimed::Lost => {
@@ -236,7 +236,7 @@ impl Allocator<'_> {
                     },
                 };
                 let new = self.new_lease(req, cand, prefix, i, self.clock.now());
-                match self.claim(i, new, expected, true, call)? {
+                match self.claim(i, new, expected, Wire::Probe, call)? {
                     Claimed::Got(l) => return Ok(l),
                     Claimed::Lost => continue,
                     Claimed::InUse(mac) => conflicts.add(self, range, cand, mac)?,
@@ -282,7 +282,7 @@ impl Allocator<'_> {
                 continue;
             }
             let new = self.new_lease(req, old.address, range.prefix_len(), i, self.clock.now());
-            match self.claim(i, new, Some(cur), true, call)? {
+            match self.claim(i, new, Some(cur), Wire::Probe, call)? {
                 Claimed::Got(l) => {
                     if matches!(old.state, LeaseState::Released { at } if now < at.saturating_add(self.policy.cooldown_s))
                     {
