@@ -41,7 +41,7 @@ pub const ANSWER_WAIT: Duration = Duration::from_secs(3);
 
 /// A connection to the node-agent's lease service that welcomed one store.
 #[derive(Debug)]
-pub struct Link {
+pub struct AgentConnection {
     stream: UnixStream,
     node: String,
 }
@@ -55,11 +55,15 @@ enum Gone {
     Unanswered(String),
 }
 
-impl Link {
+impl AgentConnection {
     /// Connect to the service at `socket` and ask it to serve `store`. `Err`: why not (no agent
     /// there, a socket or directory someone else controls, another store or protocol): the
     /// caller takes the direct path.
-    pub fn open(socket: &Path, store: &StoreIdentity, wait: Duration) -> Result<Link, String> {
+    pub fn open(
+        socket: &Path,
+        store: &StoreIdentity,
+        wait: Duration,
+    ) -> Result<AgentConnection, String> {
         let (dir, name) = socket_place(socket)?;
         // Only a socket root owns, in a directory only root controls: a local user must not be
         // able to stand in for the agent.
@@ -72,7 +76,7 @@ impl Link {
         let stream =
             connect_now(&path).map_err(|e| format!("connecting to {}: {e}", socket.display()))?;
         check_peer(&stream).map_err(|e| format!("{}: {e}", socket.display()))?;
-        let mut link = Link {
+        let mut link = AgentConnection {
             stream,
             node: String::new(),
         };
@@ -164,7 +168,7 @@ type Connect<D> = Box<dyn Fn(Duration) -> Result<D, StoreError> + Send + Sync>;
 
 /// The cluster lease store of one CNI call; see the module docs.
 pub struct ServedStore<D: Direct = KubeStore> {
-    link: Mutex<Option<Link>>,
+    link: Mutex<Option<AgentConnection>>,
     direct: OnceLock<D>,
     connect: Connect<D>,
     journal: FileJournal,
@@ -201,7 +205,7 @@ impl ServedStore<KubeStore> {
     /// link was opened); directly with the same settings and what is left of the budget. Needs
     /// the node journal's directory ([`KubeSettings::journal_dir`]).
     pub fn new(
-        link: Link,
+        link: AgentConnection,
         settings: KubeSettings,
         started: Instant,
     ) -> Result<ServedStore, StoreError> {
@@ -226,7 +230,7 @@ impl ServedStore<KubeStore> {
 impl<D: Direct> ServedStore<D> {
     /// Through `link`, with `journal`, until `deadline`; `connect` opens the direct path.
     pub fn with_direct(
-        link: Link,
+        link: AgentConnection,
         journal: FileJournal,
         deadline: Instant,
         connect: Connect<D>,
@@ -455,7 +459,7 @@ impl<D: Direct> JournalBacked for ServedStore<D> {
 pub fn open_served(socket: &Path, settings: &KubeSettings) -> Option<ServedStore> {
     // The call's budget includes the hello.
     let started = Instant::now();
-    let link = match Link::open(socket, &identity(settings), WELCOME_WAIT) {
+    let link = match AgentConnection::open(socket, &identity(settings), WELCOME_WAIT) {
         Ok(l) => l,
         Err(why) => {
             log::debug!("not through the node-agent: {why}");

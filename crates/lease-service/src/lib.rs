@@ -15,7 +15,7 @@ pub mod network_cache;
 pub mod protocol;
 pub mod server;
 
-pub use client::{Link, ServedStore, open_served};
+pub use client::{AgentConnection, ServedStore, open_served};
 pub use network_cache::NetworkGauge;
 pub use protocol::{DEFAULT_SOCKET, SOCKET_ENV, socket_path};
 pub use server::{LeaseService, ServiceGauges, ServiceOptions, ServiceStats};

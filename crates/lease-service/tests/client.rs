@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tether_lease_service::client::{Direct, Link, ServedStore};
+use tether_lease_service::client::{AgentConnection, Direct, ServedStore};
 use tether_lease_service::protocol::{
     MAX_REQUEST, PROTOCOL, Reply, Request, StoreIdentity, read_frame, write_frame,
 };
@@ -224,7 +224,7 @@ fn setup(tag: &str, script: Vec<Step>) -> Setup {
     let backend = Backend(Arc::new(FileStore::new(dir.0.join("backend"))));
     let socket = dir.0.join("leases.sock");
     let agent = agent(&socket, backend.clone(), script);
-    let link = Link::open(&socket, &identity(), Duration::from_secs(2)).unwrap();
+    let link = AgentConnection::open(&socket, &identity(), Duration::from_secs(2)).unwrap();
     let connects = Arc::new(AtomicUsize::new(0));
     let (b, c) = (backend.clone(), connects.clone());
     let store = ServedStore::with_direct(
@@ -412,20 +412,20 @@ fn only_roots_socket_in_roots_directory_is_used() {
     );
     // A directory others may write: someone could have put the socket there.
     std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let e = Link::open(&socket, &identity(), Duration::from_secs(1)).unwrap_err();
+    let e = AgentConnection::open(&socket, &identity(), Duration::from_secs(1)).unwrap_err();
     assert!(e.contains("writable by others"), "{e}");
     std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o700)).unwrap();
     // A socket of another user's.
     std::os::unix::fs::chown(&socket, Some(65534), None).unwrap();
-    let e = Link::open(&socket, &identity(), Duration::from_secs(1)).unwrap_err();
+    let e = AgentConnection::open(&socket, &identity(), Duration::from_secs(1)).unwrap_err();
     assert!(e.contains("no socket of root's"), "{e}");
     std::os::unix::fs::chown(&socket, Some(0), None).unwrap();
     // The real one is welcome.
-    let l = Link::open(&socket, &identity(), Duration::from_secs(1)).unwrap();
+    let l = AgentConnection::open(&socket, &identity(), Duration::from_secs(1)).unwrap();
     assert_eq!(l.node(), NODE);
     drop(l);
     assert_eq!(t.join().unwrap(), 0);
     // Nothing listening: no agent, no wait.
-    let gone = Link::open(&socket, &identity(), Duration::from_secs(1)).unwrap_err();
+    let gone = AgentConnection::open(&socket, &identity(), Duration::from_secs(1)).unwrap_err();
     assert!(gone.contains("connecting"), "{gone}");
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tether_kube_store::KubeSettings;
 
-use tether_lease_service::client::{Link, identity};
+use tether_lease_service::client::{AgentConnection, identity};
 use tether_lease_service::protocol::{
     MAX_REPLY, PROTOCOL, Reply, Request, read_frame, write_frame,
 };
@@ -68,7 +68,8 @@ fn the_socket_is_roots_alone_and_a_stopping_service_leaves_its_successors_socket
         "a directory made for the socket is root's alone"
     );
     let settings = on_gpu_1(&kc);
-    let link = Link::open(&socket, &identity(&settings), Duration::from_secs(2)).unwrap();
+    let link =
+        AgentConnection::open(&socket, &identity(&settings), Duration::from_secs(2)).unwrap();
     assert_eq!(link.node(), "gpu-1");
     drop(link);
 
@@ -79,7 +80,8 @@ fn the_socket_is_roots_alone_and_a_stopping_service_leaves_its_successors_socket
         socket.exists(),
         "the old service left its successor's socket"
     );
-    let link = Link::open(&socket, &identity(&settings), Duration::from_secs(2)).unwrap();
+    let link =
+        AgentConnection::open(&socket, &identity(&settings), Duration::from_secs(2)).unwrap();
     assert_eq!(link.node(), "gpu-1", "and the successor answers on it");
     drop(link);
     new.stop(Duration::from_secs(1));
@@ -94,7 +96,8 @@ fn the_socket_is_roots_alone_and_a_stopping_service_leaves_its_successors_socket
 fn connections_one_after_another_reuse_one_worker_and_at_once_get_one_each() {
     let d = dir("workers");
     let (svc, socket, settings) = running(&d);
-    let open = || Link::open(&socket, &identity(&settings), Duration::from_secs(2)).unwrap();
+    let open =
+        || AgentConnection::open(&socket, &identity(&settings), Duration::from_secs(2)).unwrap();
     let workers = || {
         svc.stats()
             .workers
@@ -107,7 +110,7 @@ fn connections_one_after_another_reuse_one_worker_and_at_once_get_one_each() {
     }
     assert_eq!(workers(), 1, "one worker for calls one after another");
     // Eight calls at once: eight connections served together.
-    let links: Vec<Link> = (0..8).map(|_| open()).collect();
+    let links: Vec<AgentConnection> = (0..8).map(|_| open()).collect();
     assert_eq!(links.len(), 8);
     assert!(
         (8..=9).contains(&workers()),
@@ -182,10 +185,11 @@ fn without_a_node_bound_credential_only_a_plugin_naming_the_agents_node_is_serve
     // Its direct path would write "gpu-2" on its leases (NODE_NAME or hostname): served, they
     // would say "gpu-1".
     settings.node = Some("gpu-2".into());
-    let e = Link::open(&socket, &identity(&settings), Duration::from_secs(2)).unwrap_err();
+    let e =
+        AgentConnection::open(&socket, &identity(&settings), Duration::from_secs(2)).unwrap_err();
     assert!(e.contains("\"gpu-1\"") && e.contains("\"gpu-2\""), "{e}");
     settings.node = Some("gpu-1".into());
-    assert!(Link::open(&socket, &identity(&settings), Duration::from_secs(2)).is_ok());
+    assert!(AgentConnection::open(&socket, &identity(&settings), Duration::from_secs(2)).is_ok());
     svc.stop(Duration::from_secs(1));
     let _ = std::fs::remove_dir_all(&d);
 }
@@ -220,7 +224,7 @@ fn an_agent_that_does_not_accept_never_holds_a_plugin_up() {
     std::thread::spawn(move || {
         // Past the queue's length: a blocking connect would wait here for ever.
         let outcomes: Vec<_> = (0..6)
-            .map(|_| Link::open(&sock, &id, Duration::from_millis(50)).map(|_| ()))
+            .map(|_| AgentConnection::open(&sock, &id, Duration::from_millis(50)).map(|_| ()))
             .collect();
         let _ = tx.send(outcomes);
     });

@@ -213,7 +213,7 @@ pub fn schedule(budget: Duration, attempts: u32) -> Vec<Duration> {
 
 /// A link as a probe needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Interface {
+pub struct LinkFacts {
     pub index: u32,
     /// None unless the link is Ethernet.
     pub mac: Option<crate::frame::Mac>,
@@ -224,7 +224,7 @@ pub struct Interface {
 /// Look up the link `name` in the calling thread's netns; None if there is none. Three ioctls on a
 /// throwaway AF_UNIX socket, where an rtnetlink request would open a netlink socket and build and
 /// parse a full link message: this is on the path of every probing ADD.
-pub fn interface(name: &str) -> io::Result<Option<Interface>> {
+pub fn link_facts(name: &str) -> io::Result<Option<LinkFacts>> {
     // SAFETY: ifreq is plain old data, valid all zero.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     if name.is_empty() || name.len() >= req.ifr_name.len() || name.contains('\0') {
@@ -259,7 +259,7 @@ pub fn interface(name: &str) -> io::Result<Option<Interface>> {
     let hw = unsafe { req.ifr_ifru.ifru_hwaddr };
     let mac =
         (hw.sa_family == libc::ARPHRD_ETHER).then(|| std::array::from_fn(|i| hw.sa_data[i] as u8));
-    Ok(Some(Interface { index, mac, up }))
+    Ok(Some(LinkFacts { index, mac, up }))
 }
 
 #[cfg(test)]
@@ -268,10 +268,10 @@ mod interface_tests {
 
     #[test]
     fn loopback_and_absent_links() {
-        let lo = interface("lo").unwrap().expect("every netns has lo");
+        let lo = link_facts("lo").unwrap().expect("every netns has lo");
         assert_eq!((lo.index, lo.mac), (1, None));
-        assert_eq!(interface("tether-none0").unwrap(), None);
-        assert_eq!(interface("").unwrap(), None);
-        assert_eq!(interface("a-name-longer-than-ifnamsiz").unwrap(), None);
+        assert_eq!(link_facts("tether-none0").unwrap(), None);
+        assert_eq!(link_facts("").unwrap(), None);
+        assert_eq!(link_facts("a-name-longer-than-ifnamsiz").unwrap(), None);
     }
 }

@@ -98,7 +98,7 @@ pub enum Store {
 /// May a call use the node-agent's lease service? STATUS may not: it tells the runtime whether
 /// this plugin can serve an ADD by itself, which is the direct path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Path {
+pub enum Route {
     /// Through the node-agent when it answers.
     AgentFirst,
     /// Straight to the API server.
@@ -106,7 +106,7 @@ pub enum Path {
 }
 
 impl Store {
-    pub fn open(cfg: &PoolConfig, path: Path) -> Result<Store, CniError> {
+    pub fn open(cfg: &PoolConfig, route: Route) -> Result<Store, CniError> {
         // Both stores keep files under dataDir (state, or the node journal): checked first, so a
         // directory someone else could write is refused (code 7) before anything is read.
         let files = FileStore::new(cfg.data_dir.clone());
@@ -147,8 +147,8 @@ impl Store {
                 // keeps mirrors (the agent's own store does on the served path).
                 let mirrors = s.kubeconfig.as_deref().is_some_and(mirrors_wanted);
                 s.legacy_mirrors = LegacyMirrors::new(mirrors);
-                let served = match (path, socket_path()) {
-                    (Path::AgentFirst, Some(socket)) => open_served(&socket, &s),
+                let served = match (route, socket_path()) {
+                    (Route::AgentFirst, Some(socket)) => open_served(&socket, &s),
                     _ => None,
                 };
                 match served {
@@ -215,11 +215,11 @@ impl Drop for Context {
 }
 
 impl Context {
-    fn new(req: &Request, path: Path) -> Result<Context, CniError> {
+    fn new(req: &Request, route: Route) -> Result<Context, CniError> {
         // The keys the runtime's parse already holds: GC's attachment list is not parsed again.
         // Whether tether's node-agent is installed decides the store of a config naming none.
         let cfg = PoolConfig::from_top(&req.conf.value, &node_agent()).map_err(config_error)?;
-        let store = Store::open(&cfg, path)?;
+        let store = Store::open(&cfg, route)?;
         Ok(Context { cfg, store })
     }
 
@@ -279,7 +279,7 @@ impl Plugin for Ipam {
     }
 
     fn add(&self, req: &Request) -> Result<Added, CniError> {
-        let ctx = Context::new(req, Path::AgentFirst)?;
+        let ctx = Context::new(req, Route::AgentFirst)?;
         let add = AddRequest {
             container_id: req.env.container_id().to_string(),
             ifname: req.env.ifname().to_string(),
@@ -315,7 +315,7 @@ impl Plugin for Ipam {
     }
 
     fn del(&self, req: &Request) -> Result<(), CniError> {
-        let ctx = match Context::new(req, Path::AgentFirst) {
+        let ctx = match Context::new(req, Route::AgentFirst) {
             Ok(c) => c,
             // An ADD under this configuration fails the same way before it leases anything, and
             // the runtime replays the configuration of the ADD (Multus from its cache), so no
@@ -337,7 +337,7 @@ impl Plugin for Ipam {
     }
 
     fn check(&self, req: &Request) -> Result<(), CniError> {
-        let ctx = Context::new(req, Path::AgentFirst)?;
+        let ctx = Context::new(req, Route::AgentFirst)?;
         ctx.allocator(&NoProbe)
             .check(req.env.container_id(), req.env.ifname())
             .map(|_| ())
@@ -346,7 +346,7 @@ impl Plugin for Ipam {
 
     fn status(&self, req: &Request) -> Result<(), CniError> {
         let not_ready = |msg: String| CniError::new(code::NOT_AVAILABLE, msg);
-        let ctx = Context::new(req, Path::Direct).map_err(|e| not_ready(e.msg))?;
+        let ctx = Context::new(req, Route::Direct).map_err(|e| not_ready(e.msg))?;
         if let Store::Kube(k) = &ctx.store {
             k.ready().map_err(|e| not_ready(e.to_string()))?;
         }
@@ -364,7 +364,7 @@ impl Plugin for Ipam {
     }
 
     fn gc(&self, req: &Request) -> Result<(), CniError> {
-        let ctx = Context::new(req, Path::AgentFirst)?;
+        let ctx = Context::new(req, Route::AgentFirst)?;
         // Without the list every lease would look stale; refuse rather than release them all.
         let listed = req.conf.valid_attachments.as_deref().ok_or_else(|| {
             CniError::invalid_config("GC needs cni.dev/valid-attachments (an empty list releases every lease of the network)")

@@ -30,7 +30,7 @@ use tether_cni::{Added, CniError, CniResult, Env, MasterKeys};
 use tether_leases::{ProbeError, ProbeOutcome, Prober};
 use tether_link::{Link, NetNs, Netlink, NsThread};
 use tether_pool::IpRange;
-use tether_wire::socket::Interface;
+use tether_wire::socket::LinkFacts;
 use tether_wire::{Probe, ProbeBudget};
 
 /// Where to look for the interface.
@@ -170,7 +170,7 @@ impl<'s> WireProber<'s> {
         };
         match &self.target {
             Target::Named { name, netns: None } => {
-                let link = tether_wire::socket::interface(name)
+                let link = tether_wire::socket::link_facts(name)
                     .map_err(|e| s(&e))?
                     .ok_or_else(|| format!("master {name:?} not found for probing"))?;
                 master(name, &link, None)
@@ -237,14 +237,14 @@ impl<'s> WireProber<'s> {
 }
 
 /// The MAC to probe with: `link` must be Ethernet.
-fn ethernet(name: &str, link: &Interface) -> Result<[u8; 6], String> {
+fn ethernet(name: &str, link: &LinkFacts) -> Result<[u8; 6], String> {
     link.mac
         .ok_or_else(|| format!("{name} has no Ethernet address to probe with"))
 }
 
 /// A link found over netlink, as [`master`] takes it.
-fn found(link: &Link) -> Interface {
-    Interface {
+fn found(link: &Link) -> LinkFacts {
+    LinkFacts {
         index: link.index,
         mac: link.mac.as_deref().and_then(|m| m.try_into().ok()),
         up: link.up,
@@ -252,7 +252,7 @@ fn found(link: &Link) -> Interface {
 }
 
 /// A master to probe through: used as it is, never raised (see the module doc).
-fn master(name: &str, link: &Interface, pod: Option<NsThread>) -> Result<Iface, String> {
+fn master(name: &str, link: &LinkFacts, pod: Option<NsThread>) -> Result<Iface, String> {
     if !link.up {
         return Err(format!(
             "cannot probe through {name:?}: the link is down, and a probe through a down link proves nothing; \

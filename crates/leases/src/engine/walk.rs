@@ -46,7 +46,7 @@ impl Conflicts {
 /// What creating a candidate first came to.
 // One per candidate, consumed at once.
 #[allow(clippy::large_enum_variant)]
-enum Touched {
+enum Tried {
     /// Created: ours.
     Got(Lease),
     /// Created, but the probe found it in use (now quarantined).
@@ -111,13 +111,13 @@ impl Allocator<'_> {
                 return Ok(None);
             }
             reads += 1;
-            let current = match self.touch(i, req, cand, &mut busy, call)? {
-                Touched::Got(l) => return Ok(Some(l)),
-                Touched::InUse(mac) => {
+            let current = match self.try_candidate(i, req, cand, &mut busy, call)? {
+                Tried::Got(l) => return Ok(Some(l)),
+                Tried::InUse(mac) => {
                     conflicts.add(self, range, cand, mac)?;
                     continue;
                 }
-                Touched::Held(current) => current,
+                Tried::Held(current) => current,
             };
             let expected = match current {
                 None => None,
@@ -177,25 +177,25 @@ impl Allocator<'_> {
     /// the refused CREATE showed (the store reads it after the 409), and makes the walk `busy`:
     /// the range is full around here, so the next candidates are read first (one request each to
     /// skip them, not two). One seen before in this call is read again.
-    fn touch(
+    fn try_candidate(
         &self,
         i: usize,
         req: &AddRequest,
         cand: IpAddr,
         busy: &mut bool,
         call: &mut Call<'_>,
-    ) -> Result<Touched, AllocError> {
+    ) -> Result<Tried, AllocError> {
         if *busy || call.seen.contains(&cand) {
-            return Ok(Touched::Held(self.load(call, cand)?));
+            return Ok(Tried::Held(self.load(call, cand)?));
         }
         let prefix = self.ranges[i].prefix_len();
         let new = self.new_lease(req, cand, prefix, i, self.clock.now());
         Ok(match self.claim(i, new, None, Wire::Probe, call)? {
-            Claimed::Got(l) => Touched::Got(l),
-            Claimed::InUse(mac) => Touched::InUse(mac),
+            Claimed::Got(l) => Tried::Got(l),
+            Claimed::InUse(mac) => Tried::InUse(mac),
             Claimed::Lost => {
                 *busy = true;
-                Touched::Held(call.view.get(&cand).cloned())
+                Tried::Held(call.view.get(&cand).cloned())
             }
         })
     }
