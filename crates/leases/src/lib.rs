@@ -57,6 +57,8 @@
 //! [`Policy::retain_released_s`] (default a day) are pruned by GC and, a few at a time, by DEL.
 
 pub mod clock;
+#[cfg(any(test, feature = "test-doubles"))]
+mod doubles;
 pub mod engine;
 pub mod file;
 pub mod journal;
@@ -65,7 +67,9 @@ pub mod probe;
 pub mod reclaim;
 pub mod store;
 
-pub use clock::{Clock, FakeClock, SystemClock};
+pub use clock::{Clock, SystemClock};
+#[cfg(any(test, feature = "test-doubles"))]
+pub use doubles::{FakeClock, ScriptedProber};
 pub use engine::{
     AddRequest, AllocError, Allocator, GcReport, Policy, RangeStatus, start_offset, walk_start,
 };
@@ -75,7 +79,7 @@ pub use file::{
 };
 pub use journal::{FileJournal, JournalBacked, JournalError};
 pub use model::{Attachment, Lease, LeaseState, PodRef, Scope};
-pub use probe::{NoProbe, ProbeError, ProbeOutcome, Prober, ScriptedProber};
+pub use probe::{NoProbe, ProbeError, ProbeOutcome, Prober};
 pub use store::{
     AttachmentIndex, BackendFailure, CasResult, JournalEntry, LeaseStore, Lookup, Pending,
     StoreError, Taken, domain_text, validate_claim,

@@ -1,9 +1,7 @@
 //! Conflict probing seam. The engine calls [`Prober::probe`] after it has claimed a candidate
 //! and outside any store lock; a later implementation sends ARP/NDP probes.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Mutex;
 
 use tether_pool::IpRange;
 
@@ -43,58 +41,5 @@ pub struct NoProbe;
 impl Prober for NoProbe {
     fn probe(&self, _address: IpAddr, _range: &IpRange) -> Result<ProbeOutcome, ProbeError> {
         Ok(ProbeOutcome::Free)
-    }
-}
-
-/// A scripted prober for tests: per-address answers (default Free) and a record of calls.
-#[derive(Debug, Default)]
-pub struct ScriptedProber {
-    answers: Mutex<HashMap<IpAddr, Result<ProbeOutcome, String>>>,
-    calls: Mutex<Vec<IpAddr>>,
-}
-
-impl ScriptedProber {
-    /// Everything Free.
-    pub fn new() -> ScriptedProber {
-        ScriptedProber::default()
-    }
-
-    /// From now on, `address` is answered by `mac`.
-    pub fn in_use(&self, address: IpAddr, mac: &str) {
-        self.answers.lock().unwrap().insert(
-            address,
-            Ok(ProbeOutcome::InUse {
-                mac: mac.to_string(),
-            }),
-        );
-    }
-
-    /// From now on, probing `address` fails with `message`.
-    pub fn fail(&self, address: IpAddr, message: &str) {
-        self.answers
-            .lock()
-            .unwrap()
-            .insert(address, Err(message.to_string()));
-    }
-
-    /// From now on, `address` is Free again.
-    pub fn clear(&self, address: IpAddr) {
-        self.answers.lock().unwrap().remove(&address);
-    }
-
-    /// Every address probed so far, in order.
-    pub fn calls(&self) -> Vec<IpAddr> {
-        self.calls.lock().unwrap().clone()
-    }
-}
-
-impl Prober for ScriptedProber {
-    fn probe(&self, address: IpAddr, _range: &IpRange) -> Result<ProbeOutcome, ProbeError> {
-        self.calls.lock().unwrap().push(address);
-        match self.answers.lock().unwrap().get(&address) {
-            None => Ok(ProbeOutcome::Free),
-            Some(Ok(o)) => Ok(o.clone()),
-            Some(Err(m)) => Err(ProbeError::Failed(m.clone())),
-        }
     }
 }
