@@ -1,4 +1,5 @@
-//! Every way the attacher fails, and the one place each becomes a CNI error code.
+//! Every way the attacher fails, and where each becomes a CNI error code (STATUS turns a failed
+//! check into its not-ready codes itself).
 
 use std::path::PathBuf;
 

@@ -86,6 +86,7 @@ mod tests {
             "a directory"
         );
         // Someone else's file (only root can make one here).
+        // SAFETY: geteuid(2) has no preconditions and cannot fail.
         if unsafe { libc::geteuid() } == 0 {
             std::os::unix::fs::chown(&kc, Some(65534), None).unwrap();
             assert_eq!(node_agent_at(Some(kc)), NodeAgent::Absent, "another user's");

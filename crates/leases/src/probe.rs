@@ -1,5 +1,5 @@
 //! Conflict probing seam. The engine calls [`Prober::probe`] after it has claimed a candidate
-//! and outside any store lock; a later implementation sends ARP/NDP probes.
+//! and outside any store lock; tether-ipam's prober sends ARP/NDP probes on the wire.
 
 use std::net::IpAddr;
 

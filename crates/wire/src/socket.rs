@@ -241,8 +241,9 @@ pub fn link_facts(name: &str) -> io::Result<Option<LinkFacts>> {
             0,
         ))?)
     };
-    // SAFETY: each request fills the member of `ifr_ifru` that is read after it.
     let ioctl = |req: &mut libc::ifreq, request| {
+        // SAFETY: `req` is a whole ifreq naming the link; each request fills the member of
+        // `ifr_ifru` that is read after it.
         cvt(unsafe { libc::ioctl(fd.as_raw_fd(), request as _, req as *mut libc::ifreq) })
     };
     match ioctl(&mut req, libc::SIOCGIFINDEX) {

@@ -3,7 +3,9 @@
 //!
 //! The engine and the store live in tether-leases, ranges and config in tether-pool, probing in
 //! tether-wire (through [`prober`]). This crate wires them to the CNI verbs and maps their errors to
-//! CNI codes in one place ([`to_cni`]). Each verb builds one [`Context`] (one store connection, one
+//! CNI codes: the engine's in [`to_cni`], a store's met outside the engine in [`kube_error`] and
+//! where the data directory is opened ([`Store::open`]), STATUS's not-ready answers in its verb.
+//! Each verb builds one [`Context`] (one store connection, one
 //! time budget) and passes it by reference; an ADD that is redone after a late probe answer reuses it.
 
 pub mod prober;
