@@ -183,6 +183,7 @@ pub fn run(
     let mut reconciler: Option<std::thread::JoinHandle<()>> = None;
     let mut plugin_token = PluginToken::new(opts.plugin_token_api.clone());
     let mut service: Option<LeaseService> = None;
+    let mut absorb_error: Option<String> = None;
     // The service's counters and networks show in the reconciler's metrics, and its API
     // requests count with the agent's.
     let gauges = ServiceGauges::default();
@@ -254,16 +255,22 @@ pub fn run(
             return Ok(());
         }
         let until = Instant::now() + opts.refresh;
-        let mut absorbed = Instant::now() - ABSORB_EVERY;
+        let mut absorbed: Option<Instant> = None;
         while Instant::now() < until {
             if let Some(c) = cni_calls
                 .as_ref()
-                .filter(|_| absorbed.elapsed() >= ABSORB_EVERY)
+                .filter(|_| absorbed.is_none_or(|t| t.elapsed() >= ABSORB_EVERY))
             {
-                if let Err(e) = c.absorb() {
-                    log::error!("counting the plugins' CNI calls: {e}");
+                // Said once per kind of failure, not every two seconds.
+                match c.absorb() {
+                    Ok(_) => absorb_error = None,
+                    Err(e) if absorb_error.as_ref() != Some(&e) => {
+                        log::error!("counting the plugins' CNI calls: {e}");
+                        absorb_error = Some(e);
+                    }
+                    Err(_) => {}
                 }
-                absorbed = Instant::now();
+                absorbed = Some(Instant::now());
             }
             if stop.load(Ordering::Relaxed) {
                 // The socket goes first: every plugin from now on goes direct.

@@ -117,8 +117,12 @@ impl Tally {
 
     /// The network's label: its name while fewer than [`MAX_NETWORKS`] are counted.
     fn network_label(&self, name: &str) -> String {
+        if self.series.iter().any(|s| s.network == name) {
+            return name.to_string();
+        }
+        // A name not counted yet: is there room for it?
         let known: BTreeSet<&str> = self.series.iter().map(|s| s.network.as_str()).collect();
-        if known.contains(name) || (known.len() < MAX_NETWORKS && name.len() <= 253) {
+        if known.len() < MAX_NETWORKS && name.len() <= 253 {
             name.to_string()
         } else {
             OTHER_NETWORK.to_string()
