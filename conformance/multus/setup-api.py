@@ -80,7 +80,8 @@ for name, lst in (
 ):
     while True:
         status, crd = call("GET", f"{CRDS}/{name}")
-        conds = (crd or {}).get("status", {}).get("conditions", [])
+        # A CRD just created may show "status": {"conditions": null}: not established yet.
+        conds = ((crd or {}).get("status") or {}).get("conditions") or []
         if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
             # Established comes a moment before the resource lists.
             if call("GET", f"{lst}?limit=1")[0] == 200:
