@@ -760,10 +760,12 @@ fn down_master_is_an_error_and_concurrent_adds_never_change_its_state() {
         .ip_ok(&["link", "set", &net.seg.master, "down"]);
     let mon = LinkMonitor::start(&net.seg.node);
     for out in concurrent_adds(&net, &cids) {
-        let e = assert_cni_error(&out, Some(5));
+        // The code tether-ipvlan gives a master that is down (11: the kubelet retries).
+        let e = assert_cni_error(&out, Some(11));
         let msg = e["msg"].as_str().unwrap();
         assert!(
-            msg.contains("\"br0\"") && msg.contains("down"),
+            msg.contains("cannot probe through \"br0\" on the host: the link is down")
+                && msg.contains("retries the pod by itself"),
             "names the link and says why: {msg}"
         );
     }
@@ -821,12 +823,12 @@ fn down_master_is_an_error_and_concurrent_adds_never_change_its_state() {
     );
 }
 
-/// Dual-stack: the rogue holds the first IPv4 candidate. Its probe ran alongside the IPv6 one and was
-/// answered after the engine had moved on; the ADD is redone one probe at a time, so the result is
-/// the same as with sequential probes: another IPv4 address, the held one quarantined with the
+/// Dual-stack: the rogue holds the first IPv4 candidate. It was probed in one step with the IPv6
+/// one; the IPv4 range starts over, probing its next candidate on its own, so the result is the
+/// same as with sequential probes: another IPv4 address, the held one quarantined with the
 /// rogue's MAC, nothing else held. The Result lists both addresses as probed for the attacher.
 #[test]
-fn dual_stack_conflict_found_by_the_concurrent_probe_is_redone() {
+fn dual_stack_conflict_found_in_the_probe_step_starts_that_range_over() {
     let net = Net::new(
         "predo",
         json!({"range": "10.1.2.10-10.1.2.50/24", "ipRanges": [{"range": "fd00:1:2::10-fd00:1:2::50/64"}]}),

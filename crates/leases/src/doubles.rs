@@ -7,10 +7,8 @@ use std::net::IpAddr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tether_pool::IpRange;
-
 use crate::clock::Clock;
-use crate::probe::{ProbeError, ProbeOutcome, Prober};
+use crate::probe::{Candidate, ProbeError, ProbeOutcome, Probed, Prober};
 
 /// A clock that only moves when told to (tests).
 #[derive(Debug, Default)]
@@ -44,6 +42,7 @@ impl Clock for FakeClock {
 pub struct ScriptedProber {
     answers: Mutex<HashMap<IpAddr, Result<ProbeOutcome, String>>>,
     calls: Mutex<Vec<IpAddr>>,
+    steps: Mutex<Vec<Vec<IpAddr>>>,
 }
 
 impl ScriptedProber {
@@ -79,15 +78,27 @@ impl ScriptedProber {
     pub fn calls(&self) -> Vec<IpAddr> {
         self.calls.lock().unwrap().clone()
     }
+
+    /// The addresses of each probe call so far, one list per call.
+    pub fn steps(&self) -> Vec<Vec<IpAddr>> {
+        self.steps.lock().unwrap().clone()
+    }
 }
 
 impl Prober for ScriptedProber {
-    fn probe(&self, address: IpAddr, _range: &IpRange) -> Result<ProbeOutcome, ProbeError> {
-        self.calls.lock().unwrap().push(address);
-        match self.answers.lock().unwrap().get(&address) {
-            None => Ok(ProbeOutcome::Free),
-            Some(Ok(o)) => Ok(o.clone()),
-            Some(Err(m)) => Err(ProbeError::Failed(m.clone())),
+    fn probe(&self, candidates: &[Candidate<'_>]) -> Result<Probed, ProbeError> {
+        let addresses: Vec<IpAddr> = candidates.iter().map(|c| c.address).collect();
+        self.calls.lock().unwrap().extend(&addresses);
+        self.steps.lock().unwrap().push(addresses.clone());
+        let answers = self.answers.lock().unwrap();
+        let mut outcomes = Vec::with_capacity(addresses.len());
+        for a in &addresses {
+            outcomes.push(match answers.get(a) {
+                None => ProbeOutcome::Free,
+                Some(Ok(o)) => o.clone(),
+                Some(Err(m)) => return Err(ProbeError::Failed(m.clone())),
+            });
         }
+        Ok(Probed::answers(outcomes))
     }
 }

@@ -71,7 +71,8 @@ pub use clock::{Clock, SystemClock};
 #[cfg(any(test, feature = "test-doubles"))]
 pub use doubles::{FakeClock, ScriptedProber};
 pub use engine::{
-    AddRequest, AllocError, Allocator, GcReport, Policy, RangeStatus, start_offset, walk_start,
+    AddOutcome, AddRequest, AllocError, Allocator, GcReport, Policy, RangeStatus, start_offset,
+    walk_start,
 };
 pub use file::{
     FORMAT_VERSION, FileStore, FileStoreError, PER_NETWORK_FORMAT, Transaction, domain_stem,
@@ -79,7 +80,7 @@ pub use file::{
 };
 pub use journal::{FileJournal, JournalBacked, JournalError};
 pub use model::{Attachment, Lease, LeaseState, PodRef, Scope};
-pub use probe::{NoProbe, ProbeError, ProbeOutcome, Prober};
+pub use probe::{Candidate, NoProbe, ProbeError, ProbeOutcome, Probed, Prober};
 pub use store::{
     AttachmentIndex, BackendFailure, CasResult, JournalEntry, LeaseStore, Lookup, Pending,
     StoreError, Taken, domain_text, validate_claim,

@@ -5,8 +5,9 @@ use std::net::IpAddr;
 
 use common::*;
 use tether_leases::{
-    AllocError, Allocator, Attachment, Clock, FakeClock, FileStore, Lease, LeaseState, LeaseStore,
-    NoProbe, Policy, ProbeError, ProbeOutcome, Prober, ScriptedProber, start_offset,
+    AllocError, Allocator, Attachment, Candidate, Clock, FakeClock, FileStore, Lease, LeaseState,
+    LeaseStore, NoProbe, Policy, ProbeError, ProbeOutcome, Probed, Prober, ScriptedProber,
+    start_offset,
 };
 use tether_pool::IpRange;
 
@@ -557,7 +558,8 @@ fn probe_runs_after_claim_outside_lock() {
         seen: std::cell::RefCell<Vec<bool>>,
     }
     impl Prober for Checker<'_> {
-        fn probe(&self, address: IpAddr, _r: &IpRange) -> Result<ProbeOutcome, ProbeError> {
+        fn probe(&self, candidates: &[Candidate<'_>]) -> Result<Probed, ProbeError> {
+            let address = candidates[0].address;
             let lock = std::fs::OpenOptions::new()
                 .write(true)
                 .open(self.store.lock_path(None))
@@ -571,7 +573,7 @@ fn probe_runs_after_claim_outside_lock() {
                 .iter()
                 .any(|l| l.address == address && l.is_leased());
             self.seen.borrow_mut().push(unlocked && claimed);
-            Ok(ProbeOutcome::Free)
+            Ok(Probed::answers(vec![ProbeOutcome::Free]))
         }
     }
     let dir = TempDir::new("probe");
@@ -931,4 +933,93 @@ fn concurrent_adds_on_a_tight_range() {
     for r in results.iter().filter_map(|r| r.as_ref().err()) {
         assert!(matches!(r, AllocError::Exhausted { .. }), "{r}");
     }
+}
+
+/// Both ranges of a dual-stack ADD are claimed first, then probed in one step: one budget.
+#[test]
+fn every_range_is_probed_in_one_step() {
+    let fx = Fx::new(&["10.0.0.0/24", "fd00::/120"]);
+    let out = fx
+        .a()
+        .add_probed(&add_req("c1", "net1", pod("ns", "p", "u")))
+        .unwrap();
+    let addrs: Vec<IpAddr> = out.leases.iter().map(|l| l.address).collect();
+    assert_eq!(fx.prober.steps(), vec![addrs.clone()]);
+    assert_eq!(out.probed, addrs, "both were probed and found unused");
+}
+
+/// The redo path: the IPv6 address answers in the step. It is quarantined and only that range
+/// starts over, its next candidate probed on its own; the IPv4 lease stays as claimed.
+#[test]
+fn a_range_whose_address_answers_starts_over_alone() {
+    let fx = Fx::new(&["10.0.0.0/24", "fd00::/120"]);
+    let req = add_req("c1", "net1", pod("ns", "p", "u"));
+    // Where this attachment's walk of the IPv6 range starts, from a scratch store.
+    let first = {
+        let scratch = Fx::new(&["10.0.0.0/24", "fd00::/120"]);
+        scratch.a().add(&req).unwrap()
+    };
+    fx.prober.in_use(first[1].address, "02:00:00:00:00:66");
+    let out = fx.a().add_probed(&req).unwrap();
+    assert_eq!(out.leases[0].address, first[0].address);
+    let second = out.leases[1].address;
+    assert_ne!(second, first[1].address);
+    assert_eq!(
+        fx.prober.steps(),
+        vec![vec![first[0].address, first[1].address], vec![second],]
+    );
+    assert_eq!(out.probed, vec![first[0].address, second]);
+    let records = fx.leases();
+    let q = records
+        .iter()
+        .find(|l| l.address == first[1].address)
+        .unwrap();
+    assert!(
+        matches!(&q.state, LeaseState::Quarantined { mac, .. } if mac == "02:00:00:00:00:66"),
+        "{q:?}"
+    );
+    assert_eq!(records.iter().filter(|l| l.is_leased()).count(), 2);
+}
+
+/// A requested address that answers in the step fails the ADD as a whole: the other range's
+/// claim is rolled back, the answering address is kept out as evidence.
+#[test]
+fn a_requested_address_that_answers_in_the_step_fails_the_add() {
+    let fx = Fx::new(&["10.0.0.0/24", "fd00::/120"]);
+    fx.prober.in_use(ip("fd00::9"), "02:00:00:00:00:77");
+    let req = with_requested(add_req("c1", "net1", pod("ns", "p", "u")), &["fd00::9"]);
+    let e = fx.a().add(&req).unwrap_err();
+    assert!(matches!(e, AllocError::RequestedInUse { .. }), "{e}");
+    assert_eq!(
+        fx.prober.steps().len(),
+        1,
+        "one step, no retry of a request"
+    );
+    let records = fx.leases();
+    assert!(records.iter().all(|l| !l.is_leased()), "{records:?}");
+    assert!(
+        records.iter().any(
+            |l| l.address == ip("fd00::9") && matches!(l.state, LeaseState::Quarantined { .. })
+        )
+    );
+}
+
+/// A step that fails names every address it probed and leaves nothing leased.
+#[test]
+fn a_failed_step_rolls_every_range_back() {
+    let fx = Fx::new(&["10.0.0.0/24", "fd00::/120"]);
+    let req = with_requested(
+        add_req("c1", "net1", pod("ns", "p", "u")),
+        &["10.0.0.9", "fd00::9"],
+    );
+    fx.prober
+        .fail(ip("fd00::9"), "packet socket: permission denied");
+    let e = fx.a().add(&req).unwrap_err();
+    assert!(
+        e.to_string().starts_with(
+            "conflict probe for 10.0.0.9 and fd00::9 failed: packet socket: permission denied"
+        ),
+        "{e}"
+    );
+    assert!(fx.leases().is_empty());
 }

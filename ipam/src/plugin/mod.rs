@@ -6,11 +6,13 @@
 //! CNI codes: the engine's in [`to_cni`], a store's met outside the engine in [`kube_error`] and
 //! where the data directory is opened ([`Store::open`]), STATUS's not-ready answers in its verb.
 //! Each verb builds one [`Context`] (one store connection, one
-//! time budget) and passes it by reference; an ADD that is redone after a late probe answer reuses it.
+//! time budget) and passes it by reference.
 
 pub mod prober;
 pub mod requests;
 pub mod said_once;
+#[cfg(test)]
+mod tests;
 
 use tether_cni::result::IpConfig;
 use tether_cni::{Added, CniError, CniResult, MasterKeys, Plugin, Request, code};
@@ -22,7 +24,7 @@ use tether_lease_service::{ServedStore, open_served, socket_path};
 pub const JOURNAL_DIR: &str = "journal";
 use tether_leases::{
     AddRequest, AllocError, Allocator, Attachment, FileStore, FileStoreError, Lease, LeaseStore,
-    NoProbe, Prober, SystemClock,
+    NoProbe, ProbeError, Prober, SystemClock,
 };
 use tether_pool::{ConfigError, KubeconfigSource, PoolConfig, ProbeConfig, StoreKind};
 
@@ -54,6 +56,16 @@ pub fn to_cni(e: AllocError) -> CniError {
         AllocError::RequestedInUse { .. }
         | AllocError::TooManyConflicts { .. }
         | AllocError::InUseOnSegment { .. } => code::ADDRESS_IN_USE,
+        // The interface faults the attacher meets too get its codes: a master that is down is
+        // worth a retry once the link is up, a missing one is the config's.
+        AllocError::Probe {
+            source: ProbeError::LinkDown { .. },
+            ..
+        } => code::TRY_AGAIN_LATER,
+        AllocError::Probe {
+            source: ProbeError::LinkMissing { .. },
+            ..
+        } => code::INVALID_CONFIG,
         AllocError::Probe { .. } => code::IO,
         AllocError::Exhausted { .. } => code::POOL_EXHAUSTED,
         AllocError::Contention { .. } => code::TRY_AGAIN_LATER,
@@ -229,10 +241,21 @@ impl Context {
         Allocator::from_config(&self.cfg, self.store.get(), prober, &SystemClock)
     }
 
-    /// One allocation attempt with `prober`, as the Result.
-    fn allocate(&self, add: &AddRequest, prober: &dyn Prober) -> Result<CniResult, CniError> {
-        let leases = self.allocator(prober).add(add).map_err(to_cni)?;
-        self.result(&leases)
+    /// The ADD of `add` with `prober`, as the runtime gets it: the Result, the addresses the
+    /// probe step proved unused (none when `prober` never touches the wire), and the probe
+    /// sockets to close once the reply is out.
+    fn allocate(
+        &self,
+        add: &AddRequest,
+        prober: &dyn Prober,
+        on_wire: bool,
+    ) -> Result<Added, CniError> {
+        let out = self.allocator(prober).add_probed(add).map_err(to_cni)?;
+        Ok(Added {
+            result: self.result(&out.leases)?,
+            probed: if on_wire { out.probed } else { Vec::new() },
+            linger: Some(Box::new(out.release_later)),
+        })
     }
 
     /// Release what `req`'s attachment holds.
@@ -290,7 +313,7 @@ impl Plugin for Ipam {
             requested: requests::requested_ips(req)?,
         };
         let (timeout_ms, attempts) = match ctx.cfg.probe {
-            ProbeConfig::Disabled => return Ok(ctx.allocate(&add, &NoProbe)?.into()),
+            ProbeConfig::Disabled => return ctx.allocate(&add, &NoProbe, false),
             ProbeConfig::Enabled {
                 timeout_ms,
                 attempts,
@@ -302,18 +325,8 @@ impl Plugin for Ipam {
                 "conflict probing needs \"master\" in the config or a CNI_NETNS; set \"probe\": false to allocate without probing",
             )
         })?;
-        let budget = prober::budget(timeout_ms, attempts);
-        prober::add_probing(
-            |session| {
-                let wire =
-                    prober::WireProber::new(target.clone(), &ctx.cfg.ranges, budget, session);
-                let r = ctx.allocate(&add, &wire);
-                // Dropped here, before the session is read: it settles probes still running.
-                drop(wire);
-                r
-            },
-            || ctx.release(req),
-        )
+        let wire = prober::WireProber::new(target, prober::budget(timeout_ms, attempts));
+        ctx.allocate(&add, &wire, true)
     }
 
     fn del(&self, req: &Request) -> Result<(), CniError> {

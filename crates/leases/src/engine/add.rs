@@ -7,12 +7,13 @@ use std::net::IpAddr;
 
 use tether_pool::RequestedIp;
 
-use super::call::{Call, Journaling, Written};
+use super::call::{Call, Journaling};
 use super::claim::{Claimed, Wire};
+use super::probe_step::AddOutcome;
 use super::{AllocError, Allocator};
 use crate::model::{Lease, LeaseState, PodRef};
+use crate::probe::ProbeOutcome;
 use crate::store::JournalEntry;
-use crate::store::{StoreError, Taken};
 
 /// An ADD.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -46,6 +47,12 @@ impl Allocator<'_> {
     ///
     /// [`LeaseStore::index`]: crate::LeaseStore::index
     pub fn add(&self, req: &AddRequest) -> Result<Vec<Lease>, AllocError> {
+        self.add_probed(req).map(|a| a.leases)
+    }
+
+    /// [`Allocator::add`], with what its probe step found: the ranges are claimed first, then
+    /// every address that needs it is probed in one step (see `probe_step`).
+    pub fn add_probed(&self, req: &AddRequest) -> Result<AddOutcome, AllocError> {
         let wanted = self.wanted_per_range(req)?;
         let mut call = self.begin(req)?;
         let mut out = Vec::with_capacity(self.ranges.len());
@@ -59,13 +66,16 @@ impl Allocator<'_> {
                 }
             }
         }
+        if failed.is_none() {
+            failed = self.probe_claimed(req, &wanted, &mut call, &mut out).err();
+        }
         // The store is unreachable and nothing was written: the journal may answer.
         if let (Some(e), Some(j)) = (&failed, &mut call.journal)
             && call.written.is_empty()
             && e.is_unreachable()
-            && let Some(leases) = self.add_from_journal(req, &wanted, j)?
+            && let Some(leases) = self.add_from_journal(req, &wanted, j, &mut call.probes)?
         {
-            return Ok(leases);
+            return Ok(AddOutcome::new(leases, call.probes));
         }
         self.conclude(&mut call, &out, failed.is_some())?;
         if let Some(e) = failed {
@@ -81,7 +91,38 @@ impl Allocator<'_> {
                 l.pod
             );
         }
-        Ok(out)
+        Ok(AddOutcome::new(out, call.probes))
+    }
+
+    /// The probe step: every address the ranges claimed, probed at once. A range whose address
+    /// answered has it quarantined and starts over, probing each candidate as it claims it; a
+    /// requested address that answered fails the ADD.
+    fn probe_claimed(
+        &self,
+        req: &AddRequest,
+        wanted: &[Option<RequestedIp>],
+        call: &mut Call<'_>,
+        out: &mut [Lease],
+    ) -> Result<(), AllocError> {
+        let answers = call.probes.run(self.prober, &self.ranges)?;
+        call.probes.deferring = false;
+        for a in answers {
+            let ProbeOutcome::InUse { mac } = a.outcome else {
+                continue;
+            };
+            let i = a.range;
+            self.quarantine(&out[i], &mac, call)?;
+            if wanted[i].is_some() {
+                return Err(AllocError::RequestedInUse {
+                    network: self.scope.network.clone(),
+                    address: a.address,
+                    mac,
+                    quarantine_s: self.policy.quarantine_s,
+                });
+            }
+            out[i] = self.add_one(i, req, None, call)?;
+        }
+        Ok(())
     }
 
     /// The requested address of each range (CNI_ARGS `IP=`, `runtimeConfig.ips`), by range
@@ -475,39 +516,6 @@ impl Allocator<'_> {
             address: w.address,
             attempts: self.policy.max_attempts,
         })
-    }
-
-    /// Restore what an ADD wrote, newest first. Returns the records that could not be
-    /// restored (still held by the attachment: GC, DEL or the reconciler release them).
-    fn rollback(&self, written: Vec<Written>) -> Vec<Lease> {
-        let mut stuck = Vec::new();
-        for w in written.into_iter().rev() {
-            let addr = w.now.address;
-            let res: Result<Option<Taken>, StoreError> = match w.prev {
-                Some(mut p) => {
-                    p.version = None;
-                    self.store.claim(p, Some(&w.now)).map(|r| r.err())
-                }
-                None => self.store.remove(&w.now).map(|r| r.err()),
-            };
-            match res {
-                Ok(None) => log::debug!("network {}: rolled back {addr}", self.scope.network),
-                Ok(Some(t)) => {
-                    log::warn!(
-                        "network {}: rollback of {addr} skipped: {t}",
-                        self.scope.network
-                    )
-                }
-                Err(e) => {
-                    log::error!(
-                        "network {}: rollback of {addr} failed: {e}; GC or DEL will release it",
-                        self.scope.network
-                    );
-                    stuck.push(w.now);
-                }
-            }
-        }
-        stuck
     }
 
     /// After a sandbox re-create took a lease over, the old sandbox's journal entry no longer

@@ -1,10 +1,11 @@
 //! What one ADD has read and written: its view of the store, the records it wrote (for the
-//! rollback) and the node journal while it runs. Shared by the ADD, the claim and the offline
+//! rollback) the node journal and the conflict probe while it runs. Shared by the ADD, the claim and the offline
 //! path.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
+use super::probe_step::ProbeStep;
 use crate::model::Lease;
 use crate::store::{AttachmentIndex, JournalEntry, Lookup};
 
@@ -38,4 +39,6 @@ pub(super) struct Call<'j> {
     /// Point mode: the records naming this pod from the store's index by pod identity, read
     /// once per call (`None`: not read yet; empty when the store has no such index).
     pub(super) by_pod: Option<Vec<Lease>>,
+    /// The conflict probe of this ADD: what waits for it, what it proved.
+    pub(super) probes: ProbeStep,
 }

@@ -1,5 +1,6 @@
 //! Taking one address: write it to the node journal first (point mode), claim it with
-//! compare-and-swap, probe it with no lock held, and quarantine it when something answers.
+//! compare-and-swap, have it probed with no lock held (in the ADD's probe step, or at once once a
+//! range starts over), and quarantine it when something answers.
 
 use super::call::{Call, Written};
 use super::{AllocError, Allocator};
@@ -25,8 +26,8 @@ pub(super) enum Claimed {
 }
 
 impl Allocator<'_> {
-    /// Claim one record; probe it (unless it is [`Wire::Ours`]) with no lock held; quarantine
-    /// it on conflict.
+    /// Claim one record. Unless it is [`Wire::Ours`], it is probed with no lock held: later, by
+    /// the ADD's probe step, while the step defers; else now, and quarantined on conflict.
     /// With a journal, the address is recorded for this attachment before it is claimed.
     pub(super) fn claim(
         &self,
@@ -62,44 +63,61 @@ impl Allocator<'_> {
         if wire == Wire::Ours {
             return Ok(Claimed::Got(got));
         }
-        match self.prober.probe(address, &self.ranges[i]) {
-            Ok(ProbeOutcome::Free) => Ok(Claimed::Got(got)),
-            Ok(ProbeOutcome::InUse { mac }) => {
-                let at = self.clock.now();
-                log::warn!(
-                    "network {}: {} answered the conflict probe from MAC {}; quarantining it for {}s",
-                    self.scope.network,
-                    address,
-                    mac,
-                    self.policy.quarantine_s
-                );
-                let mut q = got.clone();
-                q.state = LeaseState::Quarantined {
-                    mac: mac.clone(),
-                    at,
-                };
-                q.since = at;
-                q.version = None;
-                match self.store.update(q, &got)? {
-                    Ok(stored) => {
-                        call.view.insert(address, stored);
-                        call.written.pop(); // a quarantine record is evidence, not an allocation
-                    }
-                    Err(Taken { current }) => {
-                        log::warn!(
-                            "network {}: could not quarantine {address}: it changed meanwhile",
-                            self.scope.network
-                        );
-                        match current {
-                            Some(c) => call.view.insert(address, c),
-                            None => call.view.remove(&address),
-                        };
-                        call.written.pop();
-                    }
-                }
+        call.probes.wait_for(i, address);
+        if call.probes.deferring {
+            return Ok(Claimed::Got(got));
+        }
+        let answer = call.probes.run(self.prober, &self.ranges)?.pop();
+        match answer.map(|a| a.outcome) {
+            Some(ProbeOutcome::InUse { mac }) => {
+                self.quarantine(&got, &mac, call)?;
                 Ok(Claimed::InUse(mac))
             }
-            Err(source) => Err(AllocError::Probe { address, source }),
+            _ => Ok(Claimed::Got(got)),
         }
+    }
+
+    /// `got`, claimed by this ADD, answered the probe from `mac`: it becomes a quarantine record,
+    /// which is evidence, not an allocation (the rollback leaves it).
+    pub(super) fn quarantine(
+        &self,
+        got: &Lease,
+        mac: &str,
+        call: &mut Call<'_>,
+    ) -> Result<(), AllocError> {
+        let address = got.address;
+        let at = self.clock.now();
+        log::warn!(
+            "network {}: {} answered the conflict probe from MAC {}; quarantining it for {}s",
+            self.scope.network,
+            address,
+            mac,
+            self.policy.quarantine_s
+        );
+        let mut q = got.clone();
+        q.state = LeaseState::Quarantined {
+            mac: mac.to_string(),
+            at,
+        };
+        q.since = at;
+        q.version = None;
+        let updated = self.store.update(q, got)?;
+        call.written.retain(|w| w.now.address != address);
+        match updated {
+            Ok(stored) => {
+                call.view.insert(address, stored);
+            }
+            Err(Taken { current }) => {
+                log::warn!(
+                    "network {}: could not quarantine {address}: it changed meanwhile",
+                    self.scope.network
+                );
+                match current {
+                    Some(c) => call.view.insert(address, c),
+                    None => call.view.remove(&address),
+                };
+            }
+        }
+        Ok(())
     }
 }

@@ -73,11 +73,12 @@ pub enum AllocError {
     },
     /// The conflict probe could not run.
     #[error(
-        "conflict probe for {address} failed: {source} (set \"probe\": false in the ipam config to skip probing)"
+        "conflict probe for {} failed: {source} (set \"probe\": false in the ipam config to skip probing)",
+        joined(addresses)
     )]
     Probe {
-        /// The address.
-        address: IpAddr,
+        /// The addresses probed together.
+        addresses: Vec<IpAddr>,
         /// Cause.
         source: ProbeError,
     },
@@ -193,6 +194,11 @@ pub enum AllocError {
         /// One message per failure.
         failures: Vec<String>,
     },
+}
+
+fn joined(addresses: &[IpAddr]) -> String {
+    let text: Vec<String> = addresses.iter().map(IpAddr::to_string).collect();
+    text.join(" and ")
 }
 
 impl AllocError {

@@ -1,8 +1,8 @@
 //! The allocation engine: ADD, DEL, CHECK, GC and STATUS over any [`LeaseStore`].
 //!
 //! The engine never holds a store lock across calls: it reads a snapshot, then claims single
-//! records with compare-and-swap, probes the claimed address with no lock held, and moves on to
-//! the next candidate when a claim loses a race.
+//! records with compare-and-swap, moving on to the next candidate when a claim loses a race, and
+//! probes what it claimed with no lock held.
 //!
 //! One file per question:
 //!
@@ -10,6 +10,8 @@
 //! - `add`: ADD — the order of candidates, the node journal, all or nothing;
 //! - `walk`: where a new address comes from (the pool walks, point reads or one snapshot);
 //! - `claim`: taking one address (compare-and-swap, probe, quarantine);
+//! - `probe_step`: the conflict probe of an ADD, every range's address in one step;
+//! - `rollback`: undoing what a failed ADD wrote;
 //! - `release`: DEL;
 //! - `check`: CHECK;
 //! - `gc`: GC ([`GcReport`]);
@@ -31,14 +33,17 @@ mod claim;
 mod error;
 mod gc;
 mod offline;
+mod probe_step;
 mod prune;
 mod release;
+mod rollback;
 mod status;
 mod walk;
 
 pub use add::AddRequest;
 pub use error::AllocError;
 pub use gc::GcReport;
+pub use probe_step::AddOutcome;
 pub use status::RangeStatus;
 pub use walk::{start_offset, walk_start};
 

@@ -23,6 +23,7 @@
 
 use super::add::AddRequest;
 use super::call::Journaling;
+use super::probe_step::ProbeStep;
 use super::{AllocError, Allocator};
 use crate::model::{Lease, LeaseState};
 use crate::probe::ProbeOutcome;
@@ -37,6 +38,7 @@ impl Allocator<'_> {
         req: &AddRequest,
         wanted: &[Option<RequestedIp>],
         j: &mut Journaling<'_>,
+        probes: &mut ProbeStep,
     ) -> Result<Option<Vec<Lease>>, AllocError> {
         let mine = j
             .lookup
@@ -62,7 +64,7 @@ impl Allocator<'_> {
                     .cloned()
             })
             .collect();
-        if !self.journaled_still_free(&leases, req)? {
+        if !self.journaled_still_free(&leases, req, probes)? {
             return Ok(None);
         }
         let rekey_from = (entry.container_id != req.container_id)
@@ -100,31 +102,31 @@ impl Allocator<'_> {
         ))
     }
 
-    /// Probe each journaled address (one per range, in range order) before handing it out again
-    /// without the store: `false` as soon as one answers.
-    fn journaled_still_free(&self, leases: &[Lease], req: &AddRequest) -> Result<bool, AllocError> {
+    /// Probe the journaled addresses (one per range, in range order) in one step before handing
+    /// them out again without the store: `false` when one answers.
+    fn journaled_still_free(
+        &self,
+        leases: &[Lease],
+        req: &AddRequest,
+        probes: &mut ProbeStep,
+    ) -> Result<bool, AllocError> {
         for (i, l) in leases.iter().enumerate() {
-            match self.prober.probe(l.address, &self.ranges[i]) {
-                Ok(ProbeOutcome::Free) => {}
-                Ok(ProbeOutcome::InUse { mac }) => {
-                    log::warn!(
-                        "network {}: {} (pod {}'s address in the node journal) answered the probe from MAC {mac}; \
-                         not handing it out while the store cannot confirm who holds it",
-                        self.scope.network,
-                        l.address,
-                        req.pod
-                    );
-                    return Ok(false);
-                }
-                Err(source) => {
-                    return Err(AllocError::Probe {
-                        address: l.address,
-                        source,
-                    });
-                }
+            probes.wait_for(i, l.address);
+        }
+        let mut free = true;
+        for a in probes.run(self.prober, &self.ranges)? {
+            if let ProbeOutcome::InUse { mac } = a.outcome {
+                log::warn!(
+                    "network {}: {} (pod {}'s address in the node journal) answered the probe from MAC {mac}; \
+                     not handing it out while the store cannot confirm who holds it",
+                    self.scope.network,
+                    a.address,
+                    req.pod
+                );
+                free = false;
             }
         }
-        Ok(true)
+        Ok(free)
     }
 
     /// Does `e` hold one Leased record in every range, matching what is requested?

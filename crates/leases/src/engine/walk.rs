@@ -2,10 +2,7 @@
 //! with a node journal) or over one snapshot, skipping leased, quarantined and cooling-down
 //! records, cooling-down ones used last; and the error when a range has nothing left.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
-
-use tether_pool::IpRange;
 
 use super::add::AddRequest;
 use super::call::Call;
@@ -14,35 +11,6 @@ use super::{AllocError, Allocator};
 use crate::model::{Lease, LeaseState, PodRef};
 use tether_stable_hash::{fnv1a64, mix64};
 
-/// Probe conflicts met in one range during one ADD.
-#[derive(Default)]
-struct Conflicts {
-    in_use: Vec<(IpAddr, String)>,
-}
-
-impl Conflicts {
-    /// Count one; too many in a row means something else hands out this range.
-    fn add(
-        &mut self,
-        a: &Allocator<'_>,
-        range: &IpRange,
-        address: IpAddr,
-        mac: String,
-    ) -> Result<(), AllocError> {
-        self.in_use.push((address, mac.clone()));
-        if self.in_use.len() >= a.policy.max_probe_conflicts {
-            return Err(AllocError::TooManyConflicts {
-                network: a.scope.network.clone(),
-                range: range.to_string(),
-                conflicts: self.in_use.len(),
-                last: address,
-                mac,
-            });
-        }
-        Ok(())
-    }
-}
-
 /// What creating a candidate first came to.
 // One per candidate, consumed at once.
 #[allow(clippy::large_enum_variant)]
@@ -50,7 +18,7 @@ enum Tried {
     /// Created: ours.
     Got(Lease),
     /// Created, but the probe found it in use (now quarantined).
-    InUse(String),
+    InUse,
     /// Someone's record (or none, gone since): what it is now.
     Held(Option<Lease>),
 }
@@ -99,7 +67,6 @@ impl Allocator<'_> {
         let mut reads = 0usize;
         let mut free: Vec<Lease> = Vec::new();
         let mut cooling: Vec<Lease> = Vec::new();
-        let mut conflicts = Conflicts::default();
         let mut whole = true;
         let mut busy = false;
         for cand in range.candidates(walk_start(req, i)) {
@@ -113,8 +80,8 @@ impl Allocator<'_> {
             reads += 1;
             let current = match self.try_candidate(i, req, cand, &mut busy, call)? {
                 Tried::Got(l) => return Ok(Some(l)),
-                Tried::InUse(mac) => {
-                    conflicts.add(self, range, cand, mac)?;
+                Tried::InUse => {
+                    self.within_conflict_limit(i, call)?;
                     continue;
                 }
                 Tried::Held(current) => current,
@@ -151,25 +118,18 @@ impl Allocator<'_> {
             match self.claim(i, new, expected, Wire::Probe, call)? {
                 Claimed::Got(l) => return Ok(Some(l)),
                 Claimed::Lost => {}
-                Claimed::InUse(mac) => conflicts.add(self, range, cand, mac)?,
+                Claimed::InUse(_) => self.within_conflict_limit(i, call)?,
             }
         }
         cooling.sort_by_key(|l| (l.since, l.address));
-        if let Some(l) = self.claim_seen(
-            i,
-            req,
-            free.into_iter().chain(cooling),
-            now,
-            call,
-            &mut conflicts,
-        )? {
+        if let Some(l) = self.claim_seen(i, req, free.into_iter().chain(cooling), now, call)? {
             return Ok(Some(l));
         }
         if !whole {
             return Ok(None);
         }
         // Every candidate of the range was read: the view holds the whole range.
-        Err(self.no_address(i, conflicts, &call.view))
+        Err(self.no_address(i, call))
     }
 
     /// A candidate not seen yet in this call is created at once (a conditional CREATE: one
@@ -192,7 +152,7 @@ impl Allocator<'_> {
         let new = self.new_lease(req, cand, prefix, i, self.clock.now());
         Ok(match self.claim(i, new, None, Wire::Probe, call)? {
             Claimed::Got(l) => Tried::Got(l),
-            Claimed::InUse(mac) => Tried::InUse(mac),
+            Claimed::InUse(_) => Tried::InUse,
             Claimed::Lost => {
                 *busy = true;
                 Tried::Held(call.view.get(&cand).cloned())
@@ -209,7 +169,6 @@ impl Allocator<'_> {
         let range = &self.ranges[i];
         let now = self.clock.now();
         let prefix = range.prefix_len();
-        let mut conflicts = Conflicts::default();
         let mut cooling: Vec<Lease> = Vec::new();
 
         // Every record in the range blocks at most one candidate, so if the blocking records
@@ -239,7 +198,7 @@ impl Allocator<'_> {
                 match self.claim(i, new, expected, Wire::Probe, call)? {
                     Claimed::Got(l) => return Ok(l),
                     Claimed::Lost => continue,
-                    Claimed::InUse(mac) => conflicts.add(self, range, cand, mac)?,
+                    Claimed::InUse(_) => self.within_conflict_limit(i, call)?,
                 }
             }
         } else {
@@ -255,10 +214,10 @@ impl Allocator<'_> {
 
         // Nothing else is free: reuse cooling-down addresses, longest released first.
         cooling.sort_by_key(|l| (l.since, l.address));
-        if let Some(l) = self.claim_seen(i, req, cooling, now, call, &mut conflicts)? {
+        if let Some(l) = self.claim_seen(i, req, cooling, now, call)? {
             return Ok(l);
         }
-        Err(self.no_address(i, conflicts, &call.view))
+        Err(self.no_address(i, call))
     }
 
     /// Claim the first of `seen` (records read earlier in this ADD, in order of preference) that
@@ -270,7 +229,6 @@ impl Allocator<'_> {
         seen: impl IntoIterator<Item = Lease>,
         now: u64,
         call: &mut Call<'_>,
-        conflicts: &mut Conflicts,
     ) -> Result<Option<Lease>, AllocError> {
         let range = &self.ranges[i];
         for old in seen {
@@ -297,26 +255,41 @@ impl Allocator<'_> {
                     return Ok(Some(l));
                 }
                 Claimed::Lost => {}
-                Claimed::InUse(mac) => conflicts.add(self, range, old.address, mac)?,
+                Claimed::InUse(_) => self.within_conflict_limit(i, call)?,
             }
         }
         Ok(None)
     }
 
-    /// The error of a range with nothing left, with counts from `view` (which holds the range).
-    fn no_address(
-        &self,
-        i: usize,
-        conflicts: Conflicts,
-        view: &HashMap<IpAddr, Lease>,
-    ) -> AllocError {
-        let st = self.range_status(i, view.values(), self.clock.now());
-        if !conflicts.in_use.is_empty() {
+    /// A candidate of range `i` answered the probe: too many in one ADD means something else
+    /// hands out this range.
+    fn within_conflict_limit(&self, i: usize, call: &Call<'_>) -> Result<(), AllocError> {
+        let in_use = call.probes.answered_in(i);
+        match in_use.last() {
+            Some((last, mac)) if in_use.len() >= self.policy.max_probe_conflicts => {
+                Err(AllocError::TooManyConflicts {
+                    network: self.scope.network.clone(),
+                    range: self.ranges[i].to_string(),
+                    conflicts: in_use.len(),
+                    last: *last,
+                    mac: mac.clone(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The error of a range with nothing left, with counts from the call's view (which holds
+    /// the range).
+    fn no_address(&self, i: usize, call: &Call<'_>) -> AllocError {
+        let st = self.range_status(i, call.view.values(), self.clock.now());
+        let in_use = call.probes.answered_in(i);
+        if !in_use.is_empty() {
             // Say why: the last free candidates are used by someone else on the segment.
             return AllocError::InUseOnSegment {
                 network: self.scope.network.clone(),
                 range: st.range,
-                in_use: conflicts.in_use.into_boxed_slice(),
+                in_use: in_use.into_boxed_slice(),
                 usable: st.usable,
                 leased: st.leased,
                 quarantined: st.quarantined,
