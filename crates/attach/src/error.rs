@@ -1,5 +1,5 @@
-//! Every way the attacher fails, and where each becomes a CNI error code (STATUS turns a failed
-//! check into its not-ready codes itself).
+//! Every way the attacher fails, and where each becomes a CNI error code, STATUS's not-ready
+//! answers included.
 
 use std::path::PathBuf;
 
@@ -14,6 +14,9 @@ pub enum AttachError {
     Cni(CniError),
     #[error("{0}")]
     Config(String),
+    /// STATUS: the attacher could not serve an ADD now, for this reason.
+    #[error("{0}")]
+    NotReady(String),
     /// A field the runtime asked for that an ipvlan slave cannot honour.
     #[error(
         "{field} {value:?} cannot be honoured: an ipvlan interface always has its master's MAC address; remove the MAC from the pod's network selection"
@@ -100,6 +103,7 @@ impl AttachError {
             }
             AttachError::NoAddresses { .. } => code::DELEGATE_FAILED,
             AttachError::MasterDown { .. } => code::TRY_AGAIN_LATER,
+            AttachError::NotReady(_) => code::NOT_AVAILABLE,
             AttachError::DadFailed { .. } => code::ADDRESS_IN_USE,
             AttachError::Check(_) => code::CHECK_FAILED,
         }
@@ -112,5 +116,40 @@ impl From<AttachError> for CniError {
             AttachError::Cni(c) => c,
             other => CniError::new(other.code(), other.to_string()),
         }
+    }
+}
+
+/// STATUS: the IPAM plugin's own not-ready answer (50, 51) goes through as it is; any other failure
+/// of it means this network cannot serve an ADD now (50).
+pub fn ipam_not_ready(plugin: &str, e: CniError) -> CniError {
+    match e.code {
+        code::NOT_AVAILABLE | code::NOT_AVAILABLE_LIMITED => e,
+        _ => CniError::new(
+            code::NOT_AVAILABLE,
+            format!("IPAM {plugin} is not ready: {}", e.msg),
+        )
+        .with_details(e.details),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_answers_are_not_ready_codes() {
+        let limited = CniError::new(code::NOT_AVAILABLE_LIMITED, "range full");
+        assert_eq!(
+            ipam_not_ready("tether-ipam", limited).code,
+            code::NOT_AVAILABLE_LIMITED
+        );
+        let store = ipam_not_ready("tether-ipam", CniError::new(code::STORE, "unreachable"));
+        assert_eq!(store.code, code::NOT_AVAILABLE);
+        assert_eq!(store.msg, "IPAM tether-ipam is not ready: unreachable");
+        let ours = CniError::from(AttachError::NotReady("no master".into()));
+        assert_eq!(
+            (ours.code, ours.msg.as_str()),
+            (code::NOT_AVAILABLE, "no master")
+        );
     }
 }

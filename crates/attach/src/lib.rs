@@ -30,7 +30,7 @@ use std::path::Path;
 
 use tether_cni::delegate::{Exit, Running};
 use tether_cni::result::Interface;
-use tether_cni::{CniError, CniResult, Command, Request, code};
+use tether_cni::{CniError, CniResult, Command, Request};
 use tether_link::netlink::EEXIST;
 use tether_link::{Link, NetNs, Netlink, NetnsError};
 use tether_wire::frame::format_mac;
@@ -450,24 +450,18 @@ fn remove_pod_links(
 
 /// STATUS: ready when the master exists and IPAM is ready. Any failure is code 50 (or IPAM's 50/51).
 pub fn status(req: &Request) -> Result<(), CniError> {
-    let not_ready = |msg: String| CniError::new(code::NOT_AVAILABLE, msg);
+    let not_ready =
+        |e: &dyn std::fmt::Display| CniError::from(AttachError::NotReady(e.to_string()));
     let cfg = IpvlanConfig::from_conf(&req.conf).map_err(CniError::from)?;
     // Under linkInContainer the master appears only with the pod; there is nothing to check up front.
     if !cfg.link_in_container {
-        let host = Netlink::current().map_err(|e| not_ready(e.to_string()))?;
-        resolve_master(&cfg, None, &host, &host).map_err(|e| not_ready(e.to_string()))?;
+        let host = Netlink::current().map_err(|e| not_ready(&e))?;
+        resolve_master(&cfg, None, &host, &host).map_err(|e| not_ready(&e))?;
     }
     if let Some(plugin) = &cfg.ipam_type {
         req.delegation()
             .exec(plugin, Command::Status)
-            .map_err(|e| match e.code {
-                code::NOT_AVAILABLE | code::NOT_AVAILABLE_LIMITED => e,
-                _ => CniError::new(
-                    code::NOT_AVAILABLE,
-                    format!("IPAM {plugin} is not ready: {}", e.msg),
-                )
-                .with_details(e.details),
-            })?;
+            .map_err(|e| error::ipam_not_ready(plugin, e))?;
     }
     Ok(())
 }
@@ -483,6 +477,7 @@ pub fn gc(req: &Request) -> Result<(), CniError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tether_cni::code;
 
     #[test]
     fn the_temporary_name_is_the_attachments_own_and_fits_a_link_name() {

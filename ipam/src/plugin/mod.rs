@@ -2,81 +2,36 @@
 //! Result.
 //!
 //! The engine and the store live in tether-leases, ranges and config in tether-pool, probing in
-//! tether-wire (through [`prober`]). This crate wires them to the CNI verbs and maps their errors to
-//! CNI codes: the engine's in [`to_cni`], a store's met outside the engine in [`kube_error`] and
-//! where the data directory is opened ([`Store::open`]), STATUS's not-ready answers in its verb.
-//! Each verb builds one [`Context`] (one store connection, one
-//! time budget) and passes it by reference.
+//! tether-wire (through [`prober`]). This crate wires them to the CNI verbs; which CNI code each
+//! failure gets is decided in [`cni_errors`]. Each verb builds one [`Context`] (one store
+//! connection, one time budget) and passes it by reference.
 
+pub mod cni_errors;
 pub mod prober;
 pub mod requests;
 pub mod said_once;
 #[cfg(test)]
 mod tests;
 
+use cni_errors::{
+    config_error, data_dir_error, gc_without_list, kube_error, not_ready, nowhere_to_probe,
+    range_full, to_cni, unfit_prefix,
+};
 use tether_cni::result::IpConfig;
 use tether_cni::{Added, CniError, CniResult, MasterKeys, Plugin, Request, code};
 use tether_kube_store::by_network::mirrors_wanted;
-use tether_kube_store::{KubeSettings, KubeStore, KubeStoreError, LegacyMirrors, node_agent};
+use tether_kube_store::{KubeSettings, KubeStore, LegacyMirrors, node_agent};
 use tether_lease_service::{ServedStore, open_served, socket_path};
 
 /// The node journal of the Kubernetes store, under `dataDir`.
 pub const JOURNAL_DIR: &str = "journal";
 use tether_leases::{
-    AddRequest, AllocError, Allocator, Attachment, FileStore, FileStoreError, Lease, LeaseStore,
-    NoProbe, ProbeError, Prober, SystemClock,
+    AddRequest, Allocator, Attachment, FileStore, Lease, LeaseStore, NoProbe, Prober, SystemClock,
 };
-use tether_pool::{ConfigError, KubeconfigSource, PoolConfig, ProbeConfig, StoreKind};
+use tether_pool::{KubeconfigSource, PoolConfig, ProbeConfig, StoreKind};
 
 /// The plugin: one method per CNI verb.
 pub struct Ipam;
-
-/// Every engine error becomes a CNI error here, and only here.
-pub fn to_cni(e: AllocError) -> CniError {
-    let c = match &e {
-        _ if e.is_transient() => code::TRY_AGAIN_LATER,
-        // A file in dataDir that is not what it must be (a symlink, a directory): only the
-        // operator can fix it, like the dataDir itself.
-        AllocError::Store(s)
-            if FileStoreError::from_store_error(s).is_some_and(FileStoreError::is_config) =>
-        {
-            code::INVALID_CONFIG
-        }
-        // Credentials that are not tether's: the NAD's kubeconfig is what must change.
-        AllocError::Store(s)
-            if KubeStoreError::from_store_error(s).is_some_and(KubeStoreError::is_config) =>
-        {
-            code::INVALID_CONFIG
-        }
-        AllocError::Store(_) | AllocError::Gc { .. } => code::STORE,
-        AllocError::Request(_) | AllocError::DuplicateRequest { .. } => code::INVALID_CONFIG,
-        AllocError::HeldByOther { .. } | AllocError::AttachmentHasOther { .. } => {
-            code::ADDRESS_TAKEN
-        }
-        AllocError::RequestedInUse { .. }
-        | AllocError::TooManyConflicts { .. }
-        | AllocError::InUseOnSegment { .. } => code::ADDRESS_IN_USE,
-        // The interface faults the attacher meets too get its codes: a master that is down is
-        // worth a retry once the link is up, a missing one is the config's.
-        AllocError::Probe {
-            source: ProbeError::LinkDown { .. },
-            ..
-        } => code::TRY_AGAIN_LATER,
-        AllocError::Probe {
-            source: ProbeError::LinkMissing { .. },
-            ..
-        } => code::INVALID_CONFIG,
-        AllocError::Probe { .. } => code::IO,
-        AllocError::Exhausted { .. } => code::POOL_EXHAUSTED,
-        AllocError::Contention { .. } => code::TRY_AGAIN_LATER,
-        AllocError::NoLease { .. } | AllocError::MissingRange { .. } => code::CHECK_FAILED,
-    };
-    CniError::new(c, e.to_string())
-}
-
-fn config_error(e: ConfigError) -> CniError {
-    CniError::invalid_config(e.to_string())
-}
 
 /// The node this store serves, recorded on each lease (kubelet's node name when set, else hostname).
 fn node_name() -> Option<String> {
@@ -85,18 +40,6 @@ fn node_name() -> Option<String> {
         .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
-}
-
-/// Kubernetes store failures that happen outside the engine (credentials, readiness).
-pub fn kube_error(e: KubeStoreError) -> CniError {
-    let c = if e.is_transient() {
-        code::TRY_AGAIN_LATER
-    } else if e.is_config() {
-        code::INVALID_CONFIG
-    } else {
-        code::STORE
-    };
-    CniError::new(c, e.to_string())
 }
 
 /// The lease store a config selects.
@@ -124,16 +67,7 @@ impl Store {
         // Both stores keep files under dataDir (state, or the node journal): checked first, so a
         // directory someone else could write is refused (code 7) before anything is read.
         let files = FileStore::new(cfg.data_dir.clone());
-        let data_dir = files.open_dir().map_err(|e| {
-            let c = if e.is_config() {
-                code::INVALID_CONFIG
-            } else if e.is_transient() {
-                code::TRY_AGAIN_LATER
-            } else {
-                code::STORE
-            };
-            CniError::new(c, e.to_string())
-        })?;
+        let data_dir = files.open_dir().map_err(data_dir_error)?;
         Ok(match cfg.store {
             StoreKind::File => Store::File(files),
             StoreKind::Kubernetes => {
@@ -272,16 +206,8 @@ impl Context {
         let ips = leases
             .iter()
             .map(|l| {
-                let address = ipnet::IpNet::new(l.address, l.prefix_len).map_err(|_| {
-                    CniError::new(
-                        code::STORE,
-                        format!(
-                            "the lease of {} in network {} has prefix length {}, which does not fit the address; \
-                             correct or delete that lease",
-                            l.address, self.cfg.network_name, l.prefix_len
-                        ),
-                    )
-                })?;
+                let address =
+                    ipnet::IpNet::new(l.address, l.prefix_len).map_err(|_| unfit_prefix(l))?;
                 Ok(IpConfig {
                     address,
                     gateway: l.range_index.and_then(|i| self.cfg.gateway_for(i)),
@@ -320,11 +246,7 @@ impl Plugin for Ipam {
             } => (timeout_ms, attempts),
         };
         let keys = MasterKeys::from_top(&req.conf.value)?;
-        let target = prober::target_for(&keys, &req.env).ok_or_else(|| {
-            CniError::invalid_config(
-                "conflict probing needs \"master\" in the config or a CNI_NETNS; set \"probe\": false to allocate without probing",
-            )
-        })?;
+        let target = prober::target_for(&keys, &req.env).ok_or_else(nowhere_to_probe)?;
         let wire = prober::WireProber::new(target, prober::budget(timeout_ms, attempts));
         ctx.allocate(&add, &wire, true)
     }
@@ -360,7 +282,6 @@ impl Plugin for Ipam {
     }
 
     fn status(&self, req: &Request) -> Result<(), CniError> {
-        let not_ready = |msg: String| CniError::new(code::NOT_AVAILABLE, msg);
         let ctx = Context::new(req, Route::Direct).map_err(|e| not_ready(e.msg))?;
         if let Store::Kube(k) = &ctx.store {
             k.ready().map_err(|e| not_ready(e.to_string()))?;
@@ -370,10 +291,7 @@ impl Plugin for Ipam {
             .status()
             .map_err(|e| not_ready(e.to_string()))?;
         if let Some(full) = ranges.iter().find(|r| r.free == 0) {
-            return Err(not_ready(format!(
-                "range {} of network {} has no free address: {} usable, {} leased, {} quarantined",
-                full.range, ctx.cfg.network_name, full.usable, full.leased, full.quarantined
-            )));
+            return Err(range_full(full, &ctx.cfg.network_name));
         }
         Ok(())
     }
@@ -381,9 +299,11 @@ impl Plugin for Ipam {
     fn gc(&self, req: &Request) -> Result<(), CniError> {
         let ctx = Context::new(req, Route::AgentFirst)?;
         // Without the list every lease would look stale; refuse rather than release them all.
-        let listed = req.conf.valid_attachments.as_deref().ok_or_else(|| {
-            CniError::invalid_config("GC needs cni.dev/valid-attachments (an empty list releases every lease of the network)")
-        })?;
+        let listed = req
+            .conf
+            .valid_attachments
+            .as_deref()
+            .ok_or_else(gc_without_list)?;
         let valid: Vec<Attachment> = listed
             .iter()
             .map(|a| Attachment::new(a.container_id.clone(), a.ifname.clone()))

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
-use tether_leases::{Candidate, ProbeOutcome, Probed};
+use tether_leases::{AllocError, Candidate, ProbeError, ProbeOutcome, Probed};
 use tether_pool::NodeAgent;
 
 use super::*;
