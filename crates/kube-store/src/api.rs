@@ -2,7 +2,9 @@
 //! request counters, the traffic counters it was handed, how lists are read (watch cache or
 //! pages) and the mapping of a failed request to a [`KubeStoreError`] that says what to do. It
 //! knows nothing of leases or pods: the lease store ([`KubeStore`](crate::KubeStore)) and the
-//! operator's reader ([`Cluster`](crate::Cluster)) above it do, and may share one client.
+//! operator's reader (`Cluster`, in the tether-cluster crate) above it do, and may share one
+//! client. What the operator's reader builds its requests with is public for it; the plugins
+//! use the lease store only.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -64,8 +66,9 @@ pub(crate) struct Counters {
     pub(crate) delete: AtomicU64,
 }
 
+/// The verb a request is counted under and named by in its errors.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verb {
+pub enum Verb {
     List,
     Get,
     Create,
@@ -216,7 +219,7 @@ impl ApiClient {
     }
 
     /// Parameters of a create or replace: named after the program that writes.
-    pub(crate) fn post_params(&self) -> PostParams {
+    pub fn post_params(&self) -> PostParams {
         PostParams {
             field_manager: Some(self.field_manager.clone()),
             ..PostParams::default()
@@ -226,6 +229,11 @@ impl ApiClient {
     /// The API server URL.
     pub fn server(&self) -> &str {
         &self.server
+    }
+
+    /// The API group of the lease resource ([`KubeSettings::group`]).
+    pub fn group(&self) -> &str {
+        &self.group
     }
 
     /// Where the credentials came from.
@@ -305,7 +313,7 @@ impl ApiClient {
     }
 
     /// Send one request and parse the answer; the outer error is the budget running out.
-    pub(crate) fn send<T: DeserializeOwned>(
+    pub fn send<T: DeserializeOwned>(
         &self,
         verb: Verb,
         what: &str,
@@ -375,7 +383,8 @@ impl ApiClient {
         }
     }
 
-    pub(crate) fn protocol(&self, what: &str, detail: String) -> KubeStoreError {
+    /// A request that could not be built, or an answer that made no sense.
+    pub fn protocol(&self, what: &str, detail: String) -> KubeStoreError {
         KubeStoreError::Protocol {
             server: self.server.clone(),
             what: what.to_string(),
@@ -385,7 +394,7 @@ impl ApiClient {
 
     /// Map a failed request to an actionable error. 404 here means the resource is not served
     /// (callers handle "object not found" before).
-    pub(crate) fn map_error(&self, verb: Verb, what: &str, e: kube::Error) -> KubeStoreError {
+    pub fn map_error(&self, verb: Verb, what: &str, e: kube::Error) -> KubeStoreError {
         let server = self.server.clone();
         match e {
             kube::Error::Service(b) if b.is::<Budget>() => b
@@ -457,7 +466,7 @@ impl ApiClient {
 
     /// Map a failed request for another resource than leases (`verb` on `resource`): a 403 names
     /// them, a 404 is the server's answer as it is.
-    pub(crate) fn map_other(
+    pub fn map_other(
         &self,
         verb: &str,
         resource: &str,

@@ -322,7 +322,7 @@ pub fn read_object(obj: &IPLease) -> Result<(Lease, Naming), String> {
 
 /// A list's `items`, `null` read as empty: a real API server answers an empty metadata-only list
 /// with `"items": null`.
-pub(crate) fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+pub fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
     d: D,
 ) -> Result<Vec<T>, D::Error> {
     Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())

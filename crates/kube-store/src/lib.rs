@@ -39,12 +39,11 @@
 //! ([`KubeSettings::timeout`], default 10 s), so a pod sandbox never hangs on the IPAM.
 
 //! [`lease_lists`] are the store's lists across networks and nodes for the reconciler, the CLI
-//! and the monitor. Beyond the leases, [`Cluster`] reads and writes what the operator needs:
-//! pods ([`cluster`]), nodes ([`nodes`]), NAD configurations and Events on pods and NADs ([`monitoring`]),
-//! access reviews, the node-scope dry-run, `/version` and the CRD's state ([`access`]), node-bound
-//! tokens ([`node_token`]), whereabouts' IPPools and reservations for the import ([`whereabouts`]). Both sit on [`ApiClient`] ([`api`]; lists in [`listing`]), the client
-//! every request goes through (credentials, time budget, request counters, error mapping), which
-//! they may share; [`traffic`] holds the counters of what the clients sent and read, a value the
+//! and the monitor. The store sits on [`ApiClient`] ([`api`]; lists in [`listing`], watches in
+//! [`watching`]), the client every request goes through (credentials, time budget, request
+//! counters, error mapping); the operator's reader of pods, nodes, NADs, Events, tokens and access
+//! reviews (`Cluster`, the tether-cluster crate, which no plugin links) builds on the same client
+//! and may share it. [`traffic`] holds the counters of what the clients sent and read, a value the
 //! node-agent shares among its clients and its metrics. [`node_agent()`] says whether tether's
 //! node-agent is installed on this node (its kubeconfig for the plugins), which decides the store
 //! of a configuration that names none.
@@ -53,33 +52,24 @@
 // of a short-lived process, so their size does not matter.
 #![allow(clippy::result_large_err)]
 
-pub mod access;
 pub mod api;
 pub mod backoff;
 pub mod by_network;
-pub mod cluster;
 pub mod convert;
 pub mod crd;
 pub mod credentials;
 pub mod error;
 pub mod lease_lists;
-pub mod list_watch;
-mod listing;
-pub mod monitoring;
+pub mod listing;
 pub mod node_agent;
-pub mod node_token;
-pub mod nodes;
 pub mod settings;
 pub mod store;
 pub mod token_claims;
 pub mod traffic;
 pub mod watching;
-pub mod whereabouts;
 
-pub use access::{Access, CrdState, Identity, NodeScope};
 pub use api::{ApiClient, RequestCounts};
 pub use backoff::jittered;
-pub use cluster::{AgentPod, Cluster, ConfigMapData, PodEvent, PodKey};
 pub use convert::{Kinds, Naming, lease_labels, time_text};
 pub use crd::{
     IPLease, IPLeaseSpec, LeasePhase, PodInfo, Quarantine, crd_yaml, network_object_name,
@@ -87,15 +77,8 @@ pub use crd::{
 };
 pub use credentials::check_credentials;
 pub use error::{CredentialSource, KubeStoreError};
-pub use list_watch::{ListWatch, Resume};
-pub use monitoring::{NadConfig, NadWarning, PodWarning, Posted};
 pub use node_agent::{NODE_KUBECONFIG_ENV, node_agent};
-pub use node_token::IssuedToken;
-pub use nodes::{NODE_LEASE_NAMESPACE, NodeHealth, PodPlacement};
 pub use settings::{DEFAULT_PAGE_SIZE, DEFAULT_TIMEOUT, KubeSettings, LegacyMirrors};
 pub use store::KubeStore;
 pub use traffic::ApiTraffic;
 pub use watching::{Change, WatchEnd};
-pub use whereabouts::{
-    PoolAllocation, Unreadable, WhereaboutsList, WhereaboutsPool, WhereaboutsReservation,
-};

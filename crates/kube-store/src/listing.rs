@@ -30,23 +30,23 @@ pub(crate) struct Page<T> {
 }
 
 /// What to list and how.
-pub(crate) struct ListRequest<'a> {
+pub struct ListRequest<'a> {
     /// The collection path (`/api/v1/pods`).
-    pub(crate) path: &'a str,
+    pub path: &'a str,
     /// What the request is, for errors and logs.
-    pub(crate) what: &'a str,
+    pub what: &'a str,
     /// The resource named in a 403 (`pods`); `None`: the lease resource.
-    pub(crate) resource: Option<&'a str>,
+    pub resource: Option<&'a str>,
     /// `labelSelector`.
-    pub(crate) labels: Option<&'a str>,
+    pub labels: Option<&'a str>,
     /// `fieldSelector`.
-    pub(crate) fields: Option<&'a str>,
+    pub fields: Option<&'a str>,
     /// Metadata only (`PartialObjectMetadataList`).
-    pub(crate) metadata_only: bool,
+    pub metadata_only: bool,
     /// From the watch cache at these parameters' resourceVersion; `None`: consistent pages.
-    pub(crate) cache: Option<ListParams>,
+    pub cache: Option<ListParams>,
     /// The longest answer (page) read; `None`: any.
-    pub(crate) max_bytes: Option<usize>,
+    pub max_bytes: Option<usize>,
 }
 
 /// How many times an expired continue token (410) starts a paginated list over.
@@ -56,7 +56,7 @@ impl ApiClient {
     /// List `req`, handing each page's items to `page` (`true` with the first page after a
     /// restart: drop what the earlier pages gave). Returns the list's resourceVersion (to
     /// watch from).
-    pub(crate) fn list_each<T: DeserializeOwned>(
+    pub fn list_each<T: DeserializeOwned>(
         &self,
         req: &ListRequest<'_>,
         mut page: impl FnMut(Vec<T>, bool),
@@ -145,7 +145,7 @@ impl ApiClient {
     /// from the cache ([`KubeSettings::list_from_cache`]), else `None` (consistent pages).
     ///
     /// [`KubeSettings::list_from_cache`]: crate::KubeSettings::list_from_cache
-    pub(crate) fn any_cached(&self) -> Option<ListParams> {
+    pub fn any_cached(&self) -> Option<ListParams> {
         self.list_from_cache
             .then(|| ListParams::default().match_any())
     }

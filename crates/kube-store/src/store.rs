@@ -59,8 +59,8 @@ impl KubeStore {
         Ok(KubeStore::on(ApiClient::connect(&settings)?, settings))
     }
 
-    /// A store over `api` (connected with these `settings`), which a
-    /// [`Cluster`](crate::Cluster) may share.
+    /// A store over `api` (connected with these `settings`), which the operator's `Cluster`
+    /// (tether-cluster) may share.
     pub fn on(api: Arc<ApiClient>, settings: KubeSettings) -> KubeStore {
         let path = format!("/apis/{}/{VERSION}/{PLURAL}", settings.group);
         let mut settings = settings;

@@ -37,24 +37,25 @@ pub enum Change<T> {
 }
 
 /// An object whose resourceVersion a watch resumes from.
-pub(crate) trait Versioned {
+pub trait Versioned {
+    /// Its `metadata.resourceVersion`, if it has one.
     fn resource_version(&self) -> Option<String>;
 }
 
 /// What to watch.
-pub(crate) struct WatchRequest<'a> {
+pub struct WatchRequest<'a> {
     /// The request (`Request::watch` or `watch_metadata`).
-    pub(crate) req: http::Request<Vec<u8>>,
+    pub req: http::Request<Vec<u8>>,
     /// What it is, for errors.
-    pub(crate) what: &'a str,
+    pub what: &'a str,
     /// The resource named in a 403 (`pods`); `None`: the lease resource.
-    pub(crate) resource: Option<&'a str>,
+    pub resource: Option<&'a str>,
 }
 
 impl ApiClient {
     /// Watch from `resource_version`, calling `f` per change, for at most `timeout` or until
     /// `keep_going()` turns false (checked every 200 ms).
-    pub(crate) fn watch_each<T>(
+    pub fn watch_each<T>(
         &self,
         w: WatchRequest<'_>,
         resource_version: &str,

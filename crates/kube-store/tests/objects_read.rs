@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::json;
-use tether_kube_store::{ApiTraffic, Cluster, KubeStore, PodEvent, WatchEnd};
+use tether_cluster::{Cluster, PodEvent};
+use tether_kube_store::{ApiTraffic, KubeStore, WatchEnd};
 use tether_leases::LeaseStore;
 
 fn read_by(traffic: &ApiTraffic, resource: &str) -> u64 {

@@ -23,10 +23,10 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use serde_json::{Value, json};
+use tether_cluster::{Cluster, CrdState, NodeScope};
 use tether_cni::MasterKeys;
 use tether_kube_store::{
-    ApiClient, Cluster, CrdState, KubeSettings, KubeStore, KubeStoreError, NodeScope,
-    check_credentials, node_agent,
+    ApiClient, KubeSettings, KubeStore, KubeStoreError, check_credentials, node_agent,
 };
 use tether_leases::{Allocator, NoProbe, Scope, SystemClock};
 use tether_link::Netlink;

@@ -2,7 +2,8 @@
 //! the cluster reader ([`Cluster`]: pods, nodes, NADs, Events, the election Lease), sharing its
 //! connection, time budget and counters.
 
-use tether_kube_store::{ApiClient, Cluster, KubeSettings, KubeStore};
+use tether_cluster::Cluster;
+use tether_kube_store::{ApiClient, KubeSettings, KubeStore};
 
 use crate::options::long_lived;
 

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::LeaseSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use tether_kube_store::cluster::ElectionLease;
-use tether_kube_store::{Cluster, KubeStoreError, jittered};
+use tether_cluster::{Cluster, ElectionLease};
+use tether_kube_store::{KubeStoreError, jittered};
 
 /// The election's Lease object.
 pub const LEASE_NAME: &str = "tether-controller";

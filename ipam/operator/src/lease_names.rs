@@ -29,9 +29,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use tether_cluster::{AgentPod, ConfigMapData};
 use tether_kube_store::by_network::{Adoption, MIRROR_SWITCH_FILE, mirror_switch_text};
 use tether_kube_store::convert::naming_of;
-use tether_kube_store::{AgentPod, ConfigMapData, Kinds, KubeStoreError, LegacyMirrors, Naming};
+use tether_kube_store::{Kinds, KubeStoreError, LegacyMirrors, Naming};
 use tether_leases::Lease;
 
 use crate::kube::Kube;

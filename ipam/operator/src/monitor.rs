@@ -32,7 +32,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tether_kube_store::{Kinds, KubeStoreError, NadConfig, PodWarning, Posted};
+use tether_cluster::{NadConfig, PodWarning, Posted};
+use tether_kube_store::{Kinds, KubeStoreError};
 use tether_leases::{Allocator, FileStore, Lease, LeaseState, NoProbe, SystemClock};
 use tether_pool::StoreKind;
 

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::Value;
-use tether_kube_store::NadConfig;
+use tether_cluster::NadConfig;
 use tether_pool::{NodeAgent, PoolConfig};
 
 use crate::manifests::plugins_of;

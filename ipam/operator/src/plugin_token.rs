@@ -5,13 +5,14 @@
 //! so every ADD on the node failed with 401 from the agent pod's deletion (a DaemonSet roll, a
 //! restart) until the next agent wrote its own — a minute and more on a busy node (the e2e
 //! roll). A node-bound token outlives the agent's pod by up to [`LIFETIME`], dies with the Node,
-//! and carries the same node claim the node-scope policies check (tether_kube_store::node_token).
+//! and carries the same node claim the node-scope policies check (tether_cluster::node_token).
 //! When one cannot be had (the API server is away, the RBAC or policy of an older install), the
 //! agent's own token is used as before, and the reason logged once.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tether_kube_store::{Cluster, IssuedToken, KubeSettings};
+use tether_cluster::{Cluster, IssuedToken};
+use tether_kube_store::KubeSettings;
 
 /// How long an issued token is valid: how long the plugin keeps working without any agent.
 /// deploy/base/policy.yaml allows at most this.

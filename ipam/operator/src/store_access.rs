@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use serde_json::Value;
-use tether_kube_store::{Cluster, KubeSettings, KubeStore, node_agent};
+use tether_cluster::Cluster;
+use tether_kube_store::{KubeSettings, KubeStore, node_agent};
 use tether_leases::{FileStore, Lease, LeaseStore};
 use tether_pool::{KubeconfigSource, NodeAgent, PoolConfig, StoreKind};
 

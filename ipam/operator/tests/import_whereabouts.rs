@@ -501,10 +501,9 @@ fn importer_kubeconfig(env: &Env) -> (PathBuf, Rbac) {
     }
     let path = env.dir.join("importer.kubeconfig");
     std::fs::write(&path, kc.to_string()).unwrap();
-    let cluster = tether_kube_store::Cluster::connect(
-        &tether_kube_store::KubeSettings::with_kubeconfig(&path),
-    )
-    .unwrap();
+    let cluster =
+        tether_cluster::Cluster::connect(&tether_kube_store::KubeSettings::with_kubeconfig(&path))
+            .unwrap();
     let in_force = wait_until(Duration::from_secs(10), || {
         cluster.restart_budget();
         cluster

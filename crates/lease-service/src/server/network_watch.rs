@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tether_kube_store::{KubeStoreError, ListWatch, Resume};
+use tether_cluster::{ListWatch, Resume};
+use tether_kube_store::KubeStoreError;
 
 use super::Shared;
 use crate::network_cache::{MAX_LIST_BYTES, NetworkLeases, Standing};

@@ -5,7 +5,7 @@
 use std::net::IpAddr;
 
 use serde_json::json;
-use tether_kube_store::Cluster;
+use tether_cluster::Cluster;
 use tether_leases::{Lease, LeaseState};
 
 use super::lease_filter::{LeaseFilter, matching_labels};

@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use serde_json::{Value, json};
 use tether_attach::IpvlanConfig;
+use tether_cluster::Cluster;
 use tether_cni::NetConf;
-use tether_kube_store::{Cluster, KubeSettings};
+use tether_kube_store::KubeSettings;
 use tether_pool::{
     KubeconfigSource, NODE_KUBECONFIG, NodeAgent, PoolConfig, StoreKind, StoreSource,
 };

@@ -11,7 +11,7 @@
 
 use std::collections::HashSet;
 
-use tether_kube_store::{NadConfig, NadWarning};
+use tether_cluster::{NadConfig, NadWarning};
 
 use super::Monitor;
 use crate::nads::nad_networks;

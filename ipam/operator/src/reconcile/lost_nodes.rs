@@ -160,7 +160,7 @@ impl Reconciler {
             Err(e) => {
                 return r.errors.push(format!(
                     "listing the kubelets' heartbeats (leases in {}): {e}",
-                    tether_kube_store::NODE_LEASE_NAMESPACE
+                    tether_cluster::NODE_LEASE_NAMESPACE
                 ));
             }
         };

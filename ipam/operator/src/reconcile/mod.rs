@@ -41,7 +41,7 @@
 //! the node-agent DaemonSet: one LIST of the pods in `--agent-namespace` (default `$POD_NAMESPACE`,
 //! else the service account's namespace, else `kube-system`) matching `--agent-selector`
 //! (default `app.kubernetes.io/name=tether`, the DaemonSet's pod label), keeping each pod's
-//! `spec.nodeName` ([`Cluster::agent_nodes`](tether_kube_store::Cluster::agent_nodes)). From that one set:
+//! `spec.nodeName` ([`Cluster::agent_nodes`](tether_cluster::Cluster::agent_nodes)). From that one set:
 //!
 //! - the *sweeper* is the node with the lowest hash among the agent nodes ([`sweeper`]). Every
 //!   agent computes the same one, so one agent does the cluster-wide part (one metadata-only LIST

@@ -7,7 +7,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tether_kube_store::{Cluster, ListWatch, PodEvent, Resume};
+use tether_cluster::{Cluster, ListWatch, PodEvent, Resume};
 use tether_leases::reclaim::PodIndex;
 
 use super::silence_check_every;

@@ -13,7 +13,8 @@
 
 use std::net::IpAddr;
 
-use tether_kube_store::{Cluster, KubeStore, PodPlacement};
+use tether_cluster::{Cluster, PodPlacement};
+use tether_kube_store::KubeStore;
 use tether_leases::{Lease, LeaseState, LeaseStore, PodRef, Taken};
 
 use super::entries::Entry;

@@ -7,7 +7,7 @@
 use std::collections::{BTreeSet, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use tether_kube_store::{WhereaboutsPool, WhereaboutsReservation};
+use tether_cluster::{WhereaboutsPool, WhereaboutsReservation};
 use tether_pool::{Family, range::ip_to_u128, range::u128_to_ip};
 
 /// An IPPool's `spec.range`: the address as written (allocation offsets count from it) and the
@@ -289,7 +289,7 @@ fn reservation_address(s: &str) -> Option<IpAddr> {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
-    use tether_kube_store::PoolAllocation;
+    use tether_cluster::PoolAllocation;
 
     fn alloc(id: &str, podref: &str, ifname: &str) -> PoolAllocation {
         PoolAllocation {

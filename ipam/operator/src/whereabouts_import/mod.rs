@@ -38,8 +38,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use tether_kube_store::whereabouts::WHEREABOUTS_DEFAULT_NAMESPACE;
-use tether_kube_store::{ApiClient, Cluster, KubeSettings, KubeStore};
+use tether_cluster::Cluster;
+use tether_cluster::whereabouts::WHEREABOUTS_DEFAULT_NAMESPACE;
+use tether_kube_store::{ApiClient, KubeSettings, KubeStore};
 
 use crate::output::{EXIT_FAILED, EXIT_OK, Output};
 use claim::{Importer, Outcome};
@@ -151,7 +152,7 @@ struct Run<'a> {
     namespace: Option<&'a str>,
     summary: Summary,
     /// The reservations last read, and when.
-    reservations: Option<(Instant, Vec<tether_kube_store::WhereaboutsReservation>)>,
+    reservations: Option<(Instant, Vec<tether_cluster::WhereaboutsReservation>)>,
     follow: bool,
 }
 

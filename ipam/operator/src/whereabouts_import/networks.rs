@@ -19,7 +19,7 @@
 use std::collections::BTreeSet;
 
 use serde_json::Value;
-use tether_kube_store::NadConfig;
+use tether_cluster::NadConfig;
 use tether_leases::Scope;
 use tether_pool::{IpRange, NodeAgent, PoolConfig};
 

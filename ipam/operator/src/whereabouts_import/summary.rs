@@ -349,7 +349,7 @@ fn conflict_json(c: &Conflict) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tether_kube_store::WhereaboutsPool;
+    use tether_cluster::WhereaboutsPool;
     use tether_leases::{LeaseState, PodRef};
 
     fn entry(i: u8) -> Entry {

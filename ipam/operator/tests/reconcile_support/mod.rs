@@ -541,7 +541,7 @@ impl Cluster {
 
         // The authorizer's caches take a moment: wait until the role's first rule is in force.
         let cluster =
-            tether_kube_store::Cluster::connect(&KubeSettings::with_kubeconfig(&path)).unwrap();
+            tether_cluster::Cluster::connect(&KubeSettings::with_kubeconfig(&path)).unwrap();
         let probe = granted.iter().find_map(|(g, r, vs)| {
             vs.iter()
                 .find(|v| !forbidden.contains(&(**v, *r)))

@@ -24,8 +24,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::cluster::Cluster;
-use crate::error::KubeStoreError;
-use crate::listing::ListRequest;
+use tether_kube_store::KubeStoreError;
+use tether_kube_store::listing::ListRequest;
 
 /// The API group and version of whereabouts' resources.
 pub const WHEREABOUTS_API: &str = "/apis/whereabouts.cni.cncf.io/v1alpha1";

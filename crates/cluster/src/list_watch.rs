@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::backoff::jittered;
-use crate::watching::WatchEnd;
+use tether_kube_store::jittered;
+use tether_kube_store::watching::WatchEnd;
 
 /// How a watch round ended, as the loop needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,7 +21,7 @@
 //! | [`Cluster::agent_pods`] | LIST pods of one namespace by label selector: their node, labels and readiness |
 //! | [`Cluster::config_map`], [`Cluster::write_config_map`] | GET or UPDATE of one ConfigMap (the controller's word on lease names) |
 //!
-//! [`KubeSettings::page_size`]: crate::KubeSettings::page_size
+//! [`KubeSettings::page_size`]: tether_kube_store::KubeSettings::page_size
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,11 +33,11 @@ use kube::core::Request;
 use kube::core::params::{GetParams, WatchParams};
 use serde::Deserialize;
 
-use crate::api::{ApiClient, Verb};
-use crate::error::KubeStoreError;
-use crate::listing::ListRequest;
-use crate::settings::KubeSettings;
-use crate::watching::{Change, Versioned, WatchEnd, WatchRequest};
+use tether_kube_store::KubeSettings;
+use tether_kube_store::KubeStoreError;
+use tether_kube_store::api::{ApiClient, Verb};
+use tether_kube_store::listing::ListRequest;
+use tether_kube_store::watching::{Change, Versioned, WatchEnd, WatchRequest};
 
 /// The few metadata fields tether reads from pods and leases.
 #[derive(Deserialize, Clone, Debug, Default)]
@@ -105,7 +105,7 @@ pub enum PodEvent {
 
 /// What the operator asks the API server beyond the leases: pods, nodes, NADs, Events, the
 /// election Lease, tokens, access reviews. On an [`ApiClient`] of its own or shared with a
-/// [`KubeStore`](crate::KubeStore) (one connection, one budget, one set of counters).
+/// [`KubeStore`](tether_kube_store::KubeStore) (one connection, one budget, one set of counters).
 pub struct Cluster {
     api: Arc<ApiClient>,
 }
@@ -432,7 +432,7 @@ impl Cluster {
                         ready_since: ready.map(|c| {
                             c.last_transition_time
                                 .as_deref()
-                                .and_then(|t| crate::convert::parse_time(t).ok())
+                                .and_then(|t| tether_kube_store::convert::parse_time(t).ok())
                                 .unwrap_or(0)
                         }),
                     }

@@ -1,7 +1,7 @@
 //! What the monitors need from the API beyond leases and pods: the tether-ipam configurations of
 //! the cluster's NetworkAttachmentDefinitions (pool sizes, overlap checks), a Warning Event on a
 //! pod (the node-agent's) or on a NAD (the controller's). (What the clients sent and read is
-//! counted in [`crate::traffic`].)
+//! counted in [`tether_kube_store::traffic`].)
 //!
 //! | call | request |
 //! |---|---|
@@ -13,10 +13,10 @@ use kube::core::Request;
 use kube::core::params::ListParams;
 use serde_json::{Value, json};
 
-use crate::api::Verb;
 use crate::cluster::Cluster;
-use crate::convert::time_text;
-use crate::error::KubeStoreError;
+use tether_kube_store::KubeStoreError;
+use tether_kube_store::api::Verb;
+use tether_kube_store::convert::time_text;
 
 /// One NetworkAttachmentDefinition's CNI configuration (`spec.config`, JSON text).
 #[derive(Debug, Clone, PartialEq, Eq)]

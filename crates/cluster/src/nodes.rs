@@ -12,11 +12,11 @@ use kube::core::Request;
 use kube::core::params::GetParams;
 use serde::Deserialize;
 
-use crate::api::Verb;
 use crate::cluster::Cluster;
-use crate::convert::null_as_empty;
-use crate::error::KubeStoreError;
-use crate::listing::ListRequest;
+use tether_kube_store::KubeStoreError;
+use tether_kube_store::api::Verb;
+use tether_kube_store::convert::null_as_empty;
+use tether_kube_store::listing::ListRequest;
 
 /// Where the kubelets renew their heartbeat Leases.
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";

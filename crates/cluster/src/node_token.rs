@@ -13,10 +13,10 @@ use kube::core::Request;
 use kube::core::params::PostParams;
 use serde_json::{Value, json};
 
-use crate::api::Verb;
 use crate::cluster::Cluster;
-use crate::convert::parse_time;
-use crate::error::KubeStoreError;
+use tether_kube_store::KubeStoreError;
+use tether_kube_store::api::Verb;
+use tether_kube_store::convert::parse_time;
 
 /// A token the API server issued, and when it stops accepting it (seconds since the epoch).
 #[derive(Clone, PartialEq, Eq)]

@@ -12,10 +12,10 @@ use kube::core::Request;
 use kube::core::params::{GetParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::api::Verb;
 use crate::cluster::Cluster;
-use crate::crd::PLURAL;
-use crate::error::KubeStoreError;
+use tether_kube_store::KubeStoreError;
+use tether_kube_store::api::Verb;
+use tether_kube_store::crd::PLURAL;
 
 /// Answer of a SelfSubjectAccessReview.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,9 +148,9 @@ impl Cluster {
         // An isolated fabric of its own: no record of a real network can have that name.
         let fabric = "tether-doctor";
         let body = json!({
-            "apiVersion": format!("{}/{}", self.api().group, crate::crd::VERSION),
+            "apiVersion": format!("{}/{}", self.api().group(), tether_kube_store::crd::VERSION),
             "kind": "IPLease",
-            "metadata": {"name": crate::crd::object_name(Some(fabric), address)},
+            "metadata": {"name": tether_kube_store::crd::object_name(Some(fabric), address)},
             "spec": {"network": network, "isolatedFabric": fabric, "address": address.to_string(), "prefixLength": 32,
                      "containerID": "tether-doctor", "ifname": "net1", "node": NO_SUCH_NODE,
                      "state": "Leased", "since": "2000-01-01T00:00:00Z"}
@@ -161,8 +161,8 @@ impl Cluster {
         };
         let req = Request::new(format!(
             "/apis/{}/{}/{PLURAL}",
-            self.api().group,
-            crate::crd::VERSION
+            self.api().group(),
+            tether_kube_store::crd::VERSION
         ))
         .create(&params, serde_json::to_vec(&body).expect("json"))
         .map_err(|e| self.api().protocol(what, e.to_string()))?;
@@ -197,7 +197,7 @@ impl Cluster {
 
     /// Is the IPLease CRD installed and established?
     pub fn crd_state(&self) -> Result<CrdState, KubeStoreError> {
-        let crd_name = format!("{PLURAL}.{}", self.api().group);
+        let crd_name = format!("{PLURAL}.{}", self.api().group());
         let what = "GET of the IPLease CRD";
         let req = Request::new("/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
             .get(&crd_name, &GetParams::default())
