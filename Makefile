@@ -240,18 +240,26 @@ BENCH_AGENTS_ARGS ?=
 bench-agents: build
 	TETHER_BIN_DIR=$(CURDIR)/$(STATIC) $(BENCH_BIN) bench-agents $(if $(BENCH_AGENTS_ARGS),-- $(BENCH_AGENTS_ARGS))
 
-# All of the above in one run, then BENCHMARKS.md and docs/benchmarks.png from their output.
+# All of the above and bench-node in one run, then BENCHMARKS.md and docs/benchmarks.png, whole, from
+# their output (conformance/bench/report.py). The tree must be clean: each benchmark records the
+# commit and the tree's state as it starts and ends (target/bench/<name>.rev), and the report
+# refuses inputs of different commits or of a tree with changes, and names the commit it measured.
+# To bench a tree others are editing, bench a clean clone at a commit. About 90 min here (2 cores),
+# bench-node half of it; BENCH_NODE_PODS, BENCH_AGENTS_ARGS, BENCH_KUBE_ARGS apply.
 BENCH_OUT := target/bench
+BENCH_STEPS := attach ipam kube static probe agents node
 bench:
+	python3 conformance/bench/report.py --check-tree
 	@rm -rf $(BENCH_OUT) && mkdir -p $(BENCH_OUT)/samples
 	python3 -c 'import matplotlib' 2>/dev/null || pip install --quiet matplotlib
 	set -o pipefail; export BENCH_SAMPLES_DIR=$(CURDIR)/$(BENCH_OUT)/samples; \
-	  $(MAKE) --no-print-directory bench-attach | tee $(BENCH_OUT)/attach.txt && \
-	  $(MAKE) --no-print-directory bench-ipam | tee $(BENCH_OUT)/ipam.txt && \
-	  $(MAKE) --no-print-directory bench-kube | tee $(BENCH_OUT)/kube.txt && \
-	  $(MAKE) --no-print-directory bench-static | tee $(BENCH_OUT)/static.txt && \
-	  $(MAKE) --no-print-directory bench-probe | tee $(BENCH_OUT)/probe.txt && \
-	  $(MAKE) --no-print-directory bench-agents | tee $(BENCH_OUT)/agents.txt
+	  for s in $(BENCH_STEPS); do \
+	    python3 conformance/bench/report.py --stamp $$s start && \
+	    $(MAKE) --no-print-directory bench-$$s | tee $(BENCH_OUT)/$$s.txt && \
+	    python3 conformance/bench/report.py --stamp $$s end || exit 1; \
+	  done
+	@# bench-node's table is its own generated file (run.sh empties target/lab/e2e first).
+	cp target/lab/e2e/bench-node.md $(BENCH_OUT)/node.md
 	python3 conformance/bench/report.py
 
 fmt:

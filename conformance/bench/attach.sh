@@ -8,10 +8,14 @@
 #                                            # VM (or here, if this kernel has ipvlan)
 #   conformance/bench/attach.sh --here       # run the measurement now, in this kernel
 #
-# The reference never probes the wire, so each family has two tether rows: probe off (like for
-# like with the reference) and probe on (tether-ipam's default: 100 ms, one attempt). IPv4 and
-# dual-stack (one IPv4 and one IPv6 range). One more row, tether-ipvlan over host-local, isolates
-# the attacher. Every row has its own master, pod netns and store.
+# The reference never probes the wire, so each family has two tether rows: probe off and probe on
+# (tether-ipam's default: 100 ms, one attempt). IPv4 and dual-stack (one IPv4 and one IPv6 range).
+# One more row, tether-ipvlan over host-local, isolates the attacher. Every row has its own master,
+# pod netns and store. Each ratio's label says what differs between its two sides besides the
+# plugins themselves. In the dual rows the IPv6 address is never used tentative, but the sides get
+# there differently: the reference waits out the kernel's default DAD (a random delay of up to 1 s,
+# then 1 s); tether-ipvlan shortens DAD on the pod's interface to one 100 ms window and waits that
+# out (probe off), or adds the IPv6 address tether-ipam probed (100 ms) with nodad (probe on).
 #
 # The plugins are exec'd directly (CNI_* env, config on stdin; no libcni in between), from a bash
 # loop already inside the node netns, timed with $EPOCHREALTIME, so the numbers are the plugins'
@@ -44,12 +48,12 @@ die() { printf 'bench/attach: FAILED: %s\n' "$*" >&2; exit 1; }
 # Rows: name, label, plugin (ours | ref), ipam (tether-on | tether-off | host-local), family (4 | dual).
 ROWS=(
     "ref4|reference ipvlan + host-local|ref|host-local|4"
-    "off4|tether, probe off (like for like)|ours|tether-off|4"
-    "on4|tether, probe on (default)|ours|tether-on|4"
+    "off4|tether, probe off|ours|tether-off|4"
+    "on4|tether, probe on (as shipped)|ours|tether-on|4"
     "hl4|tether-ipvlan + host-local (attacher alone)|ours|host-local|4"
     "refd|reference ipvlan + host-local|ref|host-local|dual"
-    "offd|tether, probe off (like for like)|ours|tether-off|dual"
-    "ond|tether, probe on (default)|ours|tether-on|dual"
+    "offd|tether, probe off, DAD shortened to 100 ms|ours|tether-off|dual"
+    "ond|tether, probe on (as shipped), IPv6 nodad|ours|tether-on|dual"
 )
 
 # ----------------------------------------------------------------------------- host side
@@ -202,8 +206,9 @@ done
 echo "== attach benchmark: $CYCLES ADD/DEL cycles of each row, interleaved (the order rotates every cycle); kernel $(uname -r), $(nproc) cpus"
 echo "   tether:    $BIN/tether-ipvlan + tether-ipam (file store); probe on = tether-ipam's default (100 ms, 1 attempt)"
 echo "   reference: $REFDIR/ipvlan + host-local ($(dpkg-query -W -f='containernetworking-plugins ${Version}' containernetworking-plugins 2>/dev/null || echo 'version unknown')); never probes"
-echo "   dual: one IPv4 and one IPv6 range; the reference and tether with probe off wait out the kernel's DAD,"
-echo "   tether with probe on adds the IPv6 address tether-ipam probed with nodad"
+echo "   dual: one IPv4 and one IPv6 range. The reference waits out the kernel's default IPv6 DAD (a random"
+echo "   delay of up to 1 s, then 1 s); tether-ipvlan shortens DAD on the pod's interface to one 100 ms window"
+echo "   and waits that out (probe off), or adds the IPv6 address tether-ipam probed (100 ms) with nodad (probe on)"
 
 TIMES=$SCRATCH/times
 : >"$TIMES"
@@ -233,16 +238,16 @@ for b in tether-ipvlan tether-ipam ipvlan host-local; do
 done
 
 echo
-printf '   %-6s %-44s %9s %9s %9s %9s\n' family row "ADD p50" "ADD p90" "DEL p50" "DEL p90"
+printf '   %-6s %-46s %9s %9s %9s %9s\n' family row "ADD p50" "ADD p90" "DEL p50" "DEL p90"
 for r in "${names[@]}"; do
     fam=IPv4
     [[ "$r" == *d ]] && fam=dual
-    printf '   %-6s %-44s %9s %9s %9s %9s\n' "$fam" "$(<"$SCRATCH/$r.label")" \
+    printf '   %-6s %-46s %9s %9s %9s %9s\n' "$fam" "$(<"$SCRATCH/$r.label")" \
         "$(pct "$r" ADD 50)" "$(pct "$r" ADD 90)" "$(pct "$r" DEL 50)" "$(pct "$r" DEL 90)"
 done
 
 echo
-echo "   ratio tether/reference, p50 (p90)            ADD             DEL          targets (p50)"
+printf '   %-67s %-15s %-12s %s\n' "ratio tether/reference, p50 (p90); each label: what differs" ADD DEL "targets (p50)"
 line() { # <family> <what> <row> <ref> <add target> <del target or "">
     local a d t
     a="$(ratio "$(pct "$3" ADD 50)" "$(pct "$4" ADD 50)") ($(ratio "$(pct "$3" ADD 90)" "$(pct "$4" ADD 90)"))"
@@ -250,13 +255,13 @@ line() { # <family> <what> <row> <ref> <add target> <del target or "">
     t=
     [ -n "$5" ] && t="ADD <= $5: $(verdict "$(ratio "$(pct "$3" ADD 50)" "$(pct "$4" ADD 50)")" "$5")"
     [ -n "$6" ] && t="$t; DEL <= $6: $(verdict "$(ratio "$(pct "$3" DEL 50)" "$(pct "$4" DEL 50)")" "$6")"
-    printf '   %-6s %-34s %-15s %-12s %s\n' "$1" "$2" "$a" "$d" "$t"
+    printf '   %-6s %-60s %-15s %-12s %s\n' "$1" "$2" "$a" "$d" "$t"
 }
-line IPv4 "like for like (tether probe off)" off4 ref4 0.5 0.5
-line IPv4 "default (tether probe on)" on4 ref4 1.2 ""
-line IPv4 "attacher alone (both host-local)" hl4 ref4 "" ""
-line dual "like for like (tether probe off)" offd refd 0.5 0.5
-line dual "default (tether probe on)" ond refd 1.2 ""
+line IPv4 "neither side probes; IPv4 has no DAD" off4 ref4 0.5 0.5
+line IPv4 "tether probes the address (100 ms); the reference does not" on4 ref4 1.2 ""
+line IPv4 "attachers only: both sides use host-local" hl4 ref4 "" ""
+line dual "IPv6 DAD: tether's one 100 ms window vs the kernel default" offd refd 0.5 0.5
+line dual "tether probes (100 ms), adds IPv6 nodad; ref waits out DAD" ond refd 1.2 ""
 echo
 ds=$(ratio "$(pct ond ADD 50)" "$(pct on4 ADD 50)")
 echo "   dual-stack ADD / IPv4 ADD, tether probe on, p50: $ds (target <= 1.3: $(verdict "$ds" 1.3))"

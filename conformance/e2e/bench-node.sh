@@ -131,14 +131,14 @@ bt=$(best "${T[@]}"); br=$(best "${R[@]}")
 {
   echo "| plugins (net1 + net2 per pod) | pods | rounds | creation → all Running, s (each round) | pods Running per second (best) | failed sandboxes (last round) |"
   echo "|---|---:|---:|---|---:|---:|"
-  printf '| tether-ipvlan + tether-ipam | %s | %s | %s | %s | %s |\n' "$N" "$ROUNDS" "${T[*]}" "$(rate "$N" "$bt")" "$TF"
+  printf '| tether-ipvlan + tether-ipam (cluster store through the node-agent, node credential; probes each address, 100 ms) | %s | %s | %s | %s | %s |\n' "$N" "$ROUNDS" "${T[*]}" "$(rate "$N" "$bt")" "$TF"
   if [ -n "$br" ]; then
-    printf '| ipvlan + whereabouts (reference) | %s | %s | %s | %s | %s |\n' "$N" "$ROUNDS" "${R[*]}" "$(rate "$N" "$br")" "$RF"
+    printf '| reference ipvlan + whereabouts (admin kubeconfig; one cluster-wide Lease per call; no probe) | %s | %s | %s | %s | %s |\n' "$N" "$ROUNDS" "${R[*]}" "$(rate "$N" "$br")" "$RF"
     echo
     printf 'tether / reference, pods Running per second: x%.2f\n' "$(awk -v a="$br" -v b="$bt" 'BEGIN{print a/b}')"
   else
     # Never all Running: its rate is at most what it had Running at the limit over the limit.
-    printf '| ipvlan + whereabouts (reference) | %s | %s | not all Running within %s s (%s of %s) | ≤ %s | — |\n' \
+    printf '| reference ipvlan + whereabouts (admin kubeconfig; one cluster-wide Lease per call; no probe) | %s | %s | not all Running within %s s (%s of %s) | ≤ %s | — |\n' \
       "$N" "$ROUNDS" "$R_LIMIT" "$RF" "$N" "$(rate "$RF" "$R_LIMIT")"
     echo
     if [ "$RF" -gt 0 ]; then

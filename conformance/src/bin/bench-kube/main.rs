@@ -18,12 +18,16 @@
 //!    processes, the lease service, the API server and etcd (`/proc/<pid>/stat` and the reaped
 //!    children's rusage around the phase). Every row starts from empty stores (and an empty node
 //!    journal) and one unmeasured ADD+DEL; the plugins' order rotates by row.
-//! 2. The fallback row: tether-ipam through the agent at the highest concurrency, the agent
+//! 2. The ceiling (ceiling.rs): at each concurrency, the same server's rate of CREATEs of IPLeases
+//!    like the ones tether-ipam writes, from keep-alive clients holding the node credential (the
+//!    CRD and the node-scope admission policy in force), and tether-ipam's allocations/s as a
+//!    fraction of it.
+//! 3. The fallback row: tether-ipam through the agent at the highest concurrency, the agent
 //!    stopped (SIGTERM, as a DaemonSet roll does) when half the ADDs have started.
-//! 3. API requests per call: the server's `apiserver_request_total` (requests the API server makes
+//! 4. API requests per call: the server's `apiserver_request_total` (requests the API server makes
 //!    to itself excluded) around the first ADD of the node in the network, then `--api-calls` - 1
 //!    more ADDs, then as many DELs, at concurrency 1, for the plugin's resources.
-//! 4. Scale: tether-ipam (through the agent) ADDs at concurrency 1 with no IPLease in the cluster,
+//! 5. Scale: tether-ipam (through the agent) ADDs at concurrency 1 with no IPLease in the cluster,
 //!    then with 20,000 created directly through the API (half in the measured network, on
 //!    addresses of its range spread pseudo-randomly over it, half in another network).
 //!
@@ -37,10 +41,13 @@
 //! Options: `--n N` ADDs per row (300); `--n-whereabouts N` (default: as `--n`); `--concurrency
 //! 1,8,32`; `--cap-s S`: no new call starts in a phase after S seconds (120); `--api-calls N` (50);
 //! `--scale-n N` ADDs per scale row (50); `--scale-leases N` (20000; 0 skips the scale rows);
+//! `--ceiling-n N` measured CREATEs per concurrency for the ceiling (1000: a second or more at
+//! the server's rate, unlike a row's few hundred ADDs; 0 skips);
 //! `--keep`: leave the server running at the end (prints how to stop it).
 //! Env: TETHER_PEERS (default `../shared/peers` from the repository root), TETHER_BIN_DIR, KUBECTL,
 //! PEERS_API_PORT / PEERS_ETCD_PORT / PEERS_ETCD_PEER_PORT (default 36443 / 43790 / 43800).
 
+mod ceiling;
 mod phases;
 mod prefill;
 mod report;
@@ -84,13 +91,14 @@ struct Opts {
     api_calls: usize,
     scale_n: usize,
     scale_leases: usize,
+    ceiling_n: usize,
     keep: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: bench-kube [--n 300] [--n-whereabouts N] [--concurrency 1,8,32] [--cap-s 120] \
-         [--api-calls 50] [--scale-n 50] [--scale-leases 20000] [--keep]"
+         [--api-calls 50] [--scale-n 50] [--scale-leases 20000] [--ceiling-n 1000] [--keep]"
     );
     std::process::exit(2)
 }
@@ -104,6 +112,7 @@ fn opts() -> Opts {
         api_calls: 50,
         scale_n: 50,
         scale_leases: 20_000,
+        ceiling_n: 1000,
         keep: false,
     };
     let mut it = std::env::args().skip(1);
@@ -125,6 +134,7 @@ fn opts() -> Opts {
             "--api-calls" => o.api_calls = num(it.next()),
             "--scale-n" => o.scale_n = num(it.next()),
             "--scale-leases" => o.scale_leases = num(it.next()),
+            "--ceiling-n" => o.ceiling_n = num(it.next()),
             "--keep" => o.keep = true,
             _ => usage(),
         }
@@ -295,10 +305,19 @@ fn run(o: &Opts, peers: &Path) -> Result<(), String> {
     versions.print(o, &b.plugins, &server);
 
     let rows = measure_rows(o, &b)?;
+    let ceiling = measure_ceiling(o, &b, &node_kc)?;
     let fallback = measure_fallback(o, &mut b)?;
     let api = measure_api(o, &b)?;
     let scale = measure_scale(o, &b)?;
-    report::report(o, &b.plugins, &rows, fallback.as_ref(), &api, &scale);
+    report::report(
+        o,
+        &b.plugins,
+        &rows,
+        &ceiling,
+        fallback.as_ref(),
+        &api,
+        &scale,
+    );
     println!();
     println!(
         "bench-kube: {:.0} s in all, server start included; load average at the end: {}",
@@ -475,6 +494,36 @@ fn measure_rows(o: &Opts, b: &Bench) -> Result<Vec<Row>, String> {
         }
     }
     Ok(rows)
+}
+
+/// The ceiling at every concurrency of the rows, right after them: `--ceiling-n` CREATEs each, from
+/// empty stores, deleted again.
+fn measure_ceiling(
+    o: &Opts,
+    b: &Bench,
+    node_kc: &Path,
+) -> Result<Vec<ceiling::CeilingRow>, String> {
+    let n = o.ceiling_n;
+    let mut out = Vec::new();
+    if n == 0 {
+        return Ok(out);
+    }
+    for &c in &o.concurrency {
+        b.reset()?;
+        let row = ceiling::measure(node_kc, NETWORK, n, c, [b.meters.apiserver, b.meters.etcd])?;
+        record_samples(
+            "kube",
+            &format!("IPLease CREATE (ceiling) c{c}"),
+            &tether_conformance::bench::Batch {
+                latencies: row.latencies.clone(),
+                wall: row.wall,
+                failures: vec![],
+            },
+        );
+        out.push(row);
+    }
+    b.reset()?;
+    Ok(out)
 }
 
 /// tether-ipam through the agent at the highest concurrency, the agent stopped when half the

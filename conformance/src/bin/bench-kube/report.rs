@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::ceiling::CeilingRow;
 use crate::phases::{Kind, Plugin};
 use crate::server::Counts;
 use crate::{ApiRow, Opts, Row, ScaleRow};
@@ -68,6 +69,7 @@ pub fn report(
     o: &Opts,
     plugins: &[Plugin; 3],
     rows: &[Row],
+    ceiling: &[CeilingRow],
     fallback: Option<&Row>,
     api: &[ApiRow],
     scale: &[ScaleRow],
@@ -75,6 +77,7 @@ pub fn report(
     allocations(plugins, rows, fallback);
     cpu(plugins, rows, fallback);
     ratios(o, plugins, rows);
+    ceiling_rows(plugins, rows, ceiling);
     requests(o, plugins, api);
     scale_rows(o, scale);
     targets(o, plugins, rows, fallback, api, scale);
@@ -191,6 +194,75 @@ fn ratios(o: &Opts, plugins: &[Plugin; 3], rows: &[Row]) {
                 q(&|r| r.add.cpu_ms()[4]),
             );
         }
+    }
+}
+
+fn ceiling_rows(plugins: &[Plugin; 3], rows: &[Row], ceiling: &[CeilingRow]) {
+    if ceiling.is_empty() {
+        return;
+    }
+    let idx = |k: Kind| plugins.iter().position(|p| p.kind == k);
+    let (agent, direct) = (idx(Kind::Agent), idx(Kind::Direct));
+    println!();
+    println!("### The ceiling of one object per address: IPLease CREATEs/s on the same server");
+    println!();
+    println!(
+        "tether-ipam through the agent makes one API request per ADD, the CREATE of the address's IPLease, so \
+         the server's CREATE rate of such objects bounds its allocations/s. Measured right after the rows above, \
+         same server, same run: CREATEs of IPLeases like the ones tether-ipam writes (named by address, state \
+         Leased, spec.node and the network, node and pod labels as the store sets them), with the IPLease CRD's \
+         schema and the node-scope ValidatingAdmissionPolicy in force (the clients hold the plugins' node-bound \
+         token, so the policy evaluates every CREATE as it does tether's), from as many workers as the row's \
+         concurrency, each a client of its own keeping its one HTTP/1.1 connection open, warmed up by one \
+         unmeasured CREATE. What the ceiling leaves out is what an ADD is: a process exec'd per call, its \
+         config parsed, the lease service's round trip and bookkeeping. creates/s: successful CREATEs over the \
+         wall time from the start barrier to the last answer; the objects are deleted afterwards."
+    );
+    println!();
+    println!(
+        "| conc | CREATEs | failed | creates/s (ceiling) | CREATE p50 ms | CREATE p99 ms | API server + etcd CPU per CREATE ms | tether-ipam (agent) allocs/s | agent / ceiling | tether-ipam (direct) allocs/s | direct / ceiling |"
+    );
+    println!("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+    let frac = |pi: Option<usize>, c: &CeilingRow| -> (String, String) {
+        match pi.and_then(|pi| row(rows, pi, c.concurrency)) {
+            Some(r) => (
+                format!("{:.1}", r.add.rate()),
+                format!("{:.0}%", 100.0 * r.add.rate() / c.rate()),
+            ),
+            None => ("-".into(), "-".into()),
+        }
+    };
+    for c in ceiling {
+        let (a, af) = frac(agent, c);
+        let (d, df) = frac(direct, c);
+        println!(
+            "| {} | {} | {} | {:.1} | {} | {} | {:.2} | {a} | {af} | {d} | {df} |",
+            c.concurrency,
+            c.ok() + c.failed,
+            c.failed,
+            c.rate(),
+            f_ms(c.q_ms(0.5)),
+            f_ms(c.q_ms(0.99)),
+            c.server_cpu_ms(),
+        );
+    }
+    let fractions: Vec<String> = ceiling
+        .iter()
+        .filter_map(|c| {
+            let r = row(rows, agent?, c.concurrency)?;
+            Some(format!(
+                "{:.0}% at {}-way",
+                100.0 * r.add.rate() / c.rate(),
+                c.concurrency
+            ))
+        })
+        .collect();
+    if !fractions.is_empty() {
+        println!();
+        println!(
+            "tether-ipam (agent) allocations/s as a fraction of the ceiling: {}.",
+            fractions.join(", ")
+        );
     }
 }
 

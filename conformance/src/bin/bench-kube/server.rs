@@ -300,6 +300,14 @@ impl Kube {
         }
     }
 
+    /// CREATE one IPLease (the ceiling's clients: one `Kube` each).
+    pub fn create(&self, o: &IPLease) -> Result<(), String> {
+        self.rt
+            .block_on(self.leases().create(&PostParams::default(), o))
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
     /// Create `objs` with `parallel` requests in flight from one client (kubectl would send them
     /// one at a time, for many minutes). AlreadyExists counts as created; other errors are retried
     /// a few times (a server this busy may answer 429 or time out).
