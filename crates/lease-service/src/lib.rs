@@ -1,21 +1,12 @@
-//! The node-agent's lease service, and the plugin's store that uses it.
-//!
-//! A CNI plugin is a fresh process per call: on the direct path every ADD pays a kubeconfig
-//! parse, a TLS handshake with the API server and the authentication of a new connection, on
-//! both sides, for one or two requests. The node-agent already runs on every node: it keeps one
-//! connection and a watch of each network its pods use, and serves the plugins' lease-store requests over
-//! a root-only unix socket ([`server`]). The plugin asks it first and falls back to the direct
-//! path by itself whenever it is absent, slow, stopping or breaks mid-call ([`client`]), so no
-//! pod waits for, or fails because of, the agent. Both paths send the same conditional requests
-//! as the same node-bound identity ([`protocol`]).
+//! The node-agent's lease service: the plugins' lease-store requests, served over a root-only
+//! unix socket on one kept API connection ([`server`]), with the records of each network this
+//! node's pods use kept by a watch ([`network_cache`]), so most of an ADD is answered without a
+//! request. The plugin's side and the protocol are the tether-lease-client crate
+//! ([`tether_lease_client`]); the plugin links only that one, and falls back to the direct path by
+//! itself whenever this service is absent, slow, stopping or breaks mid-call.
 
-pub mod client;
 pub mod network_cache;
-
-pub mod protocol;
 pub mod server;
 
-pub use client::{AgentConnection, ServedStore, open_served};
 pub use network_cache::NetworkGauge;
-pub use protocol::{DEFAULT_SOCKET, SOCKET_ENV, socket_path};
 pub use server::{LeaseService, ServiceGauges, ServiceOptions, ServiceStats};

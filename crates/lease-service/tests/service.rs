@@ -8,10 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tether_kube_store::KubeSettings;
 
-use tether_lease_service::client::{AgentConnection, identity};
-use tether_lease_service::protocol::{
-    MAX_REPLY, PROTOCOL, Reply, Request, read_frame, write_frame,
-};
+use tether_lease_client::client::{AgentConnection, identity};
+use tether_lease_client::protocol::{MAX_REPLY, PROTOCOL, Reply, Request, read_frame, write_frame};
 use tether_lease_service::{LeaseService, ServiceGauges, ServiceOptions};
 
 fn dir(tag: &str) -> PathBuf {

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use reconcile_support::*;
 use serde_json::{Value, json};
-use tether_lease_service::protocol::{
+use tether_lease_client::protocol::{
     MAX_REPLY, PROTOCOL, Reply, Request, StoreIdentity, read_frame, write_frame,
 };
 use tether_lease_service::{LeaseService, ServiceOptions};

@@ -21,7 +21,7 @@ use tether_cni::result::IpConfig;
 use tether_cni::{Added, CniError, CniResult, MasterKeys, Plugin, Request, code};
 use tether_kube_store::by_network::mirrors_wanted;
 use tether_kube_store::{KubeSettings, KubeStore, LegacyMirrors, node_agent};
-use tether_lease_service::{ServedStore, open_served, socket_path};
+use tether_lease_client::{ServedStore, open_served, socket_path};
 
 /// The node journal of the Kubernetes store, under `dataDir`.
 pub const JOURNAL_DIR: &str = "journal";

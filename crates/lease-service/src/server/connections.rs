@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::Shared;
-use crate::protocol::{MAX_REQUEST, PROTOCOL, Reply, Request, check_peer, read_frame, write_frame};
+use tether_lease_client::protocol::{
+    MAX_REQUEST, PROTOCOL, Reply, Request, check_peer, read_frame, write_frame,
+};
 
 /// How long a connection may sit between two requests (a CNI call sends them back to back).
 const IDLE: Duration = Duration::from_secs(30);

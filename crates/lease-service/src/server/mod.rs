@@ -21,13 +21,13 @@ use tether_leases::{LeaseStore, StoreError};
 use tether_trusted_fs::{Place, TrustedDir};
 
 use crate::network_cache::{NetworkGauge, Networks, Standing};
-use crate::protocol::{Reply, Request, StoreIdentity, socket_place};
+use tether_lease_client::protocol::{Reply, Request, StoreIdentity, socket_place};
 
 mod connections;
 mod network_watch;
 
 /// How long the service gives one request against the API server: less than the plugin waits
-/// for its answer ([`crate::client::ANSWER_WAIT`]), so a slow API server is reported to the
+/// for its answer ([`tether_lease_client::client::ANSWER_WAIT`]), so a slow API server is reported to the
 /// plugin (which then tries directly) rather than left unanswered.
 pub const REQUEST_BUDGET: Duration = Duration::from_millis(2500);
 
@@ -161,7 +161,7 @@ impl LeaseService {
             "the lease service needs the node's name: a credential bound to the node, or NODE_NAME",
         )?;
         let bound = store.api().bound_node().is_some();
-        let mut identity = crate::client::identity(&opts.settings);
+        let mut identity = tether_lease_client::client::identity(&opts.settings);
         identity.kubeconfig = Some(
             std::fs::canonicalize(&kubeconfig)
                 .map_err(|e| format!("the plugins' kubeconfig {}: {e}", kubeconfig.display()))?,

@@ -122,7 +122,7 @@ enum Cmd {
         /// Serve the plugins' lease-store requests on this root-only socket (one kept API
         /// connection, a watch of the records of each network its pods use); a plugin goes on
         /// directly whenever it does not answer.
-        #[arg(long, default_value = tether_lease_service::DEFAULT_SOCKET)]
+        #[arg(long, default_value = tether_lease_client::DEFAULT_SOCKET)]
         lease_socket: PathBuf,
         /// Do not run the lease service: every plugin call goes straight to the API server.
         #[arg(long)]
@@ -144,7 +144,7 @@ enum Cmd {
         #[arg(long)]
         kubeconfig: PathBuf,
         /// Where to listen.
-        #[arg(long, default_value = tether_lease_service::DEFAULT_SOCKET)]
+        #[arg(long, default_value = tether_lease_client::DEFAULT_SOCKET)]
         socket: PathBuf,
         /// This node's name when the credential is not bound to a node (default: NODE_NAME).
         #[arg(long)]

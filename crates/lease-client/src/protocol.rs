@@ -197,7 +197,7 @@ pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read, max: usize) -> io::Res
 
 /// Is the process at the other end of `s` root or this process's own user (SO_PEERCRED)?
 /// Both sides talk only to root. `Err`: who it is, or why that cannot be read.
-pub(crate) fn check_peer(s: &UnixStream) -> Result<(), String> {
+pub fn check_peer(s: &UnixStream) -> Result<(), String> {
     use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
     let uid = getsockopt(s, PeerCredentials)
         .map_err(|e| format!("cannot read the peer's credentials: {e}"))?
@@ -210,7 +210,7 @@ pub(crate) fn check_peer(s: &UnixStream) -> Result<(), String> {
 }
 
 /// The directory a socket path lives in, and its name there.
-pub(crate) fn socket_place(socket: &Path) -> Result<(&Path, &str), String> {
+pub fn socket_place(socket: &Path) -> Result<(&Path, &str), String> {
     match (socket.parent(), socket.file_name().and_then(|n| n.to_str())) {
         (Some(dir), Some(name)) => Ok((dir, name)),
         _ => Err(format!("{} names no socket", socket.display())),

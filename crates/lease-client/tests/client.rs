@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tether_lease_service::client::{AgentConnection, Direct, ServedStore};
-use tether_lease_service::protocol::{
+use tether_lease_client::client::{AgentConnection, Direct, ServedStore};
+use tether_lease_client::protocol::{
     MAX_REQUEST, PROTOCOL, Reply, Request, StoreIdentity, read_frame, write_frame,
 };
 use tether_leases::{
