@@ -5,39 +5,113 @@
   `super::b::X`, `crate::b::f()`) and B, directly or through others, names A. A module's own
   submodules are its own business: declaring or re-exporting them (`mod x; pub use x::T;`) is not
   an edge, so a parent and its children never form a circle by that alone;
-- no product source file over 600 lines (tests, benches, the conformance suite and the API double
-  excepted);
-- no function over 80 lines on the per-pod path (the crates a CNI call runs, and the two plugin
-  binaries' own sources).
+- no product source file over 600 lines: every workspace member but those under conformance/ (the
+  suites and the API double); tests and benches excepted;
+- no function over 80 lines on the per-pod path: the two plugin packages' own sources and the
+  libraries of every workspace crate they depend on through `path` dependencies, directly or not
+  ([dependencies] only: dev-dependencies are not linked into a plugin). The layout is read from the
+  Cargo.toml files, so a crate a plugin starts to depend on is under the rule at once, and one it
+  stops depending on is not.
 
 Prints each finding and exits 1 when there is one. `--graph CRATE_DIR` prints that crate's module
-edges instead. Rust is read with a small tokenizer (comments, strings, chars and lifetimes
-skipped), which is enough for module paths and brace nesting.
+edges instead, `--per-pod` the per-pod crates. Rust is read with a small tokenizer (comments,
+strings, chars and lifetimes skipped), which is enough for module paths and brace nesting.
 """
+import glob
 import os
 import re
 import sys
+import tomllib
 from collections import defaultdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_FILE_LINES = 600
 MAX_FN_LINES = 80
-# Crates whose every source file is product code: the file limit applies (ipam/ holds the
-# operator's package too).
-PRODUCT = ["crates/cni", "crates/pool", "crates/leases", "crates/link", "crates/attach",
-           "crates/wire", "crates/kube-store", "crates/trusted-fs", "crates/stable-hash",
-           "crates/lease-service", "plugins", "ipam"]
-# What one CNI call runs: the function limit applies (the operator program is not per pod).
-PER_POD = ["crates/cni", "crates/pool", "crates/leases", "crates/link", "crates/attach",
-           "crates/wire", "crates/kube-store", "crates/trusted-fs", "crates/stable-hash",
-           "crates/lease-service", "plugins/src", "ipam/src"]
-# kube-store modules only the operator uses (not on the per-pod path).
-NOT_PER_POD = ["crates/kube-store/src/cluster", "crates/kube-store/src/nodes.rs",
-               "crates/kube-store/src/monitoring.rs", "crates/kube-store/src/access.rs",
-               "crates/kube-store/src/node_token.rs", "crates/lease-service/src/server",
-               "crates/lease-service/src/network_cache.rs"]
-# Every crate of the workspace: no circles anywhere.
-CRATES = PRODUCT + ["ipam/operator", "conformance", "conformance/apiserver-double"]
+# The packages a runtime execs for every pod (plugins/ and ipam/).
+PLUGINS = ("tether-ipvlan", "tether-ipam")
+
+
+def manifest(crate):
+    with open(os.path.join(ROOT, crate, "Cargo.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+def members():
+    """The workspace members (directories relative to ROOT), as the root Cargo.toml lists them."""
+    out = []
+    for m in manifest(".")["workspace"]["members"]:
+        found = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, m))
+                       if os.path.isfile(os.path.join(p, "Cargo.toml")))
+        out.extend(found or [m])
+    return out
+
+
+def path_deps(crate):
+    """The crates `crate` links: its [dependencies] (also per target) given by `path`, or by
+    `workspace = true` naming a workspace dependency given by `path`."""
+    m = manifest(crate)
+    tables = [m.get("dependencies", {})]
+    tables += [t.get("dependencies", {}) for t in m.get("target", {}).values()]
+    shared = manifest(".").get("workspace", {}).get("dependencies", {})
+    out = []
+    for table in tables:
+        for name, dep in table.items():
+            if not isinstance(dep, dict):
+                continue
+            if "path" in dep:
+                out.append(os.path.normpath(os.path.join(crate, dep["path"])))
+            elif dep.get("workspace") and isinstance(shared.get(name), dict) and "path" in shared[name]:
+                out.append(os.path.normpath(shared[name]["path"]))
+    return out
+
+
+def per_pod_crates(plugins=PLUGINS):
+    """The plugin packages and every crate they depend on, directly or not: {dir: is_plugin}."""
+    by_name = {manifest(c)["package"]["name"]: c for c in members()}
+    missing = [p for p in plugins if p not in by_name]
+    if missing:
+        raise SystemExit(f"structure: no workspace member is the plugin package {', '.join(missing)}")
+    out = {by_name[p]: True for p in plugins}
+    todo = list(out)
+    while todo:
+        for dep in path_deps(todo.pop()):
+            if dep not in out:
+                out[dep] = False
+                todo.append(dep)
+    return out
+
+
+def source_dirs(crate, is_plugin):
+    """Where a per-pod crate's linked sources are: a plugin's src/ (its binary and library); a
+    dependency's library root directory, without src/bin (its own programs)."""
+    lib = manifest(crate).get("lib", {}).get("path", "src/lib.rs")
+    if is_plugin:
+        return [os.path.join(crate, "src")], []
+    return [os.path.join(crate, os.path.dirname(lib))], [os.path.join(crate, "src", "bin")]
+
+
+def own_files(crate, ms):
+    """A member's Rust files, without those of the members nested in its directory (ipam/operator
+    in ipam/)."""
+    nested = [m for m in ms if m != crate and under(m, [crate])]
+    for p in rust_files(os.path.join(ROOT, crate)):
+        rel = os.path.relpath(p, ROOT)
+        if not under(rel, nested):
+            yield rel
+
+
+def per_pod_files(plugins=PLUGINS):
+    ms = members()
+    out = set()
+    for crate, is_plugin in per_pod_crates(plugins).items():
+        dirs, skip = source_dirs(crate, is_plugin)
+        out.update(rel for rel in own_files(crate, ms) if under(rel, dirs) and not under(rel, skip))
+    return out
+
+
+def product_crates():
+    """Every member but the conformance suite and what lives with it (the API double)."""
+    return [m for m in members() if not under(m, ["conformance"])]
 
 
 def strip(text):
@@ -296,8 +370,77 @@ def self_test():
         longs = long_functions(os.path.join(src, "engine", "add.rs"))
         assert [(n, lines) for n, _, lines in longs] == [("long", 92)], longs
         assert sum(1 for _ in open(os.path.join(src, "engine", "add.rs"))) > MAX_FILE_LINES
+    with tempfile.TemporaryDirectory() as d:
+        ROOT = d
+        self_test_layout()
     ROOT = saved
-    print("structure: self-test passed (a circle, a long function and a long file are found)")
+    print("structure: self-test passed (a circle, a long function and a long file are found; the "
+          "per-pod crates and the product are read from the manifests)")
+
+
+def self_test_layout():
+    """A made-up workspace: which files each rule applies to comes from its Cargo.toml files."""
+    long_fn = "fn long() {\n" + "    let x = 1;\n" * 85 + "}\n"
+    long_file = "// filler\n" * (MAX_FILE_LINES + 1)
+    files = {
+        "Cargo.toml": '[workspace]\nmembers = ["crates/*", "plug", "plug/op", "conformance", '
+                      '"conformance/double"]\n[workspace.dependencies]\nws = { path = "crates/ws" }\n',
+        # The plugin: its own src/ and what it links, through path dependencies.
+        "plug/Cargo.toml": '[package]\nname = "plug"\n[dependencies]\ncore = { path = "../crates/core" }\n',
+        "plug/src/main.rs": "fn main() {}\n",
+        # A package inside the plugin's directory: the operator's (not per pod, product).
+        "plug/op/Cargo.toml": '[package]\nname = "op"\n[dependencies]\nside = { path = "../../crates/side" }\n',
+        "plug/op/src/main.rs": long_fn + long_file,
+        # Linked: its library; not its own programs, tests or dev-dependencies.
+        "crates/core/Cargo.toml": '[package]\nname = "core"\n[dependencies]\ndeep = { path = "../deep" }\n'
+                                  'serde = "1"\n[dev-dependencies]\nside = { path = "../side" }\n',
+        "crates/core/src/lib.rs": "pub fn f() {}\n",
+        "crates/core/src/bin/tool.rs": long_fn,
+        "crates/core/tests/t.rs": long_fn,
+        # Linked through core (a per-target table, a workspace dependency).
+        "crates/deep/Cargo.toml": '[package]\nname = "deep"\n[target.\'cfg(unix)\'.dependencies]\nws = { workspace = true }\n',
+        "crates/deep/src/lib.rs": long_fn,
+        "crates/ws/Cargo.toml": '[package]\nname = "ws"\n',
+        "crates/ws/src/lib.rs": long_fn,
+        # Linked by no plugin: product, not per pod.
+        "crates/side/Cargo.toml": '[package]\nname = "side"\n',
+        "crates/side/src/lib.rs": long_fn + long_file,
+        # The suites: neither.
+        "conformance/Cargo.toml": '[package]\nname = "suite"\n',
+        "conformance/src/lib.rs": long_fn + long_file,
+        "conformance/double/Cargo.toml": '[package]\nname = "double"\n',
+        "conformance/double/src/lib.rs": long_fn + long_file,
+    }
+    for rel, text in files.items():
+        os.makedirs(os.path.join(ROOT, os.path.dirname(rel)), exist_ok=True)
+        with open(os.path.join(ROOT, rel), "w", encoding="utf-8") as f:
+            f.write(text)
+    crates = per_pod_crates(("plug",))
+    assert crates == {"plug": True, "crates/core": False, "crates/deep": False, "crates/ws": False}, crates
+    found = sorted((p.split(":")[0], "fn" if " fn " in p else "lines") for p in findings(("plug",)))
+    assert found == [("crates/deep/src/lib.rs", "fn"), ("crates/side/src/lib.rs", "lines"),
+                     ("crates/ws/src/lib.rs", "fn"), ("plug/op/src/main.rs", "lines")], found
+
+
+def findings(plugins=PLUGINS):
+    problems = []
+    ms = members()
+    for crate in ms:
+        for comp in circles(edges(crate_modules(crate))):
+            problems.append("import circle: " + " <-> ".join(name(crate, m) for m in comp))
+    per_pod = per_pod_files(plugins)
+    product = {rel for crate in product_crates() for rel in own_files(crate, ms)}
+    for rel in sorted(product | per_pod):
+        if is_test_file(rel):
+            continue
+        p = os.path.join(ROOT, rel)
+        n = sum(1 for _ in open(p, encoding="utf-8"))
+        if rel in product and n > MAX_FILE_LINES:
+            problems.append(f"{rel}: {n} lines (at most {MAX_FILE_LINES} for product sources)")
+        if rel in per_pod:
+            for fname, line, lines in long_functions(p):
+                problems.append(f"{rel}:{line}: fn {fname} is {lines} lines (at most {MAX_FN_LINES} on the per-pod path)")
+    return problems
 
 
 def main():
@@ -310,29 +453,19 @@ def main():
             for b in sorted(bs):
                 print(f"{name(sys.argv[2], a)} -> {'::'.join(b) or '(root)'}")
         return 0
-    problems = []
-    for crate in CRATES:
-        for comp in circles(edges(crate_modules(crate))):
-            problems.append("import circle: " + " <-> ".join(name(crate, m) for m in comp))
-    for crate in PRODUCT:
-        for p in rust_files(os.path.join(ROOT, crate)):
-            rel = os.path.relpath(p, ROOT)
-            if is_test_file(rel):
-                continue
-            n = sum(1 for _ in open(p, encoding="utf-8"))
-            if n > MAX_FILE_LINES:
-                problems.append(f"{rel}: {n} lines (at most {MAX_FILE_LINES} for product sources)")
-            if under(rel, PER_POD) and not under(rel, NOT_PER_POD):
-                for fname, line, lines in long_functions(p):
-                    # Test modules inside a product file are not on the per-pod path.
-                    problems.append(f"{rel}:{line}: fn {fname} is {lines} lines (at most {MAX_FN_LINES} on the per-pod path)")
+    if sys.argv[1:] == ["--per-pod"]:
+        for crate, is_plugin in sorted(per_pod_crates().items()):
+            print(crate + ("  (plugin)" if is_plugin else ""))
+        return 0
+    problems = findings()
     for p in problems:
         print(p)
     if problems:
         print(f"structure: {len(problems)} finding(s)")
         return 1
     print("structure: no import circle, no product file over "
-          f"{MAX_FILE_LINES} lines, no per-pod function over {MAX_FN_LINES} lines")
+          f"{MAX_FILE_LINES} lines, no per-pod function over {MAX_FN_LINES} lines "
+          f"(per pod: {', '.join(sorted(per_pod_crates()))})")
     return 0
 
 
