@@ -6,16 +6,19 @@
 
 mod reconcile_support;
 
-use std::os::unix::net::UnixStream;
+use std::net::Shutdown;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use reconcile_support::*;
 use serde_json::{Value, json};
 use tether_lease_client::protocol::{
-    MAX_REPLY, PROTOCOL, Reply, Request, StoreIdentity, read_frame, write_frame,
+    MAX_REPLY, MAX_REQUEST, PROTOCOL, Reply, Request, StoreIdentity, read_frame, write_frame,
 };
 use tether_lease_service::{LeaseService, ServiceOptions};
 use tether_leases::{Lease, LeaseState, PodRef};
@@ -218,6 +221,139 @@ fn service_process(node: &Node, socket: &Path) -> Child {
     child
 }
 
+/// Between the plugins and the service: frames pass both ways, except the service's answer to a
+/// claim once [`ClaimAnswers::hold`] is on. That answer is kept back (the claim itself is done:
+/// the service has written the lease) and counted, and the plugin's connection is closed when
+/// [`ClaimAnswers::cut`] says so, as a service killed before it could answer would leave it.
+struct ClaimAnswers {
+    socket: PathBuf,
+    holding: Arc<AtomicBool>,
+    held: Arc<AtomicUsize>,
+    cut: Arc<AtomicBool>,
+}
+
+impl ClaimAnswers {
+    fn start(service: &Path, socket: PathBuf) -> ClaimAnswers {
+        let _ = std::fs::remove_file(&socket);
+        let listener = UnixListener::bind(&socket).unwrap();
+        let me = ClaimAnswers {
+            socket,
+            holding: Arc::default(),
+            held: Arc::default(),
+            cut: Arc::default(),
+        };
+        let (holding, held, cut) = (me.holding.clone(), me.held.clone(), me.cut.clone());
+        let service = service.to_path_buf();
+        std::thread::spawn(move || {
+            for plugin in listener.incoming().flatten() {
+                let Ok(agent) = UnixStream::connect(&service) else {
+                    continue;
+                };
+                let gates = (holding.clone(), held.clone(), cut.clone());
+                std::thread::spawn(move || relay(plugin, agent, gates));
+            }
+        });
+        me
+    }
+
+    fn hold(&self) {
+        self.holding.store(true, Ordering::SeqCst);
+    }
+
+    fn held(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+    }
+}
+
+/// One plugin's connection: requests to the agent as they come; each answer back, unless it
+/// answers a claim while holding (see [`ClaimAnswers`]).
+fn relay(
+    plugin: UnixStream,
+    agent: UnixStream,
+    (holding, held, cut): (Arc<AtomicBool>, Arc<AtomicUsize>, Arc<AtomicBool>),
+) {
+    let (Ok(mut from_plugin), Ok(mut to_agent)) = (plugin.try_clone(), agent.try_clone()) else {
+        return;
+    };
+    let (kinds, answered) = std::sync::mpsc::channel::<bool>();
+    std::thread::spawn(move || {
+        while let Ok(Some(req)) = read_frame::<Request>(&mut from_plugin, MAX_REQUEST) {
+            let _ = kinds.send(matches!(req, Request::Claim { .. }));
+            if write_frame(&mut to_agent, &req).is_err() {
+                break;
+            }
+        }
+    });
+    let (mut from_agent, mut to_plugin) = (agent, plugin);
+    while let Ok(Some(reply)) = read_frame::<Reply>(&mut from_agent, MAX_REPLY) {
+        let is_claim = answered.recv().unwrap_or(false);
+        if is_claim && holding.load(Ordering::SeqCst) {
+            held.fetch_add(1, Ordering::SeqCst);
+            while !cut.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            break;
+        }
+        if write_frame(&mut to_plugin, &reply).is_err() {
+            break;
+        }
+    }
+    let _ = to_plugin.shutdown(Shutdown::Both);
+}
+
+/// 24 ADDs of round `round`, all at once; the ADD results in order.
+fn adds(n: &Node, socket: &Path, round: usize, c: &Value) -> Vec<(i32, Value)> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..24)
+            .map(|k| {
+                s.spawn(move || {
+                    let (pod, sandbox) = (format!("r{round}-p{k}"), format!("r{round}-s{k}"));
+                    call_through(n, Some(socket), "ADD", &pod, &sandbox, c)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Every ADD of the round succeeded with an address of its own, and each is one Leased record of
+/// the pod that got it.
+fn each_once(env: &Env, net: &str, round: usize, results: &[(i32, Value)]) {
+    let mut addrs = std::collections::HashSet::new();
+    for (code, r) in results {
+        assert_eq!(*code, 0, "round {round}: {r}");
+        assert!(
+            addrs.insert(first_address(r)),
+            "round {round}: an address given twice"
+        );
+    }
+    let mine: Vec<_> = env
+        .leases(net)
+        .into_iter()
+        .filter(|l| l.container_id.starts_with(&format!("ctr-r{round}-")))
+        .collect();
+    assert_eq!(
+        mine.len(),
+        results.len(),
+        "round {round}: one record per ADD"
+    );
+    for l in &mine {
+        assert!(
+            l.is_leased() && addrs.contains(&l.address.to_string()),
+            "{l:?}"
+        );
+    }
+}
+
+/// Killed with every ADD in the middle: each plugin's claim is done by the service (the lease is
+/// written) and its answer not yet back when SIGKILL lands. Each plugin then goes on directly,
+/// sending its claim again, and must find what the service wrote: no failed ADD, no address
+/// twice, no second record. Then stopped (SIGTERM) while ADDs run: it finishes what is on its
+/// way, refuses the rest, exits cleanly and removes its socket.
 #[test]
 #[ignore = "needs a real API server: make test starts one (../shared/peers)"]
 fn adds_running_while_the_service_stops_or_is_killed_all_succeed_once() {
@@ -225,99 +361,44 @@ fn adds_running_while_the_service_stops_or_is_killed_all_succeed_once() {
     let n = node(&env, "svc-c");
     let net = env.name("svc-kill-net");
     let socket = n.dir.join("run/leases.sock");
-    // Killed (SIGKILL: mid-request for some), then stopped (SIGTERM: refusing what is asked).
-    for (round, signal) in [(0, libc::SIGKILL), (1, libc::SIGTERM)] {
-        // Each call logs (debug) how many requests went through the service and how many direct.
-        let log = n.dir.join(format!("round{round}.log"));
-        let mut c = conf(net);
-        c["ipam"]["log_level"] = json!("debug");
-        c["ipam"]["log_file"] = json!(log);
-        let mut svc = service_process(&n, &socket);
-        std::thread::sleep(Duration::from_millis(500));
-        // The signal goes as soon as the first ADD is done: the others are on their way.
-        let done = std::sync::atomic::AtomicUsize::new(0);
-        let results: Vec<(i32, Value)> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..24)
-                .map(|k| {
-                    let (n, c, socket, done) = (&n, &c, &socket, &done);
-                    s.spawn(move || {
-                        let r = call_through(
-                            n,
-                            Some(socket),
-                            "ADD",
-                            &format!("r{round}-p{k}"),
-                            &format!("r{round}-s{k}"),
-                            c,
-                        );
-                        done.fetch_add(1, Ordering::SeqCst);
-                        r
-                    })
-                })
-                .collect();
-            let first = wait_until(Duration::from_secs(30), || done.load(Ordering::SeqCst) > 0);
-            assert!(first.is_some(), "no ADD finished");
-            // SAFETY: a plain kill(2) of our own child.
-            unsafe { libc::kill(svc.id() as i32, signal) };
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        let _ = svc.wait();
-        let mut addrs = std::collections::HashSet::new();
-        for (code, r) in &results {
-            assert_eq!(*code, 0, "round {round}: {r}");
-            assert!(
-                addrs.insert(first_address(r)),
-                "round {round}: an address given twice"
-            );
-        }
-        // Every address is one Leased record of the pod that got it, and only those.
-        let mine: Vec<_> = env
-            .leases(net)
-            .into_iter()
-            .filter(|l| l.container_id.starts_with(&format!("ctr-r{round}-")))
-            .collect();
-        assert_eq!(mine.len(), 24, "round {round}: one record per ADD");
-        for l in &mine {
-            assert!(
-                l.is_leased() && addrs.contains(&l.address.to_string()),
-                "{l:?}"
-            );
-        }
-        // Some calls were served before the signal, some went direct after it (or in the middle).
-        let text = std::fs::read_to_string(&log).unwrap();
-        let served = text
-            .lines()
-            // The call's closing line, not "not through the node-agent" (a call that went direct).
-            .filter(|l| l.contains("request(s) through the node-agent") && !l.contains("directly"))
-            .count();
-        let direct = text
-            .lines()
-            .filter(|l| l.contains("API request(s)"))
-            .count();
-        let midway = text
-            .lines()
-            .filter(|l| l.contains("going on directly"))
-            .count();
-        eprintln!(
-            "round {round} (signal {signal}): {served} calls through the service, {direct} direct or \
-             finished directly, {midway} switched in the middle of a call"
-        );
+    let c = conf(net);
+
+    // Round 0: SIGKILL with 24 claims done and unanswered.
+    let mut svc = service_process(&n, &socket);
+    let relay = ClaimAnswers::start(&socket, n.dir.join("run/relay.sock"));
+    relay.hold();
+    let results = std::thread::scope(|s| {
+        let running = s.spawn(|| adds(&n, &relay.socket, 0, &c));
+        let all_held = wait_until(Duration::from_secs(60), || relay.held() == 24);
         assert!(
-            served >= 1,
-            "round {round}: the first ADD went through the service"
+            all_held.is_some(),
+            "{} of 24 claims reached the service",
+            relay.held()
         );
-        // SIGKILL cuts calls off in the middle; SIGTERM lets what is on its way finish (what a
-        // stopping service refuses is the client tests' case), and the socket is gone after.
-        if signal == libc::SIGKILL {
-            assert!(
-                midway >= 1,
-                "no call was cut off in the middle: the round proves nothing"
-            );
-        } else {
-            assert!(!socket.exists(), "a stopped service removes its socket");
-        }
-        assert_eq!(served + direct, 24, "every call accounted for once");
-        let _ = std::fs::remove_file(&socket);
-    }
+        svc.kill().unwrap();
+        let status = svc.wait().unwrap();
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+        relay.cut();
+        running.join().unwrap()
+    });
+    each_once(&env, net, 0, &results);
+    let _ = std::fs::remove_file(&socket);
+
+    // Round 1: SIGTERM while ADDs run.
+    let svc = service_process(&n, &socket);
+    let results = std::thread::scope(|s| {
+        let running = s.spawn(|| adds(&n, &socket, 1, &c));
+        // SAFETY: a plain kill(2) of our own child.
+        unsafe { libc::kill(svc.id() as i32, libc::SIGTERM) };
+        let status = svc.wait_with_output().unwrap().status;
+        assert!(
+            status.success(),
+            "a stopped service exits cleanly: {status:?}"
+        );
+        running.join().unwrap()
+    });
+    each_once(&env, net, 1, &results);
+    assert!(!socket.exists(), "a stopped service removes its socket");
 }
 
 #[test]
