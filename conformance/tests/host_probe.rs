@@ -679,12 +679,20 @@ fn i88_macvlan_reference_plugin_delegating_to_tether_ipam() {
 // The master's state, one budget for both families, and the note for the attacher.
 // ---------------------------------------------------------------------------
 
-/// `ip monitor link` in a netns: every link change from start to stop.
-struct LinkMonitor(Option<Child>);
+/// `ip monitor link` in a netns: every link change from start to stop. A veth pair of its own
+/// (`lmon0`/`lmon1`) marks both ends: start returns once the monitor has printed a change of it
+/// (so it is listening), stop once it has printed a later one (so every change before is read).
+struct LinkMonitor<'n> {
+    ns: &'n NetNs,
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+    marks: u32,
+}
 
-impl LinkMonitor {
-    fn start(ns: &NetNs) -> LinkMonitor {
-        let child = ns
+impl<'n> LinkMonitor<'n> {
+    fn start(ns: &'n NetNs) -> LinkMonitor<'n> {
+        let mut child = ns
             .command("ip")
             .args(["-o", "monitor", "link"])
             .stdin(Stdio::null())
@@ -692,19 +700,64 @@ impl LinkMonitor {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        // ip subscribes before it prints anything; give it a moment to be listening.
-        std::thread::sleep(Duration::from_millis(300));
-        LinkMonitor(Some(child))
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufRead::lines(std::io::BufReader::new(out)).map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        ns.ip_ok(&[
+            "link", "add", "lmon0", "type", "veth", "peer", "name", "lmon1",
+        ]);
+        let mut m = LinkMonitor {
+            ns,
+            child,
+            lines,
+            seen: Vec::new(),
+            marks: 0,
+        };
+        // Until it listens, a change is not printed: mark again until one is.
+        let listening = (0..100).any(|_| m.mark(Duration::from_millis(100)));
+        assert!(listening, "ip monitor printed none of 100 marks");
+        m.seen.clear();
+        m
+    }
+
+    /// Change the marker link (its MTU, a new value each time) and read until the monitor shows
+    /// it, or `wait` passes.
+    fn mark(&mut self, wait: Duration) -> bool {
+        self.marks += 1;
+        let mtu = (1300 + self.marks).to_string();
+        self.ns.ip_ok(&["link", "set", "lmon0", "mtu", &mtu]);
+        let want = format!("mtu {mtu} ");
+        let deadline = std::time::Instant::now() + wait;
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    let done = l.contains(" lmon0") && l.contains(&want);
+                    self.seen.push(l);
+                    if done {
+                        return true;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+        false
     }
 
     /// The admin state (UP flag) of `link` in every event about it.
     fn stop(mut self, link: &str) -> Vec<bool> {
-        std::thread::sleep(Duration::from_millis(200));
-        let mut child = self.0.take().unwrap();
-        let _ = child.kill();
-        let out = child.wait_with_output().unwrap();
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
+        assert!(
+            self.mark(Duration::from_secs(10)),
+            "ip monitor stopped printing"
+        );
+        self.seen
+            .iter()
             .filter(|l| l.contains(&format!(" {link}: ")))
             .map(|l| {
                 let flags = l
@@ -718,12 +771,15 @@ impl LinkMonitor {
     }
 }
 
-impl Drop for LinkMonitor {
+impl Drop for LinkMonitor<'_> {
     fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = self
+            .ns
+            .command("ip")
+            .args(["link", "del", "lmon0"])
+            .status();
     }
 }
 
