@@ -23,7 +23,7 @@ import sys
 
 FENCE = re.compile(r"^```(sh|bash|shell|console)\s*$")
 MARKER = re.compile(r"^<!-- run: (e2e|host|kube) ([a-z0-9-]+) -->$")
-RUNNER = re.compile(r"blocks\.py extract (\S+) ([a-z0-9-]+)|doc_block\(\s*\"([^\"]+)\",\s*\"([a-z0-9-]+)\"")
+RUNNER = re.compile(r"(?:blocks\.py extract|run_block) (\S+) ([a-z0-9-]+)|doc_block\(\s*\"([^\"]+)\",\s*\"([a-z0-9-]+)\"")
 
 
 def pages(root: pathlib.Path):

@@ -19,30 +19,35 @@ cp "$E2E_ROOT/target/image/tether" /run/e2e/bin/tether
 ln -sfn tether /run/e2e/bin/kubectl-tether
 cd "$E2E_ROOT"
 
+# Run block $2 of page $1 as written (bash -euo pipefail), its output in OUT. If it fails: the
+# output, then what $3 prints (e.g. a pod's events), and the check fails naming the block.
+run_block() {
+  OUT=$(bash -euo pipefail -c "$(python3 conformance/docs/blocks.py extract "$1" "$2")" 2>&1) && return 0
+  echo "$OUT" >&2
+  if [ -n "${3:-}" ]; then eval "$3" >&2 || true; fi
+  fail "$1 $2 failed as written"
+}
+
 # docs/install.md, the long way (install.sh applied the same already: unchanged).
-OUT=$(bash -euo pipefail -c "$(python3 conformance/docs/blocks.py extract docs/install.md install-apply)" 2>&1) ||
-  { echo "$OUT" >&2; fail "docs/install.md install-apply failed as written"; }
+run_block docs/install.md install-apply
 grep -q 'daemonset.apps/tether unchanged' <<<"$OUT" && grep -q 'networkattachmentdefinition.k8s.cni.cncf.io/mgmt-pool' <<<"$OUT" ||
   { echo "$OUT" >&2; fail "docs/install.md install-apply did not apply tether and the NADs"; }
 pass "docs/install.md install-apply as written: deploy/tether.yaml unchanged, the example NADs"
 
 t=$(now)
-OUT=$(bash -euo pipefail -c "$(python3 conformance/docs/blocks.py extract README.md quick-start)" 2>&1) ||
-  { echo "$OUT" >&2; pod_events default tether-smoke-test >&2; fail "README.md quick-start failed as written"; }
+run_block README.md quick-start 'pod_events default tether-smoke-test >&2'
 grep -q '^PASS: 10.20.30.1 answers on net1' <<<"$OUT" || { echo "$OUT" >&2; fail "the quick start's smoke test did not say PASS"; }
 grep -q '^NETWORK  *ADDRESS' <<<"$OUT" && grep -q 'mgmt-pool' <<<"$OUT" ||
   { echo "$OUT" >&2; fail "the quick start's kubectl tether leases listed no lease of mgmt-pool"; }
 timing readme-quick-start "$(since "$t")"
 pass "README quick start as written: $(grep -m1 '^net1 ' <<<"$OUT"), $(grep -m1 '^PASS' <<<"$OUT"); kubectl tether leases lists mgmt-pool"
 
-OUT=$(bash -euo pipefail -c "$(python3 conformance/docs/blocks.py extract docs/recipes.md smoke-test)" 2>&1) ||
-  { echo "$OUT" >&2; fail "docs/recipes.md smoke-test failed as written"; }
+run_block docs/recipes.md smoke-test
 grep -q '^PASS: 10.20.30.1 answers on net1' <<<"$OUT" && grep -q 'pod "tether-smoke-test" deleted' <<<"$OUT" ||
   { echo "$OUT" >&2; fail "docs/recipes.md smoke-test: no PASS, or the pod not deleted"; }
 pass "docs/recipes.md smoke test as written: PASS, pod deleted"
 
-OUT=$(bash -euo pipefail -c "$(python3 conformance/docs/blocks.py extract docs/troubleshooting.md troubleshooting-installed)" 2>&1) ||
-  { echo "$OUT" >&2; fail "docs/troubleshooting.md troubleshooting-installed failed as written"; }
+run_block docs/troubleshooting.md troubleshooting-installed
 grep -q "tether-.* Running .* $E2E_NODE" <<<"$OUT" && grep -q -- '-rw------- .*tether.kubeconfig' <<<"$OUT" &&
   grep -q '^ipleases.ipam.tether.dev' <<<"$OUT" ||
   { echo "$OUT" >&2; fail "docs/troubleshooting.md troubleshooting-installed does not show what the page says"; }
@@ -51,16 +56,14 @@ pass "docs/troubleshooting.md 'is tether installed' as written: agent Running on
 # docs/install.md on RKE2: the server's auto-deploy directory (this node is no RKE2 server: the
 # directory is made as RKE2 makes it, and the copy must be the manifest, byte for byte).
 mkdir -p /var/lib/rancher/rke2/server/manifests
-bash -euo pipefail -c "$(python3 conformance/docs/blocks.py extract docs/install.md rke2-manifests)" ||
-  fail "docs/install.md rke2-manifests failed as written"
+run_block docs/install.md rke2-manifests
 cmp -s deploy/tether.yaml /var/lib/rancher/rke2/server/manifests/tether.yaml ||
   fail "docs/install.md rke2-manifests did not put deploy/tether.yaml in RKE2's manifests directory"
 rm -rf /var/lib/rancher
 pass "docs/install.md rke2-manifests as written: deploy/tether.yaml in /var/lib/rancher/rke2/server/manifests"
 
 # docs/install.md: tether doctor on the node, as root, on the example pool.
-OUT=$(bash -euo pipefail -c "$(python3 conformance/docs/blocks.py extract docs/install.md doctor-on-node)" 2>&1) ||
-  { echo "$OUT" >&2; fail "docs/install.md doctor-on-node failed as written (doctor found a fault)"; }
+run_block docs/install.md doctor-on-node
 grep -q 'mgmt-pool' <<<"$OUT" && grep -q 'enp5s0' <<<"$OUT" ||
   { echo "$OUT" >&2; fail "docs/install.md doctor-on-node did not check mgmt-pool on enp5s0"; }
 pass "docs/install.md doctor-on-node as written: mgmt-pool on enp5s0 passes every check"

@@ -209,8 +209,8 @@ fn pools_count_a_config_against_the_file_store() {
     )
     .unwrap();
     // The config on a pipe is read once (it used to be read again for the ranges, and empty).
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tether"))
-        .args([
+    let piped = tether_piped(
+        &[
             "pools",
             "--config",
             "/dev/stdin",
@@ -218,21 +218,9 @@ fn pools_count_a_config_against_the_file_store() {
             &data,
             "-o",
             "json",
-        ])
-        .env_remove("KUBECONFIG")
-        .env("HOME", "/nonexistent/tether-test-home")
-        .env("TETHER_NODE_KUBECONFIG", "")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(
-        &mut child.stdin.take().unwrap(),
+        ],
         &std::fs::read(&cfg).unwrap(),
-    )
-    .unwrap();
-    let piped = child.wait_with_output().unwrap();
+    );
     assert_eq!(piped.status.code(), Some(0), "{}", stderr(&piped));
     assert_eq!(json_out(&piped)["items"].as_array().map(Vec::len), Some(2));
     let cfg = cfg.to_str().unwrap();
@@ -446,22 +434,10 @@ fn doctor_happy_path_on_lo_exits_0() {
     // On a pipe, as the install page shows it (`kubectl get net-attach-def … | tether doctor
     // --config /dev/stdin`): read once, every check passes (the store check read the config again
     // and found nothing).
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tether"))
-        .args(["doctor", "--config", "/dev/stdin"])
-        .env_remove("KUBECONFIG")
-        .env("HOME", "/nonexistent/tether-test-home")
-        .env("TETHER_NODE_KUBECONFIG", "")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(
-        &mut child.stdin.take().unwrap(),
+    let piped = tether_piped(
+        &["doctor", "--config", "/dev/stdin"],
         &std::fs::read(&nad).unwrap(),
-    )
-    .unwrap();
-    let piped = child.wait_with_output().unwrap();
+    );
     let piped_out = stdout(&piped);
     assert_eq!(
         piped.status.code(),

@@ -61,7 +61,8 @@ impl Out {
     }
 }
 
-fn run(cmd: Option<&str>, extra: &[(&str, &str)], stdin: &str) -> Out {
+/// A runtime's variables for `cmd` (none: CNI_COMMAND unset) on container c1, net1.
+fn vars(cmd: Option<&str>) -> HashMap<String, String> {
     let mut vars: HashMap<String, String> = [
         ("CNI_CONTAINERID", "c1"),
         ("CNI_NETNS", "/run/netns/p"),
@@ -74,6 +75,11 @@ fn run(cmd: Option<&str>, extra: &[(&str, &str)], stdin: &str) -> Out {
     if let Some(c) = cmd {
         vars.insert("CNI_COMMAND".into(), c.into());
     }
+    vars
+}
+
+fn run(cmd: Option<&str>, extra: &[(&str, &str)], stdin: &str) -> Out {
+    let mut vars = vars(cmd);
     for (k, v) in extra {
         if v.is_empty() {
             vars.remove(*k);
@@ -176,16 +182,7 @@ fn add_prints_result_in_config_layout() {
 
 #[test]
 fn what_an_add_keeps_comes_back_for_after_the_reply() {
-    let vars: HashMap<String, String> = [
-        ("CNI_COMMAND", "ADD"),
-        ("CNI_CONTAINERID", "c1"),
-        ("CNI_NETNS", "/run/netns/p"),
-        ("CNI_IFNAME", "net1"),
-        ("CNI_PATH", "/opt/cni/bin"),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    let vars = vars(Some("ADD"));
     let (mut o, mut e) = (Vec::new(), Vec::new());
     let Served { status, linger, .. } =
         serve(&Fake, &vars, &mut conf("1.1.0").as_bytes(), &mut o, &mut e);
@@ -201,18 +198,7 @@ fn what_an_add_keeps_comes_back_for_after_the_reply() {
 #[test]
 fn each_call_says_what_it_was_for_its_record() {
     let call = |cmd: Option<&str>, stdin: &str| {
-        let mut vars: HashMap<String, String> = [
-            ("CNI_CONTAINERID", "c1"),
-            ("CNI_NETNS", "/run/netns/p"),
-            ("CNI_IFNAME", "net1"),
-            ("CNI_PATH", "/opt/cni/bin"),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        if let Some(c) = cmd {
-            vars.insert("CNI_COMMAND".into(), c.into());
-        }
+        let vars = vars(cmd);
         let (mut o, mut e) = (Vec::new(), Vec::new());
         let served = serve(&Fake, &vars, &mut stdin.as_bytes(), &mut o, &mut e);
         served.call.map(|c| (c.verb, c.network, c.code))

@@ -19,7 +19,7 @@
 use std::collections::HashSet;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
@@ -751,7 +751,6 @@ pub fn run_ipam(ipam: &Path, env: &[(&str, String)], conf: &Value) -> (i32, Valu
 /// Runs a CNI plugin binary as [`run_ipam`] does; also returns its stderr.
 pub fn run_plugin(bin: &Path, env: &[(&str, String)], conf: &Value) -> (i32, Value, String) {
     use std::io::Write;
-    use std::process::Stdio;
     let mut child = Command::new(bin)
         .env_clear()
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
@@ -857,6 +856,28 @@ pub fn tether(args: &[&str]) -> Output {
 }
 
 pub fn tether_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = tether_command(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+/// [`tether`] with `input` on a pipe as its stdin (`--config /dev/stdin`).
+pub fn tether_piped(args: &[&str], input: &[u8]) -> Output {
+    let mut child = tether_command(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// The operator binary with `args` and nothing of this machine's environment that would change
+/// what it does.
+fn tether_command(args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_tether"));
     c.args(args)
         .env_remove("CNI_COMMAND")
@@ -868,10 +889,7 @@ pub fn tether_env(args: &[&str], env: &[(&str, &str)]) -> Output {
         // names one.
         .env("HOME", "/nonexistent/tether-test-home")
         .env("TETHER_NODE_KUBECONFIG", "");
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().unwrap()
+    c
 }
 
 pub fn stdout(o: &Output) -> String {
