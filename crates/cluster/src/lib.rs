@@ -1,7 +1,8 @@
 //! What tether's operator program asks the Kubernetes API beyond the leases, and the loop that
-//! keeps a collection current. No CNI call runs any of it: the plugins depend on
-//! [`tether_kube_store`] alone, and this crate sits beside it for `tether` (the CLI, the
-//! controller, the node-agent and its lease service).
+//! keeps a collection current. No CNI call runs any of it: tether-ipam reaches the API through
+//! [`tether_kube_store`] (directly, or through the node-agent with tether-lease-client) and never
+//! depends on this crate, which sits beside them for `tether` (the CLI, the controller, the
+//! node-agent and its lease service).
 //!
 //! [`Cluster`] reads and writes what the operator needs: pods and the controller's election Lease
 //! ([`cluster`]), nodes ([`nodes`]), NAD configurations and Events on pods and NADs
