@@ -1,6 +1,6 @@
 //! ADD's configuration of the renamed link in the pod netns: sysctls, addresses, link up, IPv6 DAD,
 //! routes, announcements. The link operations go through [`LinkOps`]; the sysctls and the
-//! announcements run on the pod's netns thread and stay outside that seam.
+//! announcements through [`PodSide`], which the pod's netns thread implements.
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -22,8 +22,38 @@ pub(crate) const DAD_WAIT: Duration = Duration::from_secs(5);
 /// default probe. An address is never returned tentative; it just leaves that state sooner.
 const DAD_WINDOW_MS: u32 = 100;
 
+/// What ADD does inside the pod netns beside the link operations: interface sysctls and the
+/// announcements on the wire. [`NsThread`] runs them there; the unit tests record them.
+pub(crate) trait PodSide {
+    /// Announce on link-up and on address changes, so peers drop stale entries when an address
+    /// moves. Set before the link is up.
+    fn notify_on_change(&self, ifname: &str) -> Result<(), AttachError>;
+    /// Shorten DAD on `ifname` (see [`DAD_WINDOW_MS`]); the timing to put back, None when IPv6 is
+    /// off in the pod or the values cannot be read.
+    fn short_dad_window(&self, ifname: &str) -> Result<Option<DadTiming>, AttachError>;
+    /// Put `timing` back once DAD is over.
+    fn restore_dad_timing(&self, timing: DadTiming, ifname: &str) -> Result<(), AttachError>;
+    /// Gratuitous ARP / unsolicited NA for the addresses of `result` on `link`.
+    fn announce(&self, link: &Link, result: &CniResult);
+}
+
+impl PodSide for NsThread {
+    fn notify_on_change(&self, ifname: &str) -> Result<(), AttachError> {
+        set_sysctls(self, ifname)
+    }
+    fn short_dad_window(&self, ifname: &str) -> Result<Option<DadTiming>, AttachError> {
+        short_dad_window(self, ifname)
+    }
+    fn restore_dad_timing(&self, timing: DadTiming, ifname: &str) -> Result<(), AttachError> {
+        timing.restore(self, ifname)
+    }
+    fn announce(&self, link: &Link, result: &CniResult) {
+        announce_addresses(self, link, result)
+    }
+}
+
 /// The pod interface's DAD timing as it was before [`short_dad_window`].
-struct DadTiming {
+pub(crate) struct DadTiming {
     solicitation_delay: String,
     retrans_time_ms: String,
 }
@@ -79,9 +109,8 @@ fn short_dad_window(in_pod: &NsThread, ifname: &str) -> Result<Option<DadTiming>
     Ok(timing)
 }
 
-/// Announce on link-up and on address changes, so peers drop stale entries when an address moves.
-/// Set before the link is up.
-pub(crate) fn set_sysctls(in_pod: &NsThread, ifname: &str) -> Result<(), AttachError> {
+/// [`PodSide::notify_on_change`] on the pod's netns thread.
+fn set_sysctls(in_pod: &NsThread, ifname: &str) -> Result<(), AttachError> {
     let name = ifname.to_string();
     in_pod.run(move || {
         if let Err(e) = sysctl::set_interface("ipv4", &name, "arp_notify", "1") {
@@ -101,7 +130,7 @@ pub(crate) fn set_sysctls(in_pod: &NsThread, ifname: &str) -> Result<(), AttachE
 /// unused on the wire. IPv6 ones among them skip the kernel's DAD (`nodad`): it would only repeat that
 /// probe, for a second or two. Every other IPv6 address is waited for until it is no longer tentative.
 pub(crate) fn configure(
-    in_pod: &NsThread,
+    in_pod: &dyn PodSide,
     pod: &dyn LinkOps,
     link: &Link,
     ifname: &str,
@@ -111,14 +140,14 @@ pub(crate) fn configure(
     let window = if dad_addresses(result, probed).is_empty() {
         None
     } else {
-        short_dad_window(in_pod, ifname)?
+        in_pod.short_dad_window(ifname)?
     };
     raise(pod, link.index, ifname, result, probed, DAD_WAIT)?;
     if let Some(w) = window {
-        w.restore(in_pod, ifname)?;
+        in_pod.restore_dad_timing(w, ifname)?;
     }
     add_routes(pod, link.index, result)?;
-    announce_addresses(in_pod, link, result);
+    in_pod.announce(link, result);
     Ok(())
 }
 

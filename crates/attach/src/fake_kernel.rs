@@ -155,6 +155,14 @@ impl FakeKernel {
         });
     }
 
+    /// Set (unlogged) the admin state and carrier of link `index`.
+    pub(crate) fn set_state(&self, ns: usize, index: u32, up: bool, carrier: bool) {
+        let mut s = self.state.borrow_mut();
+        let l = &mut s.find_mut(ns, index).unwrap().link;
+        l.up = up;
+        l.carrier = carrier;
+    }
+
     /// The `nth` (from 1) call of `op` (a [`LinkOps`] method name) fails with `errno`, changing nothing.
     pub(crate) fn fail(&self, op: &'static str, nth: usize, errno: i32) {
         self.state.borrow_mut().failures.push((op, nth, errno));

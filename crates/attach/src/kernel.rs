@@ -1,8 +1,8 @@
 //! The seam between the attacher's logic and the kernel: the link operations ADD, DEL, CHECK and
 //! STATUS make on one netns's netlink socket. Production passes a [`Netlink`]; the unit tests pass
-//! a recording fake (`fake_kernel.rs`), so rollback, DEL's cleanup, CHECK's comparisons and the DAD
-//! wait are tested without root. Netns threads, sysctls, announcements and IPAM delegation stay
-//! outside it.
+//! a recording fake (`fake_kernel.rs`), so ADD, rollback, DEL's cleanup, CHECK's comparisons and
+//! the DAD wait are tested without root. Sysctls and announcements go through `PodSide`
+//! (`configure.rs`); opening netns and IPAM delegation stay outside both seams.
 
 use ipnet::IpNet;
 use tether_link::{Address, IpvlanFlag, IpvlanMode, Link, NetNs, Netlink, NetlinkError, Route};

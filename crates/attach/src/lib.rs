@@ -1,7 +1,7 @@
 //! `tether-ipvlan`: attach a pod to the physical L2 network through an ipvlan sub-interface.
 //!
 //! Differences from the reference ipvlan plugin, each on purpose:
-//! - every ADD failure after the link exists removes the link and releases the IPAM lease ([`Undo`]);
+//! - every ADD failure after the link exists removes the link and releases the IPAM lease (`Undo`);
 //! - DEL never resolves the master, deletes the link and releases the lease even when one of them is
 //!   already gone or fails (the IPAM's error is returned first, the link's second); it also removes
 //!   the link of an ADD killed before its rename (found by its [`temporary_name`], derived from the
@@ -24,11 +24,11 @@ mod fake_kernel;
 mod kernel;
 #[cfg(test)]
 mod seam_tests;
+mod undo;
 
 use std::net::IpAddr;
 use std::path::Path;
 
-use tether_cni::delegate::{Exit, Running};
 use tether_cni::result::Interface;
 use tether_cni::{CniError, CniResult, Command, Request};
 use tether_link::netlink::EEXIST;
@@ -39,8 +39,9 @@ pub use check::check;
 pub use config::{IpamStart, IpvlanConfig};
 pub use error::AttachError;
 
-use configure::{configure, set_sysctls};
+use configure::{PodSide, configure};
 use kernel::LinkOps;
+use undo::Undo;
 
 /// Open CNI_NETNS, telling "gone" apart from "not a netns".
 fn open_pod_netns(path: &Path) -> Result<NetNs, AttachError> {
@@ -160,63 +161,12 @@ fn kill_point(step: &str) {
     let _ = step;
 }
 
-/// Undoes a partial ADD when dropped armed: removes the link, then releases the lease. Errors here are
-/// logged, not returned: the ADD's own error is what the runtime must see.
-struct Undo<'a> {
-    req: &'a Request,
-    pod: &'a dyn LinkOps,
-    link: Option<u32>,
-    ipam: Option<String>,
-    /// The IPAM ADD, when it runs while the link is made: waited for before its DEL.
-    running: Option<Running>,
-    /// The IPAM ADD whose Result is in, until it has exited: its DEL must not overlap it.
-    exit: Option<Exit>,
-    armed: bool,
-}
-
-impl<'a> Undo<'a> {
-    /// Armed, with nothing made yet.
-    fn new(req: &'a Request, pod: &'a dyn LinkOps) -> Self {
-        Undo {
-            req,
-            pod,
-            link: None,
-            ipam: None,
-            running: None,
-            exit: None,
-            armed: true,
-        }
-    }
-}
-
-impl Drop for Undo<'_> {
-    fn drop(&mut self) {
-        if let Some(r) = self.running.take() {
-            let _ = r.wait();
-        }
-        if let Some(e) = self.exit.take() {
-            let _ = e.check();
-        }
-        if !self.armed {
-            return;
-        }
-        if let Some(index) = self.link
-            && let Err(e) = self.pod.delete_link(index)
-        {
-            log::error!("rollback: removing the half-made link #{index}: {e}");
-        }
-        if let Some(plugin) = &self.ipam
-            && let Err(e) = self.req.delegation().exec(plugin, Command::Del)
-        {
-            log::error!("rollback: releasing the lease through {plugin}: {e}");
-        }
-    }
-}
-
 /// ADD: create, rename, address, raise, announce. Nothing is left behind on failure.
 ///
 /// One thread enters the pod netns for the whole ADD ([`NsThread`]): it opens the pod's netlink socket
 /// (used from this thread afterwards), writes the sysctls and sends the announcements.
+///
+/// [`NsThread`]: tether_link::NsThread
 pub fn add(req: &Request) -> Result<CniResult, AttachError> {
     let cfg = IpvlanConfig::from_conf(&req.conf)?;
     reject_requested_mac(req)?;
@@ -225,13 +175,37 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
         return Err(AttachError::IpamRequired);
     }
     let netns_path = req.env.netns.as_deref().expect("ADD validated CNI_NETNS");
-    let ifname = req.env.ifname();
     let ns = open_pod_netns(netns_path)?;
     let in_pod = ns.thread()?;
     let pod = in_pod.run(Netlink::current)??;
     let host = Netlink::current()?;
+    let kernel = Kernel {
+        host: &host,
+        pod: &pod,
+        in_pod: &in_pod,
+        netns: &ns,
+    };
+    attach(req, &cfg, &kernel)
+}
 
-    let master = resolve_master(&cfg, prev, &host, &pod)?;
+/// What ADD works through: the host's and the pod's netlink sockets, the pod netns (to create the
+/// link into) and what runs inside it. Production passes the kernel's; the unit tests the fakes.
+pub(crate) struct Kernel<'k> {
+    pub(crate) host: &'k dyn LinkOps,
+    pub(crate) pod: &'k dyn LinkOps,
+    pub(crate) in_pod: &'k dyn PodSide,
+    pub(crate) netns: &'k NetNs,
+}
+
+/// ADD of a validated config through `k`: the master checked, the link made, the addresses
+/// configured; everything made taken back when a step fails.
+pub(crate) fn attach(
+    req: &Request,
+    cfg: &IpvlanConfig,
+    k: &Kernel<'_>,
+) -> Result<CniResult, AttachError> {
+    let prev = req.conf.prev_result.as_ref();
+    let master = resolve_master(cfg, prev, k.host, k.pod)?;
     require_carrier(cfg.link_in_container, &master)?;
     if let (Some(mtu), Some(master_mtu)) = (cfg.mtu, master.mtu)
         && mtu > master_mtu
@@ -242,12 +216,27 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
             master_mtu,
         });
     }
+    let mut undo = Undo::new(req, k.pod);
+    let made = attach_steps(&mut undo, cfg, &master, k);
+    undo.finish(made.is_err());
+    made
+}
 
-    let mut undo = Undo::new(req, &pod);
+/// [`attach`]'s steps once the master is known, each recorded in `undo`.
+fn attach_steps(
+    undo: &mut Undo,
+    cfg: &IpvlanConfig,
+    master: &Link,
+    k: &Kernel<'_>,
+) -> Result<CniResult, AttachError> {
+    let req = undo.req;
+    let prev = req.conf.prev_result.as_ref();
+    let netns_path = req.env.netns.as_deref().expect("ADD validated CNI_NETNS");
+    let ifname = req.env.ifname();
     if let Some(plugin) = &cfg.ipam_type
         && cfg.ipam_start == IpamStart::WithLink
     {
-        // Armed before the call: a failed delegate ADD is followed by its DEL, as the spec asks.
+        // Recorded before the call: a failed delegate ADD is followed by its DEL, as the spec asks.
         undo.ipam = Some(plugin.clone());
         undo.running = Some(
             req.delegation()
@@ -258,14 +247,14 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
 
     // Under linkInContainer the master is in the pod netns already: create there, no move.
     let (creator, target): (&dyn LinkOps, _) = if cfg.link_in_container {
-        (&pod, None)
+        (k.pod, None)
     } else {
-        (&host, Some(&ns))
+        (k.host, Some(k.netns))
     };
-    let link = make_link(&mut undo, creator, target, &cfg, &master, netns_path)?;
-    set_sysctls(&in_pod, ifname)?;
+    let link = make_link(undo, creator, target, cfg, master, netns_path)?;
+    k.in_pod.notify_on_change(ifname)?;
 
-    let (mut result, probed) = ipam_result(&mut undo, &cfg, prev)?;
+    let (mut result, probed) = ipam_result(undo, cfg, prev)?;
     kill_point("ipam");
     if result.ips.is_empty() {
         return Err(AttachError::NoAddresses {
@@ -273,13 +262,12 @@ pub fn add(req: &Request) -> Result<CniResult, AttachError> {
         });
     }
 
-    configure(&in_pod, &pod, &link, ifname, &result, &probed)?;
+    configure(k.in_pod, k.pod, &link, ifname, &result, &probed)?;
     kill_point("configure");
     if let Some(exit) = undo.exit.take() {
         exit.check().map_err(AttachError::Cni)?;
     }
-    describe_interface(&mut result, &cfg, &link, ifname, netns_path);
-    undo.armed = false;
+    describe_interface(&mut result, cfg, &link, ifname, netns_path);
     Ok(result)
 }
 

@@ -1,5 +1,6 @@
-//! The attacher's logic against the recording fake kernel: rollback, the leftover temporary link,
-//! DEL's cleanup, CHECK's comparisons, the DAD wait and the master's resolution.
+//! The attacher's logic against the recording fake kernel: ADD as a whole (`attach`), rollback, the
+//! leftover temporary link, DEL's cleanup, CHECK's comparisons, the DAD wait and the master's
+//! resolution.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -11,12 +12,13 @@ use tether_link::netlink::EEXIST;
 use tether_link::{IpvlanFlag, IpvlanMode, Link, NetNs, Route};
 
 use crate::check::{check_contents, check_link};
-use crate::configure::{add_routes, raise};
+use crate::configure::{DadTiming, PodSide, add_routes, raise};
 use crate::fake_kernel::{Dad, FakeKernel, HOST, POD};
 use crate::kernel::LinkOps;
+use crate::undo::Undo;
 use crate::{
-    AttachError, IpamStart, IpvlanConfig, Undo, make_link, remove_pod_links, resolve_master,
-    temporary_name,
+    AttachError, IpamStart, IpvlanConfig, Kernel, attach, make_link, remove_pod_links,
+    resolve_master, temporary_name,
 };
 
 const CID: &str = "c";
@@ -93,7 +95,7 @@ fn make(k: &FakeKernel, req: &Request, disarm: bool) -> Result<tether_link::Link
         &master,
         NETNS.as_ref(),
     );
-    undo.armed = !disarm;
+    undo.finish(!disarm);
     r
 }
 
@@ -173,6 +175,7 @@ fn a_failure_after_the_rename_removes_the_renamed_link() {
         .unwrap();
         let e = raise(&pod, link.index, "net1", &r, &[], Duration::ZERO).unwrap_err();
         assert_eq!(e.code(), tether_cni::code::KERNEL, "{e}");
+        undo.finish(true);
     }
     let calls = k.calls();
     let n = calls.len();
@@ -531,4 +534,138 @@ fn a_chained_masters_name_comes_from_prev_result() {
     let prev = result(json!({"interfaces": [{"name": "enp5s0"}]}));
     let m = resolve_master(&cfg(None), Some(&prev), &k.socket(HOST), &k.socket(POD)).unwrap();
     assert_eq!(m.index, nic);
+}
+
+// ---------------------------------------------------------------------------
+// ADD as a whole (`attach`), with the fake kernel and a recording pod side.
+// ---------------------------------------------------------------------------
+
+/// What ADD asked of the pod netns beside its links, in order.
+#[derive(Default)]
+struct RecordedPod(std::cell::RefCell<Vec<String>>);
+
+impl PodSide for RecordedPod {
+    fn notify_on_change(&self, ifname: &str) -> Result<(), AttachError> {
+        self.0.borrow_mut().push(format!("notify {ifname}"));
+        Ok(())
+    }
+    fn short_dad_window(&self, ifname: &str) -> Result<Option<DadTiming>, AttachError> {
+        self.0.borrow_mut().push(format!("short dad {ifname}"));
+        Ok(None)
+    }
+    fn restore_dad_timing(&self, _: DadTiming, ifname: &str) -> Result<(), AttachError> {
+        self.0.borrow_mut().push(format!("restore dad {ifname}"));
+        Ok(())
+    }
+    fn announce(&self, link: &Link, result: &CniResult) {
+        let addrs: Vec<String> = result.ips.iter().map(|i| i.address.to_string()).collect();
+        self.0
+            .borrow_mut()
+            .push(format!("announce #{} {}", link.index, addrs.join(",")));
+    }
+}
+
+/// An ADD chained after a plugin that gave `prev` (no IPAM of its own: nothing is exec'd).
+fn chained_add(prev: serde_json::Value) -> Request {
+    let mut req = request(Command::Add);
+    let conf =
+        json!({"cniVersion": "1.0.0", "name": "n", "type": "tether-ipvlan", "prevResult": prev});
+    req.conf = NetConf::parse(conf.to_string().as_bytes()).unwrap();
+    req
+}
+
+fn attach_on(
+    k: &FakeKernel,
+    cfg: &IpvlanConfig,
+    req: &Request,
+    pod: &RecordedPod,
+) -> Result<CniResult, AttachError> {
+    let ns = NetNs::current().unwrap();
+    let (host, pod_links) = (k.socket(HOST), k.socket(POD));
+    let kernel = Kernel {
+        host: &host,
+        pod: &pod_links,
+        in_pod: pod,
+        netns: &ns,
+    };
+    attach(req, cfg, &kernel)
+}
+
+#[test]
+fn attach_makes_configures_announces_and_describes_the_link() {
+    let (k, _) = node();
+    let req = chained_add(json!({"cniVersion": "1.0.0",
+        "ips": [{"address": "192.0.2.10/24", "gateway": "192.0.2.1"}],
+        "routes": [{"dst": "198.51.100.0/24"}]}));
+    let pod = RecordedPod::default();
+    let r = attach_on(&k, &cfg(Some("enp5s0")), &req, &pod).unwrap();
+    assert_eq!(k.link_names(POD), vec!["net1".to_string()]);
+    let net1 = k.link(POD, "net1").unwrap();
+    assert_eq!(r.interfaces.len(), 1);
+    assert_eq!(r.interfaces[0].name, "net1");
+    assert_eq!(r.interfaces[0].sandbox.as_deref(), Some(NETNS));
+    assert_eq!(r.ips[0].interface, Some(0));
+    // Sysctls before anything is addressed, the announcement last; no IPv6: no DAD window.
+    assert_eq!(
+        *pod.0.borrow(),
+        vec![
+            "notify net1".to_string(),
+            format!("announce #{} 192.0.2.10/24", net1.index)
+        ]
+    );
+    let routes = k.routes(POD);
+    assert!(
+        routes
+            .iter()
+            .any(|r| r.dst == net("198.51.100.0/24")
+                && r.gateway == Some("192.0.2.1".parse().unwrap())),
+        "{routes:?}"
+    );
+}
+
+#[test]
+fn attach_to_a_master_that_is_down_makes_nothing() {
+    let (k, nic) = node();
+    k.set_state(HOST, nic, false, false);
+    let req = chained_add(json!({"cniVersion": "1.0.0", "ips": [{"address": "192.0.2.10/24"}]}));
+    let pod = RecordedPod::default();
+    let e = attach_on(&k, &cfg(Some("enp5s0")), &req, &pod).unwrap_err();
+    assert_eq!(e.code(), tether_cni::code::TRY_AGAIN_LATER, "{e}");
+    assert!(
+        !k.calls().iter().any(|c| c.contains("create_ipvlan")),
+        "{:?}",
+        k.calls()
+    );
+    assert!(pod.0.borrow().is_empty());
+}
+
+#[test]
+fn attach_failing_to_configure_takes_the_link_back() {
+    let (k, _) = node();
+    k.fail("add_route", 1, libc::ENETUNREACH);
+    let req = chained_add(json!({"cniVersion": "1.0.0",
+        "ips": [{"address": "192.0.2.10/24", "gateway": "192.0.2.1"}],
+        "routes": [{"dst": "198.51.100.0/24"}]}));
+    let pod = RecordedPod::default();
+    let e = attach_on(&k, &cfg(Some("enp5s0")), &req, &pod).unwrap_err();
+    assert_eq!(e.code(), tether_cni::code::KERNEL, "{e}");
+    assert!(k.link_names(POD).is_empty(), "{:?}", k.calls());
+    let calls = k.calls();
+    assert!(
+        calls.last().unwrap().starts_with("pod delete_link #"),
+        "{calls:?}"
+    );
+    assert!(!pod.0.borrow().iter().any(|c| c.starts_with("announce")));
+}
+
+#[test]
+fn attach_refuses_an_mtu_above_the_masters_before_making_anything() {
+    let (k, _) = node();
+    let req = chained_add(json!({"cniVersion": "1.0.0", "ips": [{"address": "192.0.2.10/24"}]}));
+    let mut c = cfg(Some("enp5s0"));
+    c.mtu = Some(9000);
+    let e = attach_on(&k, &c, &req, &RecordedPod::default()).unwrap_err();
+    assert!(matches!(e, AttachError::MtuTooLarge { .. }), "{e}");
+    assert!(k.link_names(POD).is_empty());
+    assert!(!k.calls().iter().any(|c| c.contains("create_ipvlan")));
 }
