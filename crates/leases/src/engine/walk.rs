@@ -39,11 +39,10 @@ impl Allocator<'_> {
     /// Candidates come in an order derived from the pod's identity ([`walk_start`]), so a pod
     /// that comes back (a StatefulSet pod on any node) meets its previous address early. Each
     /// candidate is created at once while none was taken (a conditional CREATE: one request
-    /// when nobody holds it; see `touch`), read first after that: no record → it is ours at
-    /// once; this pod's own
-    /// `Released` record (same namespace/name and ifname) → claim it (sticky); leased,
-    /// quarantined → skip;
-    /// released by another pod within the cooldown → keep for last. A record released by
+    /// when nobody holds it; see `try_candidate`), read first after that: no record → it is
+    /// ours at once; this pod's own `Released` record (same namespace/name and ifname) → claim
+    /// it (sticky); leased, quarantined → skip; released by another pod within the cooldown →
+    /// keep for last. A record released by
     /// another pod longer ago is free, but the walk goes on for up to
     /// [`Policy::sticky_horizon`] more reads looking for an address nobody had or this pod's
     /// own, so that pod keeps its sticky address too. Then the free records in walk order,
