@@ -56,26 +56,25 @@ pub fn config_error(e: ConfigError) -> CniError {
 
 /// Kubernetes store failures that happen outside the engine (credentials, readiness).
 pub fn kube_error(e: KubeStoreError) -> CniError {
-    let c = if e.is_transient() {
-        code::TRY_AGAIN_LATER
-    } else if e.is_config() {
-        code::INVALID_CONFIG
-    } else {
-        code::STORE
-    };
-    CniError::new(c, e.to_string())
+    store_failure(e.is_config(), e.is_transient(), e.to_string())
 }
 
 /// The data directory could not be opened as a trusted directory.
 pub fn data_dir_error(e: FileStoreError) -> CniError {
-    let c = if e.is_config() {
+    store_failure(e.is_config(), e.is_transient(), e.to_string())
+}
+
+/// A store's failure met outside the engine: the config's fault (7), worth a retry (11), or the
+/// store's (4). No store error is both of the first two.
+fn store_failure(config: bool, transient: bool, msg: String) -> CniError {
+    let c = if config {
         code::INVALID_CONFIG
-    } else if e.is_transient() {
+    } else if transient {
         code::TRY_AGAIN_LATER
     } else {
         code::STORE
     };
-    CniError::new(c, e.to_string())
+    CniError::new(c, msg)
 }
 
 /// A stored prefix that cannot fit its address (a hand-edited state file or object).
