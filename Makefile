@@ -244,8 +244,9 @@ bench-agents: build
 # their output (conformance/bench/report.py). The tree must be clean: each benchmark records the
 # commit and the tree's state as it starts and ends (target/bench/<name>.rev), and the report
 # refuses inputs of different commits or of a tree with changes, and names the commit it measured.
-# To bench a tree others are editing, bench a clean clone at a commit. About 90 min here (2 cores),
-# bench-node half of it; BENCH_NODE_PODS, BENCH_AGENTS_ARGS, BENCH_KUBE_ARGS apply.
+# To bench a tree others are editing, bench a clean clone at a commit. About an hour here from a
+# clean clone (2 cores, builds included): bench-node about 22 min, bench-agents about 5 min per
+# cluster size. BENCH_NODE_PODS, BENCH_AGENTS_ARGS, BENCH_KUBE_ARGS apply.
 BENCH_OUT := target/bench
 BENCH_STEPS := attach ipam kube static probe agents node
 bench:
