@@ -15,7 +15,9 @@ SBINDIR   ?= /usr/local/bin
 # target/{debug,release} stay what the tests and the lab VM run.
 MUSL      := x86_64-unknown-linux-musl
 STATIC    := target/$(MUSL)/release
-IMAGE     ?= tether:0.1.0
+# The release version: the workspace's (Cargo.toml), also the image's tag and the chart's version.
+VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+IMAGE     ?= tether:$(VERSION)
 # Building FROM scratch as root here: vfs storage (no overlay mount needed), chroot isolation.
 BUILDAH   ?= buildah --storage-driver vfs
 
@@ -72,7 +74,7 @@ static-check: build
 image: build
 	rm -rf target/image && mkdir -p target/image
 	cp $(addprefix $(STATIC)/,$(BINS)) target/image/
-	$(BUILDAH) build --pull=never --isolation chroot -f deploy/Containerfile -t $(IMAGE) target/image
+	$(BUILDAH) build --pull=never --isolation chroot --build-arg VERSION=$(VERSION) -f deploy/Containerfile -t $(IMAGE) target/image
 	rm -f target/tether-image.tar
 	$(BUILDAH) push $(IMAGE) docker-archive:target/tether-image.tar:$(IMAGE)
 	python3 deploy/check-image.py target/tether-image.tar
