@@ -20,12 +20,16 @@ log() { echo "peers: $*" >&2; }
 # module directory | binary=package ... | ldflags. The -X flags put the released version where each
 # program reports it (kubelet registers its version with the node; `multus --version`).
 K8S=v1.36.3 MULTUS=v4.3.0 WHEREABOUTS=v0.9.2 CNI=v1.3.0 PROMETHEUS=3.16.0
+# The oldest Kubernetes tether claims (docs/compatibility.md): its API server and kubectl, under
+# their own names beside the newest's (conformance/kube/oldest.sh runs them).
+K8S_OLDEST=v1.30.14
 kv=k8s.io/component-base/version
 mv=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/pkg/multus
 wv=github.com/k8snetworkplumbingwg/whereabouts/pkg/version
 pv=github.com/prometheus/common/version
 MODULES=(
   "kubernetes|kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kubelet=k8s.io/kubernetes/cmd/kubelet kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler kubectl=k8s.io/kubernetes/cmd/kubectl|-X $kv.gitVersion=$K8S -X $kv.gitMajor=1 -X $kv.gitMinor=36 -X $kv.gitTreeState=clean"
+  "kubernetes-oldest|kube-apiserver-1.30=k8s.io/kubernetes/cmd/kube-apiserver kubectl-1.30=k8s.io/kubernetes/cmd/kubectl|-X $kv.gitVersion=$K8S_OLDEST -X $kv.gitMajor=1 -X $kv.gitMinor=30 -X $kv.gitTreeState=clean"
   "multus|multus=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus multus-daemon=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-daemon multus-shim=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus-shim|-X $mv.version=$MULTUS -X $mv.releaseStatus=,released"
   "whereabouts|whereabouts=github.com/k8snetworkplumbingwg/whereabouts/cmd|-X $wv.Version=$WHEREABOUTS -X $wv.ReleaseStatus=released"
   "cni|cnitool=github.com/containernetworking/cni/cnitool|"
