@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the real peers the tests run (kube-apiserver, kubelet, kube-controller-manager,
-# kube-scheduler, kubectl, Multus thin and thick, whereabouts, cnitool, promtool) from the published Go modules,
+# kube-scheduler, kubectl, Multus thin and thick, whereabouts, cnitool, promtool, helm) from the published Go modules,
 # with this machine's Go through the module registry, into PEERS_BIN_DIR
 # (default /var/cache/tether-peers/bin, where ../shared/peers looks for them).
 #
@@ -34,6 +34,9 @@ MODULES=(
   "whereabouts|whereabouts=github.com/k8snetworkplumbingwg/whereabouts/cmd|-X $wv.Version=$WHEREABOUTS -X $wv.ReleaseStatus=released"
   "cni|cnitool=github.com/containernetworking/cni/cnitool|"
   "prometheus|promtool=github.com/prometheus/prometheus/cmd/promtool|-X $pv.Version=$PROMETHEUS"
+  # helm v3.21.4 as its release build is: the Kubernetes version of its client-go (1.36) as the
+  # default .Capabilities of template and lint (unset, helm assumes 1.20, below the chart's kubeVersion).
+  "helm|helm=helm.sh/helm/v3/cmd/helm|-X helm.sh/helm/v3/internal/version.version=v3.21.4 -X helm.sh/helm/v3/internal/version.gitTreeState=clean -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=36 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=36"
 )
 
 command -v go >/dev/null || { log "Go is required (the machine's toolchain builds the peers)"; exit 1; }
