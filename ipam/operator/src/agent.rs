@@ -33,6 +33,7 @@ use base64::engine::general_purpose::STANDARD;
 use tether_kube_store::{ApiTraffic, LegacyMirrors};
 use tether_lease_service::{LeaseService, ServiceGauges, ServiceOptions};
 
+use crate::installed::Installed;
 use crate::kube::Kube;
 use crate::lease_names::Follower;
 use crate::metrics::CniCalls;
@@ -187,11 +188,18 @@ pub fn run(
     // The service's counters and networks show in the reconciler's metrics, and its API
     // requests count with the agent's.
     let gauges = ServiceGauges::default();
+    // Ready (GET /readyz) only while these are the files on the node.
+    let installed = Some(Installed::record(
+        &opts.cni_bin_dir,
+        BINARIES,
+        &opts.kubeconfig_out,
+    )?);
     let reconcile = opts.reconcile.clone().map(|mut ro| {
         if opts.lease_socket.is_some() {
             ro.lease_service = Some(gauges.clone());
         }
         ro.cni_calls = cni_calls.clone();
+        ro.installed = installed.clone();
         ro
     });
     let traffic = reconcile

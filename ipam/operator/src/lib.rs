@@ -6,6 +6,7 @@ pub mod agent;
 pub mod cli;
 pub mod doctor;
 pub mod find_cluster;
+pub mod installed;
 pub mod kube;
 pub mod leader;
 pub mod lease_names;

@@ -30,7 +30,7 @@ impl Observers {
         let mut threads = Vec::new();
         let mut metrics_addr = None;
         if let Some(addr) = opts.metrics_addr {
-            match metrics::start(addr, registry.clone(), stop.clone()) {
+            match metrics::start(addr, registry.clone(), opts.installed.clone(), stop.clone()) {
                 Ok((bound, h)) => {
                     metrics_addr = Some(bound);
                     log::warn!("serving metrics on http://{bound}/metrics");

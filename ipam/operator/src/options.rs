@@ -94,6 +94,9 @@ pub struct Options {
     pub lease_service: Option<tether_lease_service::ServiceGauges>,
     /// The node's CNI calls the agent takes in, shown in the metrics.
     pub cni_calls: Option<crate::metrics::CniCalls>,
+    /// What the agent installed on the node: `/readyz` answers ready only while it is in place
+    /// (`None`: the controller, or `tether reconcile`, which install nothing).
+    pub installed: Option<crate::installed::Installed>,
 }
 
 impl Options {
@@ -117,6 +120,7 @@ impl Options {
             monitor_interval: Duration::from_secs(DEFAULT_MONITOR_INTERVAL_S),
             lease_service: None,
             cni_calls: None,
+            installed: None,
         }
     }
 }

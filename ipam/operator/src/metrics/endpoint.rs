@@ -1,5 +1,6 @@
 //! The metrics endpoint: a small HTTP server on its own thread answering `GET /metrics` (the
-//! registry rendered) and `GET /healthz`, one connection at a time.
+//! registry rendered), `GET /healthz` (liveness) and `GET /readyz` (readiness), one connection at
+//! a time.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -7,11 +8,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::Registry;
+use crate::installed::Installed;
 use crate::report::now_s;
 
-/// Serve `registry` on `listener` until `stop`: `GET /metrics`, `GET /healthz` (anything else: 404). One
-/// connection at a time, each bounded by a 5 s timeout: a scrape every few seconds is the load.
-pub fn serve(listener: TcpListener, registry: &Registry, stop: &AtomicBool) {
+/// Serve `registry` on `listener` until `stop`: `GET /metrics`, `GET /healthz`, `GET /readyz`
+/// (anything else: 404). One connection at a time, each bounded by a 5 s timeout: a scrape every
+/// few seconds is the load.
+pub fn serve(
+    listener: TcpListener,
+    registry: &Registry,
+    installed: Option<&Installed>,
+    stop: &AtomicBool,
+) {
     if let Err(e) = listener.set_nonblocking(true) {
         log::error!("metrics: {e}; not serving");
         return;
@@ -19,7 +27,7 @@ pub fn serve(listener: TcpListener, registry: &Registry, stop: &AtomicBool) {
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((conn, _)) => {
-                if let Err(e) = answer(conn, registry) {
+                if let Err(e) = answer(conn, registry, installed) {
                     log::debug!("metrics: {e}");
                 }
             }
@@ -34,7 +42,11 @@ pub fn serve(listener: TcpListener, registry: &Registry, stop: &AtomicBool) {
     }
 }
 
-fn answer(conn: TcpStream, registry: &Registry) -> std::io::Result<()> {
+fn answer(
+    conn: TcpStream,
+    registry: &Registry,
+    installed: Option<&Installed>,
+) -> std::io::Result<()> {
     conn.set_nonblocking(false)?;
     conn.set_read_timeout(Some(Duration::from_secs(5)))?;
     conn.set_write_timeout(Some(Duration::from_secs(5)))?;
@@ -55,9 +67,18 @@ fn answer(conn: TcpStream, registry: &Registry) -> std::io::Result<()> {
             Ok(()) => ("200 OK", "ok\n".to_string()),
             Err(e) => ("503 Service Unavailable", format!("{e}\n")),
         },
+        // Ready: alive, and (an agent) what it installed is in place.
+        ("GET", "/readyz") => match registry
+            .health(now_s())
+            .and_then(|()| installed.map_or(Ok(()), Installed::check))
+        {
+            Ok(()) => ("200 OK", "ok\n".to_string()),
+            Err(e) => ("503 Service Unavailable", format!("{e}\n")),
+        },
         ("GET", _) => (
             "404 Not Found",
-            "tether node-agent: metrics are at /metrics, health at /healthz\n".to_string(),
+            "tether node-agent: metrics are at /metrics, health at /healthz, readiness at /readyz\n"
+                .to_string(),
         ),
         _ => ("405 Method Not Allowed", String::new()),
     };
@@ -92,13 +113,14 @@ pub fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
 pub fn start(
     addr: SocketAddr,
     registry: std::sync::Arc<Registry>,
+    installed: Option<Installed>,
     stop: std::sync::Arc<AtomicBool>,
 ) -> std::io::Result<(SocketAddr, std::thread::JoinHandle<()>)> {
     let listener = TcpListener::bind(addr)?;
     let bound = listener.local_addr()?;
     let h = std::thread::Builder::new()
         .name("metrics".into())
-        .spawn(move || serve(listener, &registry, &stop))?;
+        .spawn(move || serve(listener, &registry, installed.as_ref(), &stop))?;
     Ok((bound, h))
 }
 
@@ -127,7 +149,13 @@ mod tests {
     fn serves_metrics_over_http() {
         let r = std::sync::Arc::new(Registry::default());
         let stop = std::sync::Arc::new(AtomicBool::new(false));
-        let (addr, h) = start("127.0.0.1:0".parse().unwrap(), r.clone(), stop.clone()).unwrap();
+        let (addr, h) = start(
+            "127.0.0.1:0".parse().unwrap(),
+            r.clone(),
+            None,
+            stop.clone(),
+        )
+        .unwrap();
         let get = |path: &str| {
             let mut c = TcpStream::connect(addr).unwrap();
             write!(c, "GET {path} HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n").unwrap();
@@ -145,6 +173,7 @@ mod tests {
         assert!(get("/").starts_with("HTTP/1.1 404"));
         // Health: fine while starting and while the loop beats; 503 once it stops.
         assert!(get("/healthz").starts_with("HTTP/1.1 200 OK"));
+        assert!(get("/readyz").starts_with("HTTP/1.1 200 OK"));
         let now = now_s();
         r.beat(now);
         assert!(get("/healthz").starts_with("HTTP/1.1 200 OK"));
@@ -154,6 +183,8 @@ mod tests {
             stalled.starts_with("HTTP/1.1 503") && stalled.contains("no progress for"),
             "{stalled}"
         );
+        // A wedged agent is not ready either.
+        assert!(get("/readyz").starts_with("HTTP/1.1 503"));
         stop.store(true, Ordering::Relaxed);
         h.join().unwrap();
     }
