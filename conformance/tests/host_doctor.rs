@@ -1,10 +1,11 @@
 //! `tether doctor` on a real segment of this kernel: a rogue host answering ARP for a pool
 //! address is reported with its MAC, and a missing master is reported with what to do (issue 7).
+//! The plugins it checks are the ones built beside it, which answer as its build.
 
 use std::net::IpAddr;
 
 use serde_json::json;
-use tether_conformance::{Segment, TempDir, tether_binary};
+use tether_conformance::{Segment, TempDir, tether_bin_dir, tether_binary};
 
 fn doctor(seg: &Segment, conf: &serde_json::Value, dir: &TempDir) -> tether_conformance::CmdOutput {
     let path = dir.join("nad.json");
@@ -16,6 +17,8 @@ fn doctor(seg: &Segment, conf: &serde_json::Value, dir: &TempDir) -> tether_conf
         path.to_str().unwrap(),
         "--max-probes",
         "16",
+        "--cni-bin-dir",
+        tether_bin_dir().to_str().unwrap(),
     ]);
     tether_conformance::capture(&mut c)
 }
@@ -42,7 +45,7 @@ fn doctor_reports_a_rogue_answering_for_a_pool_address_and_a_missing_master() {
             && fail[0].contains(&seg.rogue_mac()),
         "{out}"
     );
-    for check in ["config", "master", "store", "pool"] {
+    for check in ["plugins", "config", "master", "store", "pool"] {
         assert!(
             out.stdout
                 .lines()

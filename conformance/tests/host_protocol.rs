@@ -72,6 +72,46 @@ fn item3_unset_command_prints_about_on_stderr_and_unknown_is_code_4() {
     }
 }
 
+/// Outside a CNI call, `--version` prints the build's version line on stdout (what `tether
+/// doctor` compares with itself) and the "about" line starts with it; both plugins of one build
+/// say the same. Within a CNI call the argument changes nothing: VERSION's JSON as ever.
+#[test]
+fn version_line_outside_a_cni_call_and_version_json_within() {
+    let mut builds = Vec::new();
+    for b in BINARIES {
+        let mut c = exec(b).command("X");
+        c.env_remove("CNI_COMMAND").arg("--version");
+        let out = tether_conformance::cmd::capture_with_stdin(&mut c, Some(b""));
+        out.assert_success();
+        let line = out.stdout.trim_end();
+        let prefix = format!("{b} {} (commit ", env!("CARGO_PKG_VERSION"));
+        assert!(
+            line.starts_with(&prefix) && line.ends_with(')'),
+            "{b}: {out}"
+        );
+        assert_eq!(out.stdout.lines().count(), 1, "{b}: {out}");
+
+        let mut c = exec(b).command("X");
+        c.env_remove("CNI_COMMAND");
+        let about = tether_conformance::cmd::capture_with_stdin(&mut c, Some(b""));
+        assert!(
+            about
+                .stderr
+                .starts_with(&format!("{line}: CNI plugin; supported CNI versions: ")),
+            "{b}: {about}"
+        );
+
+        let mut c = exec(b).command("VERSION");
+        c.arg("--version");
+        let v =
+            tether_conformance::cmd::capture_with_stdin(&mut c, Some(br#"{"cniVersion":"0.4.0"}"#));
+        v.assert_success();
+        assert_eq!(v.json()["cniVersion"], "0.4.0", "{b}: {v}");
+        builds.push(line[b.len()..].to_string());
+    }
+    assert_eq!(builds[0], builds[1], "one build, one version line");
+}
+
 #[test]
 fn item4_malformed_json_is_code_6_and_nothing_else_on_stdout() {
     for b in BINARIES {

@@ -9,6 +9,9 @@ impl Plugin for Ipvlan {
     fn name(&self) -> &'static str {
         "tether-ipvlan"
     }
+    fn version(&self) -> String {
+        tether_build_info::line(self.name())
+    }
     fn add(&self, req: &Request) -> Result<Added, CniError> {
         tether_attach::add(req)
             .map(Added::from)

@@ -27,6 +27,6 @@ pub use config::NetConf;
 pub use env::{Command, Env};
 pub use error::{CniError, code};
 pub use master::MasterKeys;
-pub use plugin::{Added, Plugin, Request, dispatch, run_main};
+pub use plugin::{Added, Plugin, Request, asks_version, dispatch, run_main};
 pub use result::CniResult;
 pub use version::Version;

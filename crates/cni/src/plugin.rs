@@ -62,6 +62,10 @@ impl From<CniResult> for Added {
 pub trait Plugin {
     /// Binary name, for logs and the "about" line.
     fn name(&self) -> &'static str;
+    /// The build's version line (`tether-ipam 0.2.0 (commit …, TARGET)`, from tether-build-info,
+    /// which this crate does not link: a new commit rebuilds only the crates above it): the
+    /// "about" line starts with it and `--version` prints it.
+    fn version(&self) -> String;
     fn add(&self, req: &Request) -> Result<Added, CniError>;
     fn del(&self, req: &Request) -> Result<(), CniError>;
     fn check(&self, req: &Request) -> Result<(), CniError>;
@@ -71,6 +75,11 @@ pub trait Plugin {
 
 /// Run as a CNI plugin with the process's environment and standard streams, then exit.
 pub fn run_main<P: Plugin>(plugin: &P) -> ! {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if asks_version(std::env::var_os("CNI_COMMAND").as_deref(), &args) {
+        println!("{}", plugin.version());
+        std::process::exit(0)
+    }
     let started = Instant::now();
     crate::logging::install(plugin.name());
     // A panic becomes a CNI error below; the hook only logs it, without a backtrace on the runtime's stderr.
@@ -91,6 +100,13 @@ pub fn run_main<P: Plugin>(plugin: &P) -> ! {
         call.leave_record(plugin.name(), seconds);
     }
     std::process::exit(served.status)
+}
+
+/// `PLUGIN --version` outside a CNI call (no CNI_COMMAND): a person, or `tether doctor` comparing
+/// the installed plugins with itself, asking which build this is. A runtime never passes
+/// arguments, so a CNI call is never one.
+pub fn asks_version(cni_command: Option<&std::ffi::OsStr>, args: &[std::ffi::OsString]) -> bool {
+    cni_command.is_none_or(|c| c.is_empty()) && args.len() == 1 && args[0] == "--version"
 }
 
 /// The process's environment as text, for reading and for a delegate. `std::env::vars` panics on
@@ -200,9 +216,8 @@ fn serve<P: Plugin>(
         None | Some("") => {
             let _ = writeln!(
                 stderr,
-                "{}: CNI plugin {}; supported CNI versions: {}",
-                plugin.name(),
-                env!("CARGO_PKG_VERSION"),
+                "{}: CNI plugin; supported CNI versions: {}",
+                plugin.version(),
                 SUPPORTED.join(", ")
             );
             return Served::about();

@@ -2,9 +2,12 @@
 //! blaming the plugin, each ending in OK or in what to do.
 //!
 //! Output: one line per finding, `OK` or `FAIL` in the first column, then the check's name
-//! (`config`, `master`, `kubeconfig`, `api`, `crd`, `rbac`, `store`, `pool`, `overlap`,
-//! `conflicts`), then the detail; `-o json` gives the same findings as a list. Exit 1 when any line
-//! is FAIL.
+//! (`plugins`, `config`, `master`, `kubeconfig`, `api`, `crd`, `rbac`, `node-scope`, `store`,
+//! `pool`, `overlap`, `conflicts`), then the detail; `-o json` gives the same findings as a list.
+//! Exit 1 when any line is FAIL.
+//!
+//! First, whatever the config: the plugins installed in the CNI bin directory are this tether's
+//! build ([`plugins`]). Without `--config`, that is the whole report.
 //!
 //! With API access (the Kubernetes store, or `kubernetes` settings beside a file store), the
 //! config's ranges are compared with those of the cluster's NetworkAttachmentDefinitions
@@ -38,6 +41,8 @@ use super::output::{EXIT_FAILED, EXIT_OK, Output, print_table};
 use super::overlap::findings;
 use super::store_access::{NetworkFile, OpenStore, describe_store, read_network_file};
 
+mod plugins;
+
 struct Finding {
     check: &'static str,
     ok: bool,
@@ -64,9 +69,18 @@ impl Report {
     }
 }
 
-pub fn run(config: &Path, max_probes: u32, output: Output) -> Result<i32, String> {
+/// The report for `config` (none: the plugins only) with the plugins of `cni_bin_dir`.
+pub fn run(
+    config: Option<&Path>,
+    cni_bin_dir: &Path,
+    max_probes: u32,
+    output: Output,
+) -> Result<i32, String> {
     let mut r = Report::default();
-    diagnose(config, max_probes, &mut r);
+    plugins::check(cni_bin_dir, &mut r);
+    if let Some(config) = config {
+        diagnose(config, max_probes, &mut r);
+    }
     match output {
         Output::Json => {
             let v: Vec<Value> =

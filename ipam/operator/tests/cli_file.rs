@@ -1,8 +1,10 @@
 //! The command line over the node-local file store (a temporary directory): leases, release,
 //! doctor, validate, version, usage errors.
 
+mod fake_plugins;
 mod reconcile_support;
 
+use fake_plugins::plugins_of_this_build;
 use reconcile_support::*;
 use serde_json::{Value, json};
 use tether_leases::{FileStore, LeaseState, LeaseStore};
@@ -417,10 +419,18 @@ fn doctor_happy_path_on_lo_exits_0() {
         .unwrap(),
     )
     .unwrap();
-    let o = tether(&["doctor", "--config", nad.to_str().unwrap()]);
+    let plugins = plugins_of_this_build(dir.path());
+    let plugins = plugins.to_str().unwrap();
+    let o = tether(&[
+        "doctor",
+        "--config",
+        nad.to_str().unwrap(),
+        "--cni-bin-dir",
+        plugins,
+    ]);
     let out = stdout(&o);
     assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
-    for check in ["config", "master", "store", "pool", "conflicts"] {
+    for check in ["plugins", "config", "master", "store", "pool", "conflicts"] {
         assert_eq!(
             findings(&out, "OK", check).len().min(1),
             1,
@@ -435,7 +445,7 @@ fn doctor_happy_path_on_lo_exits_0() {
     // --config /dev/stdin`): read once, every check passes (the store check read the config again
     // and found nothing).
     let piped = tether_piped(
-        &["doctor", "--config", "/dev/stdin"],
+        &["doctor", "--config", "/dev/stdin", "--cni-bin-dir", plugins],
         &std::fs::read(&nad).unwrap(),
     );
     let piped_out = stdout(&piped);
@@ -446,7 +456,15 @@ fn doctor_happy_path_on_lo_exits_0() {
         stderr(&piped)
     );
     assert_eq!(findings(&piped_out, "OK", "store").len(), 1, "{piped_out}");
-    let o = tether(&["doctor", "--config", nad.to_str().unwrap(), "-o", "json"]);
+    let o = tether(&[
+        "doctor",
+        "--config",
+        nad.to_str().unwrap(),
+        "--cni-bin-dir",
+        plugins,
+        "-o",
+        "json",
+    ]);
     assert_eq!(o.status.code(), Some(0));
     assert!(
         json_out(&o)
@@ -464,13 +482,46 @@ fn doctor_happy_path_on_lo_exits_0() {
         .unwrap(),
     )
     .unwrap();
-    let o = tether(&["doctor", "--config", nad.to_str().unwrap()]);
+    let o = tether(&[
+        "doctor",
+        "--config",
+        nad.to_str().unwrap(),
+        "--cni-bin-dir",
+        plugins,
+    ]);
     assert_eq!(o.status.code(), Some(1));
     let out = stdout(&o);
     assert!(
         findings(&out, "FAIL", "master")
             .iter()
             .any(|l| l.contains("does not exist")),
+        "{out}"
+    );
+}
+
+/// Without --config, the doctor checks the installed plugins only: this build's are OK, a
+/// directory without them FAILs naming each (the agent's pod runs it so after an upgrade).
+#[test]
+fn doctor_without_a_config_checks_the_plugins() {
+    let dir = TempDir::new("doctor-plugins");
+    let plugins = plugins_of_this_build(dir.path());
+    let o = tether(&["doctor", "--cni-bin-dir", plugins.to_str().unwrap()]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
+    assert_eq!(findings(&out, "OK", "plugins").len(), 2, "{out}");
+    assert_eq!(
+        out.lines().count(),
+        3,
+        "a header and the two plugins: {out}"
+    );
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let o = tether(&["doctor", "--cni-bin-dir", empty.to_str().unwrap()]);
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    let fail = findings(&out, "FAIL", "plugins");
+    assert!(
+        fail[0].contains("tether-ipvlan is not in") && fail[1].contains("tether-ipam is not in"),
         "{out}"
     );
 }
@@ -496,7 +547,19 @@ fn validate_version_help_and_usage() {
     );
     let o = tether(&["version"]);
     assert_eq!(o.status.code(), Some(0));
-    assert!(stdout(&o).starts_with("tether "));
+    assert_eq!(stdout(&o).trim_end(), tether_build_info::line("tether"));
+    assert_eq!(stdout(&tether(&["--version"])), stdout(&o));
+    let o = tether(&["version", "-o", "json"]);
+    assert_eq!(o.status.code(), Some(0));
+    let v = json_out(&o);
+    assert_eq!(
+        (&v["version"], &v["commit"], &v["target"]),
+        (
+            &json!(tether_build_info::VERSION),
+            &json!(tether_build_info::COMMIT),
+            &json!(tether_build_info::TARGET)
+        )
+    );
     let o = tether(&["--help"]);
     assert_eq!(o.status.code(), Some(0));
     for cmd in [

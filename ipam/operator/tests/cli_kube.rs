@@ -4,8 +4,10 @@
 //! what a server shared by parallel tests cannot be made to do: lose the CRD, and refuse the
 //! access reviews themselves.
 
+mod fake_plugins;
 mod reconcile_support;
 
+use fake_plugins::plugins_of_this_build;
 use reconcile_support::*;
 use serde_json::{Value, json};
 use tether_leases::{FileStore, LeaseState, LeaseStore};
@@ -497,8 +499,16 @@ fn file_store_with_a_kubeconfig_checks_pods_too() {
     assert_eq!(json_out(&o)["items"].as_array().unwrap().len(), 1);
 }
 
+/// `tether doctor` of `nad`, with plugins of this build beside it.
 fn doctor_nad(nad: &std::path::Path) -> (Option<i32>, String) {
-    let o = tether(&["doctor", "--config", nad.to_str().unwrap()]);
+    let plugins = plugins_of_this_build(nad.parent().unwrap());
+    let o = tether(&[
+        "doctor",
+        "--config",
+        nad.to_str().unwrap(),
+        "--cni-bin-dir",
+        plugins.to_str().unwrap(),
+    ]);
     (o.status.code(), stdout(&o))
 }
 

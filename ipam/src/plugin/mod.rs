@@ -229,6 +229,10 @@ impl Plugin for Ipam {
         "tether-ipam"
     }
 
+    fn version(&self) -> String {
+        tether_build_info::line(self.name())
+    }
+
     fn add(&self, req: &Request) -> Result<Added, CniError> {
         let ctx = Context::new(req, Route::AgentFirst)?;
         let add = AddRequest {

@@ -11,6 +11,9 @@ impl Plugin for Fake {
     fn name(&self) -> &'static str {
         "fake"
     }
+    fn version(&self) -> String {
+        "fake 9.8.7 (commit 0123456789ab, x86_64-unknown-linux-musl)".into()
+    }
     fn add(&self, req: &Request) -> Result<Added, CniError> {
         if req.conf.value.contains_key("panic") {
             panic!("boom at {}", req.env.ifname());
@@ -146,10 +149,27 @@ fn unset_command_prints_about_on_stderr_only() {
     assert_eq!(o.status, 0);
     assert!(o.stdout.is_empty());
     assert!(
-        o.stderr.contains("fake") && o.stderr.contains("1.1.0"),
+        o.stderr.starts_with(
+            "fake 9.8.7 (commit 0123456789ab, x86_64-unknown-linux-musl): CNI plugin;"
+        ) && o.stderr.contains("1.1.0"),
         "{}",
         o.stderr
     );
+}
+
+#[test]
+fn only_version_alone_outside_a_cni_call_asks_for_the_version() {
+    let args = |a: &[&str]| a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+    let none = None;
+    let empty = Some(std::ffi::OsStr::new(""));
+    let add = Some(std::ffi::OsStr::new("ADD"));
+    assert!(asks_version(none, &args(&["--version"])));
+    assert!(asks_version(empty, &args(&["--version"])));
+    // A CNI call is answered as one, whatever its arguments; other words are not the question.
+    assert!(!asks_version(add, &args(&["--version"])));
+    assert!(!asks_version(none, &args(&[])));
+    assert!(!asks_version(none, &args(&["version"])));
+    assert!(!asks_version(none, &args(&["--version", "x"])));
 }
 
 #[test]

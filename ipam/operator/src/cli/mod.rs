@@ -24,6 +24,7 @@ mod lease_view;
 mod pools;
 mod reconcile_args;
 mod validate;
+mod version;
 use lease_commands::{leases, now, release, release_target};
 use lease_filter::LeaseFilter;
 pub use lease_view::{age, lease_json};
@@ -35,7 +36,7 @@ use validate::{ValidateArgs, validate};
 #[derive(Parser, Debug)]
 #[command(
     name = "tether",
-    version,
+    version = tether_build_info::DESCRIBE,
     about = "tether: inspect and repair tether leases, diagnose and validate networks, run the node-agent",
     long_about = "The operator and node-agent program of tether. The CNI plugins are tether-ipvlan and tether-ipam; this binary inspects and repairs their leases, diagnoses and validates networks, and runs the reconciler and the node-agent.\n\nExit codes: 0 ok, 1 failed or a problem found, 2 usage error, 3 refused (use --force)."
 )]
@@ -75,11 +76,16 @@ enum Cmd {
         #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
-    /// Check that a network config can work on this node, and say what to fix.
+    /// Check that a network config can work on this node, and say what to fix; first, that the
+    /// installed plugins are this tether's build.
     Doctor {
-        /// The network config (a NAD's spec.config, a .conf or a .conflist).
+        /// The network config (a NAD's spec.config, a .conf or a .conflist). Without it, only the
+        /// plugins are checked.
         #[arg(long)]
-        config: PathBuf,
+        config: Option<PathBuf>,
+        /// Where the plugins are installed (the node-agent's --cni-bin-dir; Multus' binDir).
+        #[arg(long, default_value = "/opt/cni/bin")]
+        cni_bin_dir: PathBuf,
         /// Probe at most this many unleased pool addresses per range for conflicts.
         #[arg(long, default_value_t = 256)]
         max_probes: u32,
@@ -208,8 +214,11 @@ enum Cmd {
     /// NADs move over; tether never hands out an address whereabouts holds). Needs an admin's
     /// credential; see docs/operations.md.
     ImportWhereabouts(crate::whereabouts_import::ImportArgs),
-    /// Print the version.
-    Version,
+    /// Print the version, the commit and the target of this build.
+    Version {
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
 }
 
 /// Parse and run; returns the exit code.
@@ -234,8 +243,8 @@ pub fn run(args: Vec<OsString>) -> i32 {
         }
     };
     let outcome = match cli.cmd {
-        Cmd::Version => {
-            println!("tether {}", env!("CARGO_PKG_VERSION"));
+        Cmd::Version { output } => {
+            version::print(output);
             Ok(EXIT_OK)
         }
         Cmd::Leases {
@@ -265,9 +274,10 @@ pub fn run(args: Vec<OsString>) -> i32 {
         },
         Cmd::Doctor {
             config,
+            cni_bin_dir,
             max_probes,
             output,
-        } => doctor::run(&config, max_probes, output),
+        } => doctor::run(config.as_deref(), &cni_bin_dir, max_probes, output),
         Cmd::Validate(args) => validate(&args),
         Cmd::ImportWhereabouts(args) => crate::whereabouts_import::run(&args),
         Cmd::NodeAgent {
