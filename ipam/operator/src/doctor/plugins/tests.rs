@@ -6,11 +6,27 @@ use std::path::PathBuf;
 
 use super::*;
 
-fn tmp(tag: &str) -> PathBuf {
+/// A directory of fake plugins, removed when the test ends.
+struct Tmp(PathBuf);
+
+impl std::ops::Deref for Tmp {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Tmp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tmp(tag: &str) -> Tmp {
     let d = std::env::temp_dir().join(format!("tether-doctor-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    Tmp(d)
 }
 
 fn script(dir: &Path, name: &str, body: &str) {
