@@ -404,6 +404,24 @@ impl Env {
         c.rt.block_on(c.client.request::<Value>(req))
     }
 
+    /// Whether the real server runs with feature gate `gate` on, from its
+    /// `kubernetes_feature_enabled` metric: the oldest Kubernetes tether claims lacks some
+    /// features (docs/compatibility.md), and a test of one asserts how tether degrades there.
+    /// A gate the server does not list is one removed after GA: its feature is always on.
+    pub fn server_feature(&self, gate: &str) -> bool {
+        let out = std::process::Command::new(kubectl())
+            .args(["--kubeconfig", self.kubeconfig.to_str().unwrap()])
+            .args(["get", "--raw", "/metrics"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "GET /metrics: {}", stderr(&out));
+        let key = format!("kubernetes_feature_enabled{{name=\"{gate}\",");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.starts_with(&key))
+            .is_none_or(|l| l.trim_end().ends_with(" 1"))
+    }
+
     /// A NAD using the Kubernetes store (master lo, no probing).
     pub fn nad(&self, network: &str) -> PathBuf {
         self.nad_with(network, &self.kubeconfig)
