@@ -15,6 +15,9 @@ SBINDIR   ?= /usr/local/bin
 # target/{debug,release} stay what the tests and the lab VM run.
 MUSL      := x86_64-unknown-linux-musl
 STATIC    := target/$(MUSL)/release
+# arm64 (Grace Hopper / Grace Blackwell GPU nodes) is cross-built for make release with Debian's
+# gcc-aarch64-linux-gnu (.cargo/config.toml; why: docs/releasing.md) and run here under qemu-user.
+ARM64     := aarch64-unknown-linux-musl
 # The release version: the workspace's (Cargo.toml), also the image's tag and the chart's version.
 VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 IMAGE     ?= tether:$(VERSION)
@@ -34,7 +37,7 @@ LAB_TESTS  := $(sort $(basename $(notdir $(wildcard conformance/tests/lab_*.rs))
 
 BENCH_BIN := $(CARGO) run --release --locked -p tether-conformance --bin
 
-.PHONY: previous peers bins bench bench-agents bench-attach bench-kube bench-ipam bench-probe bench-static all build install image render static-check test unit kube-up kube-down host-tests lab-tests conformance manifests fuzz-regressions fuzz driver deps demo fmt clippy clean docs-check
+.PHONY: release previous peers bins bench bench-agents bench-attach bench-kube bench-ipam bench-probe bench-static all build install image render static-check test unit kube-up kube-down host-tests lab-tests conformance manifests fuzz-regressions fuzz driver deps demo fmt clippy clean docs-check
 
 all: build
 
@@ -79,6 +82,14 @@ image: build
 	$(BUILDAH) push $(IMAGE) docker-archive:target/tether-image.tar:$(IMAGE)
 	python3 deploy/check-image.py target/tether-image.tar
 
+# The release artifacts in target/release-artifacts/ (deploy/release.sh): per architecture (amd64,
+# arm64) the binaries' tarball and an OCI image archive, both under one multi-arch image index, the
+# YAML naming $(IMAGE), the chart, a CycloneDX SBOM and SHA256SUMS. Offline, as make image is;
+# each architecture is checked static and smoke-tested first (conformance/release/smoke.sh).
+release: build
+	$(CARGO) build --release --locked --target $(ARM64) $(addprefix --bin ,$(BINS))
+	IMAGE=$(IMAGE) deploy/release.sh
+
 # deploy/tether.yaml, the one-file install (RKE2 auto-deploy), from deploy/base.
 render:
 	python3 deploy/validate.py --render
@@ -99,7 +110,7 @@ test:
 	@rm -f $(PHASES)
 	@status=0; \
 	  conformance/phases.sh deps driver bins && \
-	  $(KUBE) conformance/phases.sh clippy unit fuzz-regressions manifests build static-check image docs-check conformance e2e || status=$$?; \
+	  $(KUBE) conformance/phases.sh clippy unit fuzz-regressions manifests build static-check image release docs-check conformance e2e || status=$$?; \
 	  conformance/phases.sh --report; exit $$status
 
 bins:
@@ -163,11 +174,14 @@ fuzz:
 # Every manifest under deploy/ against Kubernetes schemas and the plugin's own config parser
 # (`validate --strict`: no NAD shares a range across nodes through file stores; the README's NAD
 # too), deploy/tether.yaml against a fresh render, and every manifest with a server-side dry-run on
-# the real API server (started here unless TETHER_TEST_KUBECONFIG is set).
+# the real API server (started here unless TETHER_TEST_KUBECONFIG is set); then charts/tether with the
+# real helm (conformance/helm/check.py: lint, its default render equal to deploy/tether.yaml object
+# for object, other values' renders, the docs' helm blocks on an API server of its own).
 manifests:
 	$(CARGO) build --locked --bin tether
 	$(KUBE) python3 deploy/validate.py
 	conformance/monitoring/check.sh
+	$(KUBE) python3 conformance/helm/check.py
 
 # The docs' command blocks: each has a runner (conformance/docs/blocks.py), and those that run on
 # this host run here; the e2e runs those of the real node.

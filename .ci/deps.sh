@@ -14,6 +14,8 @@ apt_pkgs=(
   curl openssl                    # the real API server of the tests (conformance/kube/up.sh)
   etcd-server                     # its store (Debian's etcd 3.4; the Kubernetes peers are built below)
   musl-tools                      # musl-gcc: ring's C for the static musl build (make build)
+  gcc-aarch64-linux-gnu libc6-dev-arm64-cross  # make release: the arm64 link and ring's C (docs/releasing.md)
+  qemu-user-static                # make release: the arm64 binaries run here under qemu-user
   binutils                        # readelf: make static-check
   buildah                         # make image: FROM scratch, offline
   containerd runc iptables        # make e2e: the real node's runtime (in the lab VM), its Service DNAT
@@ -47,6 +49,17 @@ command -v cargo >/dev/null || { echo "deps: cargo is required (rustup toolchain
 if ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then
   echo "deps: adding the x86_64-unknown-linux-musl target (rustup)"
   rustup target add x86_64-unknown-linux-musl
+fi
+# make release cross-builds arm64 and writes the SBOM with cargo-cyclonedx (a CycloneDX project).
+if ! rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-musl; then
+  echo "deps: adding the aarch64-unknown-linux-musl target (rustup)"
+  rustup target add aarch64-unknown-linux-musl
+fi
+# (It prints its version as "cargo-cyclonedx-cyclonedx X".)
+CYCLONEDX=0.5.9
+if [ "$(cargo cyclonedx --version 2>/dev/null)" != "cargo-cyclonedx-cyclonedx $CYCLONEDX" ]; then
+  echo "deps: installing cargo-cyclonedx $CYCLONEDX (crates.io)"
+  cargo install --quiet --locked cargo-cyclonedx --version "$CYCLONEDX"
 fi
 # The real peers (kube-apiserver, kubelet, kube-controller-manager, kube-scheduler, kubectl, Multus,
 # whereabouts, cnitool), built from the published Go modules pinned under conformance/peers/ into

@@ -24,3 +24,15 @@ python3 deploy/check-image.py target/tether-image.tar >/dev/null ||
   { echo "docs-check: build-image left no valid target/tether-image.tar" >&2; exit 1; }
 [ "$(stat -c %Y target/tether-image.tar)" -ge "$before" ] || { echo "docs-check: build-image did not write the image" >&2; exit 1; }
 echo "docs-check: docs/install.md build-image: target/tether-image.tar built and valid"
+
+# docs/install.md: a release's artifacts checked and opened as a user does (make test ran make
+# release already), in a copy so the run leaves target/release-artifacts as it was.
+rel=$(mktemp -d)
+mkdir -p "$rel/target" && cp -r target/release-artifacts "$rel/target/"
+python3 conformance/docs/blocks.py extract docs/install.md release-verify >"$rel/block.sh"
+(cd "$rel" && bash -euo pipefail block.sh) >"$rel/out" ||
+  { cat "$rel/out" >&2; echo "docs-check: release-verify failed" >&2; exit 1; }
+grep -q '"target": "x86_64-unknown-linux-musl"' "$rel/out" ||
+  { echo "docs-check: release-verify did not print the amd64 tether's version:" >&2; cat "$rel/out" >&2; exit 1; }
+rm -rf "$rel"
+echo "docs-check: docs/install.md release-verify: SHA256SUMS hold, the amd64 tether runs"

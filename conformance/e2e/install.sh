@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The first e2e step, in the lab VM once the node is Ready (node.sh runs it before the checks or
 # the benchmark): tether installed as the README says. deploy/tether.yaml applied unchanged
-# (kubectl apply -f); the node-agent pod (DaemonSet, image tether:0.1.0 imported from
+# (kubectl apply -f); the node-agent pod (DaemonSet, image tether:0.2.0 imported from
 # target/tether-image.tar) becomes Ready, installs tether-ipvlan + tether-ipam into /opt/cni/bin
 # and writes /etc/cni/net.d/tether.d/tether.kubeconfig (0600).
 set -euo pipefail
