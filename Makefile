@@ -37,7 +37,7 @@ LAB_TESTS  := $(sort $(basename $(notdir $(wildcard conformance/tests/lab_*.rs))
 
 BENCH_BIN := $(CARGO) run --release --locked -p tether-conformance --bin
 
-.PHONY: release previous peers bins bench bench-agents bench-attach bench-kube bench-ipam bench-probe bench-static all build install image render static-check test unit kube-up kube-down host-tests lab-tests conformance manifests fuzz-regressions fuzz driver deps demo fmt clippy clean docs-check
+.PHONY: kube-oldest release previous peers bins bench bench-agents bench-attach bench-kube bench-ipam bench-probe bench-static all build install image render static-check test unit kube-up kube-down host-tests lab-tests conformance manifests fuzz-regressions fuzz driver deps demo fmt clippy clean docs-check
 
 all: build
 
@@ -100,6 +100,11 @@ driver:
 # One real Kubernetes API server (kube-apiserver + etcd from ../shared/peers, conformance/kube/)
 # for the whole run: started before the test phases, TETHER_TEST_KUBECONFIG exported to them,
 # stopped at the end, also on failure.
+# The API-server suites against the oldest Kubernetes tether claims (1.30.14, docs/compatibility.md),
+# on a server of its own (target/peers-k8s-oldest, port 27443); about 90 s.
+kube-oldest:
+	conformance/kube/oldest.sh
+
 # Each phase is timed (conformance/phases.sh); the times are printed at the end, also on failure.
 # Last, `e2e`: a real node (kubelet + containerd in the lab VM) with tether installed from its image.
 # One phase at a time: on this 2-core machine a build beside the lab VM, even at the lowest
@@ -110,7 +115,7 @@ test:
 	@rm -f $(PHASES)
 	@status=0; \
 	  conformance/phases.sh deps driver bins && \
-	  $(KUBE) conformance/phases.sh clippy unit fuzz-regressions manifests build static-check image release docs-check conformance e2e || status=$$?; \
+	  $(KUBE) conformance/phases.sh clippy unit fuzz-regressions manifests kube-oldest build static-check image release docs-check conformance e2e || status=$$?; \
 	  conformance/phases.sh --report; exit $$status
 
 bins:

@@ -38,7 +38,9 @@ if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
   log "WARNING: the tree has uncommitted changes: these artifacts are not of commit $commit alone"
   commit+=-dirty
 fi
-# Archives get the commit's time, not the build's: the same commit packs to the same bytes.
+# Files get the commit's time, not the build's: the binaries' tarballs and the SBOMs of one
+# commit are the same bytes whoever packs them (the image archives are not: their format stamps
+# times of its own).
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
 
 rm -rf "$OUT" && mkdir -p "$OUT"

@@ -50,11 +50,12 @@ def merge(boms, v, triple):
         for d in bom.get("dependencies", []):
             deps.setdefault(d["ref"], set()).update(d.get("dependsOn", []))
     apps = [b["metadata"]["component"] for b in boms]
+    # (No serialNumber: cargo-cyclonedx leaves it out under SOURCE_DATE_EPOCH, so the same commit
+    # makes the same file.)
     return {
         "bomFormat": "CycloneDX",
         "specVersion": first["specVersion"],
         "version": 1,
-        "serialNumber": first["serialNumber"],
         "metadata": {
             "timestamp": first["metadata"]["timestamp"],
             "tools": first["metadata"]["tools"],
