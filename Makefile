@@ -214,7 +214,7 @@ demo: deps driver
 # target/lab/e2e/. Ports (host loopback) 47443, 47379, 47380, 47257, 47259: TETHER_E2E_*_PORT.
 E2E_TIMEOUT ?= 2100
 .PHONY: e2e bench-node
-e2e: image
+e2e: image release
 	TETHER_E2E_TIMEOUT=$(E2E_TIMEOUT) conformance/e2e/run.sh
 
 # The same node, benchmarked (conformance/e2e/bench-node.sh): BENCH_NODE_PODS pods with two
@@ -224,7 +224,7 @@ BENCH_NODE_PODS ?= 50
 BENCH_NODE_ROUNDS ?= 1
 # The reference's round alone may use 600 s and its teardown minutes more (see bench-node.sh).
 BENCH_NODE_TIMEOUT ?= 3000
-bench-node: image
+bench-node: image release
 	TETHER_E2E_TIMEOUT=$(BENCH_NODE_TIMEOUT) TETHER_E2E_CHECKS="install.sh bench-node.sh" \
 	  TETHER_BENCH_NODE_PODS=$(BENCH_NODE_PODS) TETHER_BENCH_NODE_ROUNDS=$(BENCH_NODE_ROUNDS) conformance/e2e/run.sh
 

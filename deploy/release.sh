@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `make release`: the release artifacts of this checkout, offline, into target/release-artifacts/:
 #
-#   tether-<v>-linux-{amd64,arm64}.tar.gz   the three static binaries, LICENSE, CHANGELOG.md
+#   tether-<v>-linux-{amd64,arm64}.tar.gz   the three static binaries, kubectl-tether (a link to
+#                                           tether), LICENSE, CHANGELOG.md, examples/ (the example
+#                                           NADs) and recipes/smoke-test.yaml: the README's quick start
 #   tether-<v>-image-{amd64,arm64}.oci.tar  the node-agent image of one architecture (OCI archive)
 #   tether-<v>-image.oci.tar                both, under one multi-arch image index
 #   tether-<v>.yaml                         deploy/tether.yaml naming this release's image
@@ -60,8 +62,11 @@ for arch in amd64 arm64; do
   conformance/release/smoke.sh "$arch" "$bin" >&2
 
   name=tether-$VERSION-linux-$arch
-  mkdir -p "$tmp/$name"
+  mkdir -p "$tmp/$name/examples" "$tmp/$name/recipes"
   cp "${BINS[@]/#/$bin/}" LICENSE CHANGELOG.md "$tmp/$name/"
+  ln -s tether "$tmp/$name/kubectl-tether"
+  cp deploy/examples/*.yaml "$tmp/$name/examples/"
+  cp deploy/recipes/smoke-test.yaml "$tmp/$name/recipes/"
   tar -C "$tmp" --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$SOURCE_DATE_EPOCH" -cf - "$name" |
     gzip -n9 >"$OUT/$name.tar.gz"
 

@@ -104,7 +104,7 @@ trap teardown EXIT
 
 # ---- 0. binaries into RAM ------------------------------------------------------------------
 t=$(now)
-for b in kubelet kubectl multus; do cp "$E2E_DIR/bin/$b" "$W/bin/$b" || e2e_die "no $E2E_DIR/bin/$b"; done
+for b in kubelet kubectl multus helm; do cp "$E2E_DIR/bin/$b" "$W/bin/$b" || e2e_die "no $E2E_DIR/bin/$b"; done
 for b in containerd containerd-shim-runc-v2 ctr runc; do cp "$(command -v "$b")" "$W/bin/$b" || e2e_die "no $b"; done
 e2e_log "binaries in RAM ($(since "$t") s)"
 hostname "$E2E_NODE"   # a node's hostname is its name: tether-ipam falls back to it (NODE_NAME unset under containerd)
@@ -257,7 +257,8 @@ mark containerd-ready
 # Before the kubelet: the agent's image (IfNotPresent, nothing can be pulled) must be there when
 # the DaemonSet's pod is first synced.
 imgs=("$E2E_DIR/images/pause.tar" "$E2E_DIR/images/busybox.tar" "$E2E_DIR/images/multus-thick.tar")
-[ "${TETHER_E2E_NODE_ONLY:-0}" = 1 ] || imgs+=("$E2E_ROOT/target/tether-image.tar" "$E2E_DIR/images/tether-next.tar")
+# tether's own image is not among them: the README's quick start imports the release's (install.sh).
+[ "${TETHER_E2E_NODE_ONLY:-0}" = 1 ] || imgs+=("$E2E_DIR/images/tether-next.tar" "$E2E_DIR/previous/tether-image.tar")
 for i in "${imgs[@]}"; do
   CTR images import "$i" >/dev/null || e2e_die "ctr images import $i failed"
 done
@@ -325,7 +326,7 @@ left=$(( ${TETHER_LAB_TIMEOUT:-600} - TEARDOWN_S - ${SECONDS} - BOOT_S ))
 # count of CNI calls is held against.
 exec_trace_start || e2e_die "cannot trace the plugins' execs (tracefs, sched_process_exec)"
 # The scripts, in order (TETHER_E2E_CHECKS; `make bench-node`: install.sh bench-node.sh).
-checks=${TETHER_E2E_CHECKS:-install.sh test-docs.sh test.sh test-events.sh test-thick.sh test-node-gone.sh}
+checks=${TETHER_E2E_CHECKS:-install.sh test-docs.sh test.sh test-events.sh test-thick.sh test-release.sh test-node-gone.sh}
 [ "${TETHER_E2E_NODE_ONLY:-0}" = 1 ] ||
   timeout -k 5 "$left" bash -c 'd=$1; shift; for c in "$@"; do bash "$d/$c" || exit; done' checks "$E2E_HERE" $checks ||
   { rc=$?; [ $rc != 124 ] || e2e_log "the checks did not finish in $left s"; exit $rc; }

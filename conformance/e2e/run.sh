@@ -46,6 +46,8 @@ for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl m
 done
 [ -s target/tether-image.tar ] && [ -x target/image/tether-ipam ] || [ "${TETHER_E2E_NODE_ONLY:-0}" = 1 ] ||
   e2e_die "no target/tether-image.tar or target/image/: run \`make image\` (make e2e does)"
+[ -s target/release-artifacts/SHA256SUMS ] || [ "${TETHER_E2E_NODE_ONLY:-0}" = 1 ] ||
+  e2e_die "no target/release-artifacts: run \`make release\` (make e2e does); the README's quick start installs from it"
 [ -f "$PEERS/nad-crd.yaml" ] || e2e_die "no $PEERS/nad-crd.yaml (TETHER_PEERS)"
 
 # ---- state ----
@@ -54,7 +56,12 @@ rm -rf "$E2E_DIR" && mkdir -p "$E2E_DIR/bin" "$E2E_DIR/logs"
 T0=$(now); echo "$T0" >"$E2E_DIR/t0"
 : >"$E2E_DIR/timings.txt"
 # In the VM the host's /var/cache is not visible: the binaries it runs are copied into the shared dir.
-for b in kubelet kubectl multus whereabouts; do cp "$PEERS_BIN_DIR/$b" "$E2E_DIR/bin/$b"; done
+for b in kubelet kubectl multus whereabouts helm; do cp "$PEERS_BIN_DIR/$b" "$E2E_DIR/bin/$b"; done
+if [ "${TETHER_E2E_NODE_ONLY:-0}" != 1 ]; then
+  # The previous release, which test-release.sh upgrades from (built once per machine).
+  prev=$(conformance/upgrade/previous-release.sh) || e2e_die "cannot build the previous release"
+  cp -r "$prev" "$E2E_DIR/previous"
+fi
 "$E2E_HERE/images.sh" "$E2E_DIR/images"
 if [ "${TETHER_E2E_NODE_ONLY:-0}" != 1 ]; then
   # The image test.sh rolls the DaemonSet to: the binaries of `make image`, each with bytes

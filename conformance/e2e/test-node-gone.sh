@@ -79,8 +79,9 @@ for s in tether_pool_size tether_pool_free; do
     fail "the controller serves no $s of mgmt-pool, which TetherPoolAlmostFull and TetherPoolExhausted read"
 done
 pass "the $(wc -l <<<"$named") series deploy/monitoring's rules and dashboard name are served by the controller and the agent; the pool alerts' series carry mgmt-pool"
-# Every CNI call this node made in the whole run, counted by its agent: the kernel's record of
-# each exec of a tether plugin (lib.sh, from before tether was installed) against the agent's
+# Every CNI call this node made since this agent's tether was installed (test-release.sh
+# uninstalls and reinstalls it, and restarts the trace), counted by its agent: the kernel's record of
+# each exec of a tether plugin (lib.sh) against the agent's
 # tether_cni_call_duration_seconds_count. Among them the calls made while no agent ran (test.sh's
 # image roll and the agent's deletion), which the next agent took in from the call spool.
 counted_calls() { # PLUGIN METRICS: the agent's count of PLUGIN's calls
