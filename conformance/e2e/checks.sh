@@ -110,9 +110,10 @@ event_text() {
     -o jsonpath='{range .items[*]}{.message}{"\n"}{end}' 2>/dev/null | tail -n 1
 }
 has_event() { [ -n "$(event_text "$1" "$2")" ]; }
+# (`.count // 1` per item: over the whole stream, `//` would turn no event into one.)
 event_count() { # POD REASON: how many times REASON was reported for POD (events aggregate repeats)
   K -n default get events --field-selector "involvedObject.name=$1,reason=$2" -o json 2>/dev/null |
-    jq '[.items[].count // 1] | add // 0'
+    jq '[.items[] | .count // 1] | add // 0'
 }
 # busybox_pod NAME NETWORKS_JSON: a pod on the cluster network plus the selected networks
 busybox_pod() {

@@ -199,6 +199,8 @@ pass "whereabouts' README NAD with only its type changed: wb Running with macvla
 # next ADD could hand out an address a running pod still has.
 K -n default delete statefulset trainer >&2
 delete_pods 180 trainer-0 trainer-1 login
+# As docs/upgrade.md says: the policy tether-iplease-crd-guard refuses the delete without it.
+K annotate crd "$LEASES" ipam.tether.dev/delete-all-leases=true >&2
 K delete crd "$LEASES" >&2
 crd_gone() { ! K get crd "$LEASES"; }
 wait_for 60 crd_gone || fail "the IPLease CRD is still there 60 s after delete"

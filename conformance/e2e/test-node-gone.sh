@@ -79,8 +79,8 @@ for s in tether_pool_size tether_pool_free; do
     fail "the controller serves no $s of mgmt-pool, which TetherPoolAlmostFull and TetherPoolExhausted read"
 done
 pass "the $(wc -l <<<"$named") series deploy/monitoring's rules and dashboard name are served by the controller and the agent; the pool alerts' series carry mgmt-pool"
-# Every CNI call this node made since this agent's tether was installed (test-release.sh
-# uninstalls and reinstalls it, and restarts the trace), counted by its agent: the kernel's record of
+# Every CNI call this node made since tether was last installed on it clean (test-release.sh
+# uninstalls it and restarts the trace), counted by its agents: the kernel's record of
 # each exec of a tether plugin (lib.sh) against the agent's
 # tether_cni_call_duration_seconds_count. Among them the calls made while no agent ran (test.sh's
 # image roll and the agent's deletion), which the next agent took in from the call spool.

@@ -25,6 +25,9 @@ REL=$E2E_ROOT/target/release-artifacts
 PREV=$E2E_DIR/previous
 [ -s "$REL/tether-$VERSION.yaml" ] && [ -s "$REL/tether-$VERSION.tgz" ] || fail "no release artifacts in $REL (make release)"
 [ -s "$PREV/tether.yaml" ] || fail "no previous release in $PREV (run.sh: conformance/upgrade/previous-release.sh)"
+# The CLI as a user has it: from the release's tarball, also as `kubectl tether`.
+tar -xzf "$REL/tether-$VERSION-linux-amd64.tar.gz" -C /run/e2e || fail "cannot unpack the release's amd64 tarball"
+export PATH=/run/e2e/tether-$VERSION-linux-amd64:$PATH
 cd "$E2E_ROOT"
 run_block() { # FILE NAME, run as written in DIR ($BLOCK_DIR), its output in OUT
   OUT=$(cd "${BLOCK_DIR:-$E2E_ROOT}" && bash -euo pipefail -c "$(python3 "$E2E_ROOT/conformance/docs/blocks.py" extract "$E2E_ROOT/$1" "$2")" 2>&1) && return 0
@@ -122,6 +125,10 @@ wait_for 120 no_agent || fail "tether pods left: $(K -n kube-system get pods -l 
 refused() { [ "$(curl -sk -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $token" https://10.96.0.1/api)" = 401 ]; }
 wait_for 30 refused || fail "the token the node kept still authenticates after the uninstall"
 pass "docs/upgrade.md uninstall as written: no plugin, kubeconfig, state or socket left on the node, no CRD, no agent; the node's old token is refused (401)"
+# test-node-gone.sh holds the agents' count of CNI calls (kept on the node under /run/tether,
+# across agents) against the kernel's count of plugin execs: the uninstall removed the one, so the
+# other starts again here too. No plugin runs from here on but for CNI calls.
+exec_trace_start || fail "cannot restart the exec trace"
 
 # ---- 4. the chart: install, upgrade, uninstall --------------------------------------------------
 t=$(now)
@@ -149,10 +156,6 @@ pass "the release's chart: helm install (agent Ready, charted Running on $a), he
 # Back to the one-file install for test-node-gone.sh; the pod's lease is honoured by it.
 K apply -f "$REL/tether-$VERSION.yaml" >&2 || fail "kubectl apply -f tether-$VERSION.yaml"
 wait_for 240 agent_on "tether:$VERSION" || fail "tether-$VERSION.yaml again: the agent did not become Ready"
-# test-node-gone.sh holds this agent's count of CNI calls against the kernel's count of plugin
-# execs: the count starts again with it, as the calls before were counted by agents that are gone
-# with their state (the uninstall, helm's). No pod changed since it started, so none is missed.
-exec_trace_start || fail "cannot restart the exec trace"
 delete_pods 120 charted
 wait_for 60 released "$a" || fail "$a not Released after charted was deleted"
 pass "tether-$VERSION.yaml applied again: agent Ready; charted deleted, $a Released"
