@@ -35,7 +35,7 @@ run_block() { # FILE NAME, run as written in DIR ($BLOCK_DIR), its output in OUT
   fail "$1 $2 failed as written"
 }
 NETS='[{"name": "mgmt-pool", "interface": "net1"}, {"name": "compute", "interface": "net2"}]'
-agent_image() { K -n kube-system get pods -l app.kubernetes.io/name=tether -o json |
+agent_image() { agents_json |
   jq -r '[.items[] | select(.metadata.deletionTimestamp == null)] | .[0].spec.containers[0].image // empty'; }
 agent_on() { [ "$(agent_image)" = "$1" ] && agent_ready; }
 leased_twice() { leases_json | jq -r '[.items[] | select(.spec.state == "Leased") | .spec.address] | group_by(.) | map(select(length > 1) | .[0]) | join(" ")'; }
@@ -120,7 +120,7 @@ for f in /opt/cni/bin/tether-ipvlan /opt/cni/bin/tether-ipam /etc/cni/net.d/teth
 done
 ((${#left[@]} == 0)) || fail "left on the node after the uninstall: ${left[*]}"
 ! K get crd "$LEASES" >/dev/null 2>&1 || fail "the IPLease CRD is still there"
-no_agent() { [ -z "$(K -n kube-system get pods -l app.kubernetes.io/name=tether -o name)" ]; }
+no_agent() { [ "$(agents_json | jq '.items | length')" = 0 ]; }
 wait_for 120 no_agent || fail "tether pods left: $(K -n kube-system get pods -l app.kubernetes.io/name=tether -o name)"
 refused() { [ "$(curl -sk -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $token" https://10.96.0.1/api)" = 401 ]; }
 wait_for 30 refused || fail "the token the node kept still authenticates after the uninstall"

@@ -202,13 +202,14 @@ spec:
         command: ["/bin/sh", "-c", "exec sleep 3600"]
 EOF
 K -n kube-system set image daemonset/tether agent=localhost/tether:0.1.1-e2e >&2 || fail "kubectl set image daemonset/tether"
-burst_pods() { K -n default get pods -l app=burst -o json | jq -r '.items[].metadata.name'; }
+burst_json() { GET /api/v1/namespaces/default/pods --data-urlencode labelSelector=app=burst; }
+burst_pods() { burst_json | jq -r '.items[].metadata.name'; }
 burst_running() {
-  [ "$(K -n default get pods -l app=burst -o json | jq '[.items[] | select(.status.phase == "Running")] | length')" = 20 ]
+  [ "$(burst_json | jq '[.items[] | select(.status.phase == "Running")] | length')" = 20 ]
 }
 rolled() {
   [ "$(K -n kube-system get daemonset tether -o jsonpath='{.status.updatedNumberScheduled}/{.status.numberReady}')" = 1/1 ] &&
-    [ "$(K -n kube-system get pods -l app.kubernetes.io/name=tether -o json | jq -r '[.items[] | select(.metadata.deletionTimestamp == null)] | .[0].spec.containers[0].image')" = localhost/tether:0.1.1-e2e ]
+    [ "$(agents_json | jq -r '[.items[] | select(.metadata.deletionTimestamp == null)] | .[0].spec.containers[0].image')" = localhost/tether:0.1.1-e2e ]
 }
 if ! wait_for "${TETHER_E2E_BURST_TIMEOUT:-480}" burst_running; then
   K -n default get pods -l app=burst -o wide >&2 || true
