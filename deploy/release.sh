@@ -36,7 +36,9 @@ REF=$(full_ref "$IMAGE")
 [[ $REF == *:* && ${REF##*/} == *:* ]] || { log "IMAGE=$IMAGE has no tag"; exit 2; }
 
 commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
-if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+# Neither git call here writes the index: crates/build-info rebuilds (and cargo relinks every
+# binary) when it changes. `git diff` refreshes it even with --no-optional-locks; diff-index does not.
+if [ -n "$(git --no-optional-locks status --porcelain --untracked-files=no 2>/dev/null)" ]; then
   log "WARNING: the tree has uncommitted changes: these artifacts are not of commit $commit alone"
   commit+=-dirty
 fi
@@ -54,7 +56,7 @@ BINS=(tether-ipvlan tether-ipam tether)
 inputs=$(
   for arch in amd64 arm64; do sha256sum "${BINS[@]/#/target/${TRIPLE[$arch]}/release/}"; done
   echo "commit $commit image $REF"
-  git diff HEAD 2>/dev/null | sha256sum
+  git diff-index -p HEAD 2>/dev/null | sha256sum
 )
 if [ -f "$OUT/.inputs" ] && [ "$(cat "$OUT/.inputs")" = "$inputs" ] &&
   (cd "$OUT" && sha256sum --quiet --strict -c SHA256SUMS >/dev/null 2>&1); then

@@ -138,7 +138,9 @@ def sh(*cmd):
 
 
 def git(*args):
-    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout
+    # --no-optional-locks: status must not rewrite the index, on which crates/build-info rebuilds.
+    cmd = ["git", "-C", str(ROOT), "--no-optional-locks", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
 
 def tree_state():

@@ -6,10 +6,10 @@
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 export PATH=/run/e2e/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 K() { kubectl -s http://127.0.0.1:8001 "$@"; }
-# GET PATH [curl args]: the API object or list at PATH, through the same proxy. kubectl takes
-# about a second to start in the emulated VM, and the waits poll pods and leases every second
-# (a pod each): the reads they repeat go to the API with curl, which starts in milliseconds.
-GET() { local path=$1; shift; curl -fsS --max-time 30 -G "$@" "http://127.0.0.1:8001$path"; }
+# GET PATH [curl args]: the API object or list at PATH, through the same proxy: one request per
+# read, for the reads the waits repeat every second.
+API=http://127.0.0.1:8001
+GET() { local path=$1; shift; curl -fsS --max-time 30 -G "$@" "$API$path"; }
 CTR() { ctr -n k8s.io "$@"; }
 RES=$E2E_DIR/results.txt
 pass() { echo "PASS $*" | tee -a "$RES" >&2; }
@@ -36,7 +36,7 @@ pod_events() { # namespace pod: the pod's events, oldest first (what `kubectl de
 pod_phase() { GET "/api/v1/namespaces/default/pods/$1" | jq -r '.status.phase // empty'; }
 pod_uid() { GET "/api/v1/namespaces/default/pods/$1" | jq -r .metadata.uid; }
 running() { [ "$(pod_phase "$1")" = Running ]; }
-gone() { [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 30 "http://127.0.0.1:8001/api/v1/namespaces/default/pods/$1")" = 404 ]; }
+gone() { [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 30 "$API/api/v1/namespaces/default/pods/$1")" = 404 ]; }
 # wait_running SECONDS POD...: every POD Running, or fail with their events
 wait_running() {
   local s=$1 p; shift
@@ -168,7 +168,9 @@ delete_pods() {
   wait_for "$s" all_gone "$@" || fail "still in the API $s s after delete: $*"
 }
 agents_json() { GET /api/v1/namespaces/kube-system/pods --data-urlencode labelSelector=app.kubernetes.io/name=tether; }
-agent_pod() { agents_json | jq -r '[.items[] | select(.metadata.deletionTimestamp == null)][0].metadata.name // empty'; }
+agent_json() { agents_json | jq -c '[.items[] | select(.metadata.deletionTimestamp == null)][0] // empty'; } # not being deleted
+agent_pod() { agent_json | jq -r '.metadata.name'; }
+agent_image() { agent_json | jq -r '.spec.containers[0].image'; }
 agent_ready() {
   local p
   p=$(agent_pod)

@@ -35,8 +35,6 @@ run_block() { # FILE NAME, run as written in DIR ($BLOCK_DIR), its output in OUT
   fail "$1 $2 failed as written"
 }
 NETS='[{"name": "mgmt-pool", "interface": "net1"}, {"name": "compute", "interface": "net2"}]'
-agent_image() { agents_json |
-  jq -r '[.items[] | select(.metadata.deletionTimestamp == null)] | .[0].spec.containers[0].image // empty'; }
 agent_on() { [ "$(agent_image)" = "$1" ] && agent_ready; }
 leased_twice() { leases_json | jq -r '[.items[] | select(.spec.state == "Leased") | .spec.address] | group_by(.) | map(select(length > 1) | .[0]) | join(" ")'; }
 seed_nads

@@ -209,7 +209,7 @@ burst_running() {
 }
 rolled() {
   [ "$(K -n kube-system get daemonset tether -o jsonpath='{.status.updatedNumberScheduled}/{.status.numberReady}')" = 1/1 ] &&
-    [ "$(agents_json | jq -r '[.items[] | select(.metadata.deletionTimestamp == null)] | .[0].spec.containers[0].image')" = localhost/tether:0.1.1-e2e ]
+    [ "$(agent_image)" = localhost/tether:0.1.1-e2e ]
 }
 if ! wait_for "${TETHER_E2E_BURST_TIMEOUT:-480}" burst_running; then
   K -n default get pods -l app=burst -o wide >&2 || true
