@@ -6,8 +6,9 @@
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 export PATH=/run/e2e/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 K() { kubectl -s http://127.0.0.1:8001 "$@"; }
-# GET PATH [curl args]: the API object or list at PATH, through the same proxy: one request per
-# read, for the reads the waits repeat every second.
+# GET PATH [curl args]: the API object or list at PATH, through the same proxy, for the reads the
+# waits repeat every second: curl + jq took 23-29 ms a read against 63-83 ms for `kubectl get`
+# (host, live API server), and the emulated VM multiplies both.
 API=http://127.0.0.1:8001
 GET() { local path=$1; shift; curl -fsS --max-time 30 -G "$@" "$API$path"; }
 CTR() { ctr -n k8s.io "$@"; }
