@@ -25,8 +25,9 @@
 //! with one exception, while the store cannot be reached: a DEL is then recorded as a pending
 //! release, and an ADD for a sandbox re-created for the same pod object is answered with the
 //! addresses the journal says that pod holds, recorded as a pending re-key (see
-//! `engine::offline`). `.pending` exists while any entry has such work left; every call that
-//! reaches the store finishes it first.
+//! `engine::offline`). A claim whose answer never came stays in its attachment's entry, marked
+//! unanswered, until fenced. `.pending` exists while any entry has such work left; every call
+//! that reaches the store finishes it first.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};

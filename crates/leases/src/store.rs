@@ -252,6 +252,11 @@ pub struct Pending {
     /// The runtime ran DEL: the records are released.
     #[serde(default)]
     pub release: bool,
+    /// Addresses of `leases` whose claim was sent but never answered (a timeout, a reset, a
+    /// server that hung): the store may have made it, or may still make it when it resumes. Each
+    /// is fenced by a write of this node before it is forgotten (see `engine::offline`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unanswered: Vec<IpAddr>,
 }
 
 /// One attachment of this node and the leases it holds or was about to claim.
@@ -270,6 +275,38 @@ pub struct JournalEntry {
     /// Work left for the store (see the module docs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pending: Option<Pending>,
+}
+
+impl JournalEntry {
+    /// The addresses of claims sent for this attachment whose answer never came.
+    pub fn unanswered(&self) -> &[IpAddr] {
+        self.pending.as_ref().map_or(&[], |p| &p.unanswered)
+    }
+
+    /// The leases the attachment holds or held, without those of unanswered claims.
+    pub fn held(&self) -> impl Iterator<Item = &Lease> {
+        self.leases
+            .iter()
+            .filter(|l| !self.unanswered().contains(&l.address))
+    }
+
+    /// Keep the claims `sent` whose answer never came, marked, until they are fenced (see
+    /// `engine::offline`); an address the entry holds otherwise (its own, re-keyed) is not one.
+    pub(crate) fn keep_unanswered(&mut self, sent: Vec<Lease>) {
+        for l in sent {
+            if self.held().any(|h| h.address == l.address) {
+                continue;
+            }
+            let address = l.address;
+            if !self.leases.iter().any(|h| h.address == address) {
+                self.leases.push(l);
+            }
+            let p = self.pending.get_or_insert_with(Pending::default);
+            if !p.unanswered.contains(&address) {
+                p.unanswered.push(address);
+            }
+        }
+    }
 }
 
 /// What the journal knows of one attachment.

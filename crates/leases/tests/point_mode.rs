@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::net::IpAddr;
 
 use common::*;
@@ -30,6 +30,10 @@ struct Node {
     by_pod_reads: Cell<usize>,
     /// The store cannot be reached: every request fails as a timed-out one does.
     away: Cell<bool>,
+    /// The server hung after the reads of an ADD (SIGSTOP): the writes sent meanwhile are not
+    /// answered; they are queued, to run when [`Node::resume`] says.
+    hung: Cell<bool>,
+    queued: RefCell<Vec<(Lease, Option<Lease>)>>,
 }
 
 impl Node {
@@ -57,7 +61,27 @@ impl Node {
             pod_index: Cell::new(false),
             by_pod_reads: Cell::new(0),
             away: Cell::new(false),
+            hung: Cell::new(false),
+            queued: RefCell::default(),
         }
+    }
+
+    /// The server runs the writes it had queued (and answers again): whether each was made.
+    fn resume(&self) -> Vec<bool> {
+        self.hung.set(false);
+        self.queued
+            .take()
+            .into_iter()
+            .map(|(new, expected)| matches!(self.cluster.claim(new, expected.as_ref()), Ok(Ok(_))))
+            .collect()
+    }
+
+    /// The Leased records naming pod `p`.
+    fn leased_to(&self, p: &PodRef) -> Vec<Lease> {
+        self.raw()
+            .into_iter()
+            .filter(|l| l.is_leased() && l.pod.same_pod(p))
+            .collect()
     }
 
     fn reach(&self) -> Result<(), StoreError> {
@@ -106,6 +130,13 @@ impl LeaseStore for Node {
             .find(|l| l.address == address))
     }
     fn claim(&self, new: Lease, expected: Option<&Lease>) -> CasResult<Lease> {
+        if self.hung.get() {
+            self.queued.borrow_mut().push((new, expected.cloned()));
+            return Err(StoreError::Backend(BackendFailure::new(
+                "the API server did not answer the write within 10 s",
+                true,
+            )));
+        }
         self.reach()?;
         self.writes.set(self.writes.get() + 1);
         let r = self.cluster.claim(new, expected);
@@ -770,4 +801,131 @@ fn a_journaled_address_taken_by_another_pod_meanwhile_stays_with_that_pod() {
         "never taken from its holder: {rec:?}"
     );
     assert!(n.journal.take_pending(NET).unwrap().is_empty());
+}
+
+/// Issue 40, part 4: a claim whose answer never came (the API server hung while a pod started).
+/// The ADD fails; the write may run when the server resumes. The journal keeps the address,
+/// marked unanswered, and the runtime's DEL of the failed sandbox releases it whether the write
+/// ran before it or not.
+#[test]
+fn an_unanswered_claim_that_ran_is_released_by_the_del_of_the_failed_sandbox() {
+    let (c, d) = (TempDir::new("pm-hang-c"), TempDir::new("pm-hang-d"));
+    let n = Node::new(&c, &d, "a");
+    let clock = FakeClock::new(1_000_000);
+    let a = alloc(&n, "10.0.0.0/24", &NoProbe, &clock);
+    let p1 = pod("ns", "p1", "u1");
+    n.hung.set(true);
+    let e = a.add(&req_on(&n, "c1", p1.clone())).unwrap_err();
+    assert!(e.is_transient(), "{e}");
+    let mine = n
+        .journal
+        .lookup(NET, "c1", "net1", &PodRef::default())
+        .unwrap()
+        .mine
+        .expect("the failed ADD's entry stays");
+    assert_eq!(mine.unanswered().len(), 1, "{mine:?}");
+    let sent = mine.unanswered()[0];
+    assert_eq!(n.resume(), [true], "the server ran the queued create");
+    assert_eq!(n.leased_to(&p1).len(), 1);
+
+    // The runtime's sequence: DEL of the failed sandbox, then ADD of a new one.
+    assert!(a.del("c1", "net1").unwrap().is_empty());
+    assert!(
+        n.leased_to(&p1).is_empty(),
+        "the DEL released what the unanswered claim made: {:?}",
+        n.raw()
+    );
+    assert!(
+        n.journal
+            .lookup(NET, "c1", "net1", &PodRef::default())
+            .unwrap()
+            .mine
+            .is_none()
+    );
+    let again = a.add(&req_on(&n, "c2", p1.clone())).unwrap();
+    assert_eq!(again[0].address, sent, "the pod's address, sticky");
+    assert_eq!(n.leased_to(&p1).len(), 1, "one lease: {:?}", n.raw());
+    assert!(n.journal.take_pending(NET).unwrap().is_empty());
+}
+
+#[test]
+fn an_unanswered_claim_that_runs_after_the_del_can_no_longer_take_the_address() {
+    let (c, d) = (TempDir::new("pm-late-c"), TempDir::new("pm-late-d"));
+    let n = Node::new(&c, &d, "a");
+    let clock = FakeClock::new(1_000_000);
+    let a = alloc(&n, "10.0.0.0/24", &NoProbe, &clock);
+    let p1 = pod("ns", "p1", "u1");
+    n.hung.set(true);
+    a.add(&req_on(&n, "c1", p1.clone())).unwrap_err();
+    n.hung.set(false);
+    n.away.set(true);
+    assert!(
+        a.del("c1", "net1").unwrap().is_empty(),
+        "DEL succeeds while the server is away; the release is owed"
+    );
+    // The server answers again, its queued write not run yet (the worst order): the next call
+    // of the network on the node (another pod's ADD) fences the address before its own work.
+    n.away.set(false);
+    let p9 = pod("ns", "p9", "u9");
+    a.add(&req_on(&n, "c9", p9.clone())).unwrap();
+    assert_eq!(n.resume(), [false], "the late create meets the fence");
+    assert!(n.leased_to(&p1).is_empty(), "{:?}", n.raw());
+    assert_eq!(n.leased_to(&p9).len(), 1, "{:?}", n.raw());
+    assert!(n.journal.take_pending(NET).unwrap().is_empty());
+
+    // A take-over of a Released record read first (the pod's sticky address, found by the pod
+    // index): the late write expects the record's version, and the fence moves it on.
+    a.add(&req_on(&n, "c2", p1.clone())).unwrap();
+    a.del("c2", "net1").unwrap();
+    clock.advance(10);
+    n.pod_index.set(true);
+    n.hung.set(true);
+    a.add(&req_on(&n, "c3", p1.clone())).unwrap_err();
+    n.hung.set(false);
+    assert!(a.del("c3", "net1").unwrap().is_empty());
+    assert!(
+        n.queued.borrow()[0].1.is_some(),
+        "the claim expected a version: {:?}",
+        n.queued.borrow()
+    );
+    assert_eq!(n.resume(), [false], "the late take-over meets the fence");
+    assert!(n.leased_to(&p1).is_empty(), "{:?}", n.raw());
+    let left = n.journal.entries(NET).unwrap();
+    assert!(
+        left.len() == 1 && left[0].container_id == "c9" && left[0].pending.is_none(),
+        "only p9's entry, settled: {left:?}"
+    );
+}
+
+#[test]
+fn a_repeated_add_after_an_unanswered_claim_holds_one_address() {
+    let (c, d) = (TempDir::new("pm-rep-c"), TempDir::new("pm-rep-d"));
+    let n = Node::new(&c, &d, "a");
+    let clock = FakeClock::new(1_000_000);
+    let a = alloc(&n, "10.0.0.0/24", &NoProbe, &clock);
+    let p1 = pod("ns", "p1", "u1");
+    for ran in [true, false] {
+        let cid = format!("c-{ran}");
+        n.hung.set(true);
+        a.add(&req_on(&n, &cid, p1.clone())).unwrap_err();
+        if ran {
+            assert_eq!(n.resume(), [true]);
+        } else {
+            n.hung.set(false);
+        }
+        let got = a.add(&req_on(&n, &cid, p1.clone())).unwrap();
+        assert!(n.resume().iter().all(|made| !made), "ran={ran}");
+        let held = n.leased_to(&p1);
+        assert_eq!(held.len(), 1, "ran={ran}: {held:?}");
+        assert_eq!(held[0].address, got[0].address);
+        assert_eq!(held[0].container_id, cid);
+        let mine = n
+            .journal
+            .lookup(NET, &cid, "net1", &PodRef::default())
+            .unwrap()
+            .mine
+            .unwrap();
+        assert!(mine.pending.is_none(), "ran={ran}: {mine:?}");
+        assert_eq!(a.del(&cid, "net1").unwrap().len(), 1);
+    }
 }

@@ -73,7 +73,8 @@ impl Allocator<'_> {
         if let (Some(e), Some(j)) = (&failed, &mut call.journal)
             && call.written.is_empty()
             && e.is_unreachable()
-            && let Some(leases) = self.add_from_journal(req, &wanted, j, &mut call.probes)?
+            && let Some(leases) =
+                self.add_from_journal(req, &wanted, j, &mut call.probes, &call.unanswered)?
         {
             return Ok(AddOutcome::new(leases, call.probes));
         }
@@ -172,12 +173,25 @@ impl Allocator<'_> {
                 .unwrap_or_default(),
             pending: None,
         };
+        // Claims an earlier call left unanswered and the settling could not fence yet: carried
+        // until it can.
+        let unanswered = lookup
+            .mine
+            .iter()
+            .flat_map(|e| {
+                e.leases
+                    .iter()
+                    .filter(|l| e.unanswered().contains(&l.address))
+            })
+            .cloned()
+            .collect();
         Ok(Call {
             journal: Some(Journaling {
                 index: ix,
                 entry,
                 lookup,
             }),
+            unanswered,
             ..Call::default()
         })
     }
@@ -191,7 +205,7 @@ impl Allocator<'_> {
             // not be rolled back.
             let mut kept = self.rollback(std::mem::take(&mut call.written));
             if let Some(j) = &call.journal {
-                for l in j.lookup.mine.iter().flat_map(|e| &e.leases) {
+                for l in j.lookup.mine.iter().flat_map(|e| e.held()) {
                     if !kept.iter().any(|k| k.address == l.address) {
                         kept.push(l.clone());
                     }
@@ -205,8 +219,12 @@ impl Allocator<'_> {
             return Ok(());
         };
         // What this attachment holds now; anything it was about to claim and did not is dropped
-        // (or the whole entry, when the ADD failed and was rolled back).
+        // (or the whole entry, when the ADD failed and was rolled back), unless its claim went
+        // unanswered.
         j.entry.leases = kept;
+        j.entry.pending = None;
+        j.entry
+            .keep_unanswered(std::mem::take(&mut call.unanswered));
         if let Err(e) = j.index.record(&self.scope.network, &j.entry) {
             if !failed {
                 self.rollback(std::mem::take(&mut call.written));
@@ -519,13 +537,13 @@ impl Allocator<'_> {
     }
 
     /// After a sandbox re-create took a lease over, the old sandbox's journal entry no longer
-    /// holds it.
+    /// holds it (one whose take-over went unanswered may still be the old sandbox's).
     pub(super) fn forget_taken_over(&self, j: &Journaling<'_>) {
         for old in &j.lookup.same_pod {
             let kept: Vec<Lease> = old
                 .leases
                 .iter()
-                .filter(|l| !j.entry.leases.iter().any(|m| m.address == l.address))
+                .filter(|l| !j.entry.held().any(|m| m.address == l.address))
                 .cloned()
                 .collect();
             if kept.len() != old.leases.len() {

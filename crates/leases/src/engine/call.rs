@@ -41,4 +41,7 @@ pub(super) struct Call<'j> {
     pub(super) by_pod: Option<Vec<Lease>>,
     /// The conflict probe of this ADD: what waits for it, what it proved.
     pub(super) probes: ProbeStep,
+    /// Point mode: claims of this attachment whose answer never came (this call's, and those an
+    /// earlier call left unsettled). They stay journaled until fenced (see `offline`).
+    pub(super) unanswered: Vec<Lease>,
 }

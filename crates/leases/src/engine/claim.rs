@@ -45,9 +45,19 @@ impl Allocator<'_> {
             j.index.record(&self.scope.network, &j.entry)?;
         }
         call.seen.insert(address);
-        let got = match self.store.claim(new, expected.as_ref())? {
-            Ok(l) => l,
-            Err(Taken { current }) => {
+        // Kept while journaling: a claim whose answer never came may still be made.
+        let sent = call.journal.is_some().then(|| new.clone());
+        let got = match self.store.claim(new, expected.as_ref()) {
+            Ok(Ok(l)) => l,
+            Err(e) => {
+                if e.is_transient()
+                    && let Some(sent) = sent
+                {
+                    call.unanswered.push(sent);
+                }
+                return Err(e.into());
+            }
+            Ok(Err(Taken { current })) => {
                 match current {
                     Some(c) => call.view.insert(address, c),
                     None => call.view.remove(&address),

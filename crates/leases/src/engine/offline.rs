@@ -20,6 +20,14 @@
 //! before its own ([`Allocator::settle_pending`]), each step a conditional write: a re-key takes
 //! the record over from the old container only if it is still as journaled (or free again); a
 //! record another pod took meanwhile is left to that pod and logged as an error.
+//!
+//! A claim whose answer never came (a timeout or a reset while the server hangs) is the same
+//! kind of work: the server may have made it, or may make it when it resumes, so the failed
+//! ADD keeps it in the journal, marked *unanswered*. Settling *fences* it with one conditional
+//! write: a record the claim made is released (the ADD failed, nobody uses it); any other
+//! record is rewritten, so the claim, made on an older version or on none, fails if it still
+//! runs. The runtime's DEL of the failed sandbox settles it first (or, while the store is still
+//! away, records that it is owed), so a retried ADD never finds its pod holding two addresses.
 
 use super::add::AddRequest;
 use super::call::Journaling;
@@ -31,6 +39,10 @@ use crate::store::Taken;
 use crate::store::{AttachmentIndex, JournalEntry, Pending};
 use tether_pool::RequestedIp;
 
+/// How long an unanswered take-over of the pod's earlier sandbox's lease is watched for: a
+/// server that hung runs what it had queued within moments of resuming.
+const UNANSWERED_OPEN_S: u64 = 600;
+
 impl Allocator<'_> {
     /// ADD answered from the journal (see the module docs); `None` when it cannot be.
     pub(super) fn add_from_journal(
@@ -39,6 +51,7 @@ impl Allocator<'_> {
         wanted: &[Option<RequestedIp>],
         j: &mut Journaling<'_>,
         probes: &mut ProbeStep,
+        unanswered: &[Lease],
     ) -> Result<Option<Vec<Lease>>, AllocError> {
         let mine = j
             .lookup
@@ -58,8 +71,7 @@ impl Allocator<'_> {
         let leases: Vec<Lease> = (0..self.ranges.len())
             .filter_map(|i| {
                 entry
-                    .leases
-                    .iter()
+                    .held()
                     .find(|l| l.is_leased() && self.range_of(l) == Some(i))
                     .cloned()
             })
@@ -73,8 +85,9 @@ impl Allocator<'_> {
         j.entry.leases = leases.clone();
         j.entry.pending = rekey_from.clone().map(|from| Pending {
             rekey_from: Some(from),
-            release: false,
+            ..Pending::default()
         });
+        j.entry.keep_unanswered(unanswered.to_vec());
         j.index.record(&self.scope.network, &j.entry)?;
         self.forget_taken_over(j);
         if let Some(from) = &rekey_from {
@@ -132,7 +145,7 @@ impl Allocator<'_> {
     /// Does `e` hold one Leased record in every range, matching what is requested?
     fn covers(&self, e: &JournalEntry, wanted: &[Option<RequestedIp>]) -> bool {
         (0..self.ranges.len()).all(|i| {
-            e.leases.iter().any(|l| {
+            e.held().any(|l| {
                 l.is_leased()
                     && self.range_of(l) == Some(i)
                     && wanted[i].is_none_or(|w| w.address == l.address)
@@ -215,7 +228,19 @@ impl Allocator<'_> {
                     || p.rekey_from.as_deref() == Some(c.container_id.as_str()))
         };
         let mut kept = Vec::new();
+        let mut open = Vec::new();
         for l in &e.leases {
+            if e.unanswered().contains(&l.address) {
+                if !self.fence(e, l)? {
+                    kept.push(l.clone());
+                    open.push(l.address);
+                }
+                continue;
+            }
+            if !p.release && p.rekey_from.is_none() {
+                kept.push(l.clone());
+                continue;
+            }
             let cur = match l.version {
                 Some(_) => Some(l.clone()),
                 None => self.store.get(&self.scope, l.address)?,
@@ -238,12 +263,91 @@ impl Allocator<'_> {
                 kept.push(l);
             }
         }
+        // A release still owed for what stays open; a re-key is done.
         let done = JournalEntry {
             leases: kept,
-            pending: None,
+            pending: (!open.is_empty()).then_some(Pending {
+                release: p.release,
+                unanswered: open,
+                rekey_from: None,
+            }),
             ..e.clone()
         };
         Ok(ix.record(&self.scope.network, &done)?)
+    }
+
+    /// Make sure the unanswered claim of `sent` for `e`'s attachment holds nothing and can no
+    /// longer take effect. The ADD that sent it failed, so whatever it made is released; a
+    /// record it did not make is rewritten, so that the claim, made on an earlier version of
+    /// the record or on none, fails if the server still runs it. `false` while it cannot be
+    /// settled yet (see below).
+    fn fence(&self, e: &JournalEntry, sent: &Lease) -> Result<bool, AllocError> {
+        let ours = |c: &Lease| c.is_attachment(&e.container_id, &e.ifname);
+        let mut cur = self.store.get(&self.scope, sent.address)?;
+        for _ in 0..self.policy.max_attempts {
+            let now = self.clock.now();
+            let (new, expected) = match cur {
+                Some(c) if ours(&c) && c.is_leased() => {
+                    if let Some(r) = self.release_if_ours(&c, now, |c| ours(c) && c.is_leased())? {
+                        log::warn!(
+                            "network {}: released {} of container {} interface {}: its claim was made, but the \
+                             answer never came and the ADD failed",
+                            self.scope.network,
+                            r.address,
+                            e.container_id,
+                            e.ifname
+                        );
+                    }
+                    return Ok(true);
+                }
+                // Our own release or fence: the claim can no longer succeed.
+                Some(c) if ours(&c) => return Ok(true),
+                // A take-over of the pod's earlier sandbox's lease may still move it; past
+                // UNANSWERED_OPEN_S it is left to that sandbox's DEL or the reconciler.
+                Some(c) if c.is_leased() && c.pod.same_pod(&e.pod) && c.ifname == e.ifname => {
+                    return Ok(now >= sent.since.saturating_add(UNANSWERED_OPEN_S));
+                }
+                // Another pod's lease: no claim of this node was made on its version.
+                Some(c) if c.is_leased() => return Ok(true),
+                // Released or quarantined: the same record again, newer.
+                Some(c) => (
+                    Lease {
+                        since: now.max(c.since.saturating_add(1)),
+                        version: None,
+                        ..c.clone()
+                    },
+                    Some(c),
+                ),
+                // None: a released record of this attachment, so the claim's create fails.
+                None => (
+                    Lease {
+                        state: LeaseState::Released { at: now },
+                        since: now,
+                        version: None,
+                        ..sent.clone()
+                    },
+                    None,
+                ),
+            };
+            match self.store.claim(new, expected.as_ref())? {
+                Ok(_) => {
+                    log::info!(
+                        "network {}: fenced {}: the claim of container {} interface {} was never answered",
+                        self.scope.network,
+                        sent.address,
+                        e.container_id,
+                        e.ifname
+                    );
+                    return Ok(true);
+                }
+                Err(Taken { current }) => cur = current,
+            }
+        }
+        Err(AllocError::Contention {
+            network: self.scope.network.clone(),
+            address: sent.address,
+            attempts: self.policy.max_attempts,
+        })
     }
 
     /// The record of `journaled`'s address rewritten to the attachment of `e`, starting from

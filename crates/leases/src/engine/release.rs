@@ -54,7 +54,13 @@ impl Allocator<'_> {
             return Err(e);
         }
         if let Some((ix, mut entry)) = entry {
-            entry.leases.clear();
+            // A claim still unanswered stays, its release owed, until the next call that
+            // reaches the store fences it (see `offline`).
+            let open = entry.unanswered().to_vec();
+            entry.leases.retain(|l| open.contains(&l.address));
+            if let Some(p) = &mut entry.pending {
+                p.release = true;
+            }
             ix.record(&self.scope.network, &entry)?;
         }
         for l in &released {
@@ -91,7 +97,7 @@ impl Allocator<'_> {
             return Ok(None);
         }
         let mut cands = Vec::new();
-        for l in &entry.leases {
+        for l in entry.held() {
             let cur = match l.version {
                 Some(_) => Some(l.clone()),
                 None => match self.store.get(&self.scope, l.address) {
