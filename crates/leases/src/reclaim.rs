@@ -16,6 +16,11 @@ pub enum StaleReason {
     /// The pod still exists, bound to a node that stopped reporting (no heartbeat for
     /// `silent_s` seconds, not `Ready`) longer than the controller's node-lost grace.
     NodeLost { node: String, silent_s: u64 },
+    /// Another sandbox of the same pod (container `by`) holds a newer lease on the same
+    /// interface, network and range. A pod has one sandbox at a time (the kubelet stops the old
+    /// one before it creates the next), so this one is dead: its DEL could not release the
+    /// lease, or a write of its failed ADD was made after the ADD gave up.
+    Superseded { by: String },
 }
 
 impl std::fmt::Display for StaleReason {
@@ -29,6 +34,11 @@ impl std::fmt::Display for StaleReason {
                 f,
                 "its pod is bound to node {node}, which has not reported for {silent_s} s and is not Ready"
             ),
+            StaleReason::Superseded { by } => write!(
+                f,
+                "its sandbox is gone: the pod's sandbox {} holds a newer lease on the same interface",
+                &by[..by.len().min(12)]
+            ),
         }
     }
 }
@@ -36,7 +46,8 @@ impl std::fmt::Display for StaleReason {
 /// Pods that exist: (namespace, name) → uid.
 pub type PodIndex = HashMap<(String, String), String>;
 
-/// The leases to release: `Leased`, older than `grace_s`, naming a pod that is gone or replaced.
+/// The leases to release: `Leased`, older than `grace_s`, naming a pod that is gone or replaced,
+/// or held by a sandbox of a pod whose later sandbox holds a newer lease in the same place.
 /// Leases without a pod namespace and name (cnitool, plain runtimes) are left to CNI GC: nothing
 /// here can tell whether they are alive.
 pub fn stale<'a>(
@@ -45,6 +56,7 @@ pub fn stale<'a>(
     now: u64,
     grace_s: u64,
 ) -> Vec<(&'a Lease, StaleReason)> {
+    let newest = newest_per_place(leases);
     leases
         .iter()
         .filter(|l| matches!(l.state, LeaseState::Leased))
@@ -62,11 +74,49 @@ pub fn stale<'a>(
                             current_uid: uid.clone(),
                         },
                     )),
-                    _ => None,
+                    _ => superseded(l, &newest).map(|r| (l, r)),
                 },
             }
         })
         .collect()
+}
+
+/// Where one sandbox of a pod holds its lease: the pod (namespace, name, uid), the interface,
+/// the network and the range.
+type Place<'a> = (&'a str, &'a str, &'a str, &'a str, &'a str, Option<usize>);
+
+fn place(l: &Lease) -> Option<Place<'_>> {
+    Some((
+        l.pod.namespace.as_deref()?,
+        l.pod.name.as_deref()?,
+        l.pod.uid.as_deref()?,
+        &l.ifname,
+        &l.network,
+        l.range_index,
+    ))
+}
+
+/// The newest `Leased` record of each place.
+fn newest_per_place(leases: &[Lease]) -> HashMap<Place<'_>, &Lease> {
+    let mut newest: HashMap<Place<'_>, &Lease> = HashMap::new();
+    for l in leases.iter().filter(|l| l.is_leased()) {
+        if let Some(p) = place(l) {
+            let e = newest.entry(p).or_insert(l);
+            if l.since > e.since {
+                *e = l;
+            }
+        }
+    }
+    newest
+}
+
+/// `l` is superseded when another sandbox's record of its place is strictly newer (equal times
+/// decide nothing).
+fn superseded(l: &Lease, newest: &HashMap<Place<'_>, &Lease>) -> Option<StaleReason> {
+    let n = newest.get(&place(l)?)?;
+    (n.since > l.since && n.container_id != l.container_id).then(|| StaleReason::Superseded {
+        by: n.container_id.clone(),
+    })
 }
 
 #[cfg(test)]
@@ -211,5 +261,50 @@ mod tests {
             lease("10.0.0.7", None, None, None, 0, LeaseState::Leased),
         ];
         assert!(stale(&l, &PodIndex::new(), 1000, 0).is_empty());
+    }
+
+    #[test]
+    fn of_two_sandboxes_of_one_pod_in_one_place_the_older_lease_is_stale() {
+        let sandbox = |addr: &str, cid: &str, since: u64| {
+            let mut l = lease(
+                addr,
+                Some("ns"),
+                Some("p"),
+                Some("u"),
+                since,
+                LeaseState::Leased,
+            );
+            l.container_id = cid.into();
+            l
+        };
+        let live = sandbox("10.0.0.9", "c-live", 500);
+        let mut other_if = sandbox("10.0.0.10", "c-dead", 100);
+        other_if.ifname = "net2".into();
+        let mut other_range = sandbox("10.0.1.1", "c-dead", 100);
+        other_range.range_index = Some(1);
+        let l = vec![
+            sandbox("10.0.0.8", "c-dead", 100),
+            live.clone(),
+            other_if,
+            other_range,
+        ];
+        let p = pods(&[("ns", "p", "u")]);
+        let s = stale(&l, &p, 1000, 120);
+        assert_eq!(
+            s.len(),
+            1,
+            "only the older lease in the live one's place: {s:?}"
+        );
+        assert_eq!(s[0].0.address.to_string(), "10.0.0.8");
+        assert_eq!(
+            s[0].1,
+            StaleReason::Superseded {
+                by: "c-live".into()
+            }
+        );
+        // Within its grace, or as old as the other: nothing is decided.
+        assert!(stale(&l, &p, 200, 120).is_empty());
+        let tie = vec![sandbox("10.0.0.8", "c-a", 500), live];
+        assert!(stale(&tie, &p, 1000, 120).is_empty());
     }
 }

@@ -117,6 +117,7 @@ impl Registry {
                 tether_leases::reclaim::StaleReason::PodGone => "pod_gone",
                 tether_leases::reclaim::StaleReason::PodReplaced { .. } => "pod_replaced",
                 tether_leases::reclaim::StaleReason::NodeLost { .. } => "node_lost",
+                tether_leases::reclaim::StaleReason::Superseded { .. } => "superseded",
             };
             *s.reclaimed
                 .entry((x.lease.network.clone(), reason))

@@ -15,6 +15,11 @@
 //!    server confirms it** (404, or a pod of that name with another uid). The cache only finds
 //!    candidates; the decision is made on an authoritative read, so a lagging or partial cache
 //!    (or a node-name mismatch between the plugin and the agent) can never free a live address;
+//!    **or** another sandbox of the same pod (same uid) holds a strictly newer lease on the same
+//!    interface, network and range, in the same LIST of this node's leases. A pod has one sandbox
+//!    at a time (the kubelet stops the old one, DEL included, before it creates the next), so the
+//!    older is a dead sandbox's: one whose DEL could not release it, or a write of a failed ADD
+//!    that the server made after the ADD gave up. No cache and no pod read is involved;
 //! 4. the write is conditional: `release` replaces the record only if it still has the version
 //!    read (Kubernetes: the object's uid and resourceVersion; file store: its counter). A lease
 //!    taken over, renewed or released since is never touched; losing that race is normal.
@@ -303,14 +308,20 @@ impl Reconciler {
                 }
             }
         }
-        for (lease, _) in stale(leases, pods, now, self.opts.grace_s) {
+        for (lease, found) in stale(leases, pods, now, self.opts.grace_s) {
             // A long pass (many candidates, a slow server) is progress, not a wedged loop.
             self.metrics.beat(now_s());
             let (Some(ns), Some(name)) = (&lease.pod.namespace, &lease.pod.name) else {
                 continue;
             };
-            let Some(reason) = self.confirm(lease, ns, name, None, kube, r) else {
-                continue;
+            // A superseded sandbox is judged from the leases alone (read in this pass), whatever
+            // the pod's state; the pod cache's findings are confirmed on the server.
+            let reason = match found {
+                StaleReason::Superseded { .. } => found,
+                _ => match self.confirm(lease, ns, name, None, kube, r) {
+                    Some(reason) => reason,
+                    None => continue,
+                },
             };
             self.release(which, lease, reason, now, kube, r);
         }
