@@ -355,8 +355,8 @@ impl ApiServerProcess {
         self.dir.join("kube-apiserver.pid")
     }
 
-    /// SIGKILL the API server (a crash: no graceful drain) and wait until it is gone.
-    pub fn kill(&mut self) -> Result<(), String> {
+    /// The server's pid and command line, checked to be a kube-apiserver.
+    fn running(&self) -> Result<(i32, Vec<String>), String> {
         let pid: i32 = std::fs::read_to_string(self.pid_file())
             .map_err(|e| format!("{}: {e}", self.pid_file().display()))?
             .trim()
@@ -372,6 +372,22 @@ impl ApiServerProcess {
         if !argv.first().is_some_and(|a| a.ends_with("kube-apiserver")) {
             return Err(format!("pid {pid} is not a kube-apiserver: {argv:?}"));
         }
+        Ok((pid, argv))
+    }
+
+    /// SIGSTOP the API server: how an overloaded server or a stalled etcd looks from a node
+    /// (connections accepted, nothing answered; what was sent runs when it resumes). It resumes
+    /// when the guard is resumed or dropped, so a failing test never leaves it stopped.
+    pub fn pause(&self) -> Result<Paused, String> {
+        let (pid, _) = self.running()?;
+        // SAFETY: a plain kill(2) of a pid this run's server directory names (checked above).
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        Ok(Paused { pid })
+    }
+
+    /// SIGKILL the API server (a crash: no graceful drain) and wait until it is gone.
+    pub fn kill(&mut self) -> Result<(), String> {
+        let (pid, argv) = self.running()?;
         self.argv = argv;
         // SAFETY: a plain kill(2) of a pid this run's server directory names (checked above).
         unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -419,6 +435,23 @@ impl ApiServerProcess {
             let _ = child.wait();
         });
         Ok(())
+    }
+}
+
+/// A stopped API server (see [`ApiServerProcess::pause`]).
+pub struct Paused {
+    pid: i32,
+}
+
+impl Paused {
+    /// SIGCONT: the server runs what it had received meanwhile.
+    pub fn resume(self) {}
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        // SAFETY: a plain kill(2) of the pid stopped by `pause`.
+        unsafe { libc::kill(self.pid, libc::SIGCONT) };
     }
 }
 

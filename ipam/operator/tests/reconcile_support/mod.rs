@@ -842,6 +842,32 @@ pub fn call_bin(
     sandbox: &str,
     conf: &Value,
 ) -> (i32, Value) {
+    let sandbox_of = SandboxOf {
+        pod,
+        uid: &format!("uid-{sandbox}"),
+        sandbox,
+    };
+    call_sandbox(bin, node, socket, verb, &sandbox_of, conf)
+}
+
+/// One sandbox of a pod: the pod's name and uid, and the sandbox (`ctr-<sandbox>` is its
+/// container ID). A pod whose sandbox is re-created keeps its name and uid.
+pub struct SandboxOf<'a> {
+    pub pod: &'a str,
+    pub uid: &'a str,
+    pub sandbox: &'a str,
+}
+
+/// `verb` for sandbox `s` of pod `s.pod` in namespace `train`, with the tether-ipam binary `bin`.
+pub fn call_sandbox(
+    bin: &Path,
+    node: &Node,
+    socket: Option<&Path>,
+    verb: &str,
+    s: &SandboxOf<'_>,
+    conf: &Value,
+) -> (i32, Value) {
+    let (pod, uid, sandbox) = (s.pod, s.uid, s.sandbox);
     let mut conf = conf.clone();
     conf["ipam"]["kubernetes"] = json!({"kubeconfig": node.kubeconfig, "timeout_s": 10});
     conf["ipam"]["dataDir"] = json!(node.dir);
@@ -855,7 +881,7 @@ pub fn call_bin(
             (
                 "CNI_ARGS",
                 format!(
-                    "IgnoreUnknown=true;K8S_POD_NAMESPACE=train;K8S_POD_NAME={pod};K8S_POD_UID=uid-{sandbox}"
+                    "IgnoreUnknown=true;K8S_POD_NAMESPACE=train;K8S_POD_NAME={pod};K8S_POD_UID={uid}"
                 ),
             ),
             ("NODE_NAME", "not-the-node".to_string()),
