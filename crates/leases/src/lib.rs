@@ -79,7 +79,7 @@ pub use file::{
     file_stem,
 };
 pub use journal::{FileJournal, JournalBacked, JournalError};
-pub use model::{Attachment, Lease, LeaseState, PodRef, Scope};
+pub use model::{Attachment, Lease, LeaseState, PodRef, Scope, short_id};
 pub use probe::{Candidate, NoProbe, ProbeError, ProbeOutcome, Probed, Prober};
 pub use store::{
     AttachmentIndex, BackendFailure, CasResult, JournalEntry, LeaseStore, Lookup, Pending,

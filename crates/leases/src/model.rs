@@ -185,6 +185,12 @@ impl Lease {
     }
 }
 
+/// The first 12 characters of a container ID, as people read one (`crictl` does the same). A
+/// record's ID is whatever its writer put there, so this cuts on a character boundary.
+pub fn short_id(id: &str) -> &str {
+    id.char_indices().nth(12).map_or(id, |(i, _)| &id[..i])
+}
+
 /// One entry of `cni.dev/valid-attachments`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Attachment {
@@ -202,5 +208,19 @@ impl Attachment {
             container_id: container_id.into(),
             ifname: ifname.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_id;
+
+    #[test]
+    fn short_ids_cut_on_a_character_boundary() {
+        assert_eq!(short_id("0123456789abcdef"), "0123456789ab");
+        assert_eq!(short_id("c1"), "c1");
+        // A record written by hand or by a hostile node: never a panic.
+        assert_eq!(short_id("ééééééééééééé"), "éééééééééééé");
+        assert_eq!(short_id("01234567890é"), "01234567890é");
     }
 }

@@ -37,7 +37,7 @@ impl std::fmt::Display for StaleReason {
             StaleReason::Superseded { by } => write!(
                 f,
                 "its sandbox is gone: the pod's sandbox {} holds a newer lease on the same interface",
-                &by[..by.len().min(12)]
+                crate::model::short_id(by)
             ),
         }
     }

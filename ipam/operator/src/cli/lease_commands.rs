@@ -6,10 +6,10 @@ use std::net::IpAddr;
 
 use serde_json::json;
 use tether_cluster::Cluster;
-use tether_leases::{Lease, LeaseState};
+use tether_leases::{Lease, LeaseState, short_id};
 
 use super::lease_filter::{LeaseFilter, matching_labels};
-use super::lease_view::{header, lease_json, lease_name, pod_text, row, short, state_name};
+use super::lease_view::{header, lease_json, lease_name, pod_text, row, state_name};
 use crate::output::{EXIT_OK, EXIT_REFUSED, ListOutput, Output, print_items, print_table};
 use crate::store_access::{Backend, OpenStore, StoreArgs};
 
@@ -114,7 +114,7 @@ fn pod_check(lease: &Lease, api: Option<&Cluster>) -> Result<String, String> {
              still runs. Check with kubectl, then pass --force to release it anyway.",
             lease.address,
             pod_text(lease),
-            short(&lease.container_id),
+            short_id(&lease.container_id),
             lease.ifname
         ));
     };
@@ -123,7 +123,7 @@ fn pod_check(lease: &Lease, api: Option<&Cluster>) -> Result<String, String> {
             "{} is leased to container {} ({}), which names no pod, so tether cannot tell whether it still runs; \
              pass --force to release it anyway.",
             lease.address,
-            short(&lease.container_id),
+            short_id(&lease.container_id),
             lease.ifname
         ));
     };

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 use tether_kube_store::time_text;
-use tether_leases::{Lease, LeaseState};
+use tether_leases::{Lease, LeaseState, short_id};
 
 /// `5s`, `3m`, `2h`, `4d`.
 pub fn age(secs: u64) -> String {
@@ -29,12 +29,8 @@ pub fn pod_text(l: &Lease) -> String {
     match (&l.pod.namespace, &l.pod.name) {
         (Some(ns), Some(n)) => format!("{ns}/{n}"),
         (None, Some(n)) => n.clone(),
-        _ => format!("(container {})", short(&l.container_id)),
+        _ => format!("(container {})", short_id(&l.container_id)),
     }
-}
-
-pub fn short(id: &str) -> &str {
-    &id[..id.len().min(12)]
 }
 
 /// What `release` and `-o name` take: `<network>/<address>`.
@@ -106,7 +102,7 @@ pub fn row(l: &Lease, now: u64, wide: bool) -> Vec<String> {
     if wide {
         r.extend([
             l.domain.clone().unwrap_or_else(|| "-".into()),
-            short(&l.container_id).to_string(),
+            short_id(&l.container_id).to_string(),
             match &l.state {
                 LeaseState::Quarantined { mac, .. } => mac.clone(),
                 _ => "-".into(),

@@ -428,7 +428,7 @@ impl Reconciler {
                     which,
                     lease.pod,
                     lease.pod.uid.as_deref().unwrap_or("?"),
-                    &lease.container_id[..lease.container_id.len().min(12)],
+                    tether_leases::short_id(&lease.container_id),
                     lease.ifname
                 );
                 r.released.push(Released {
