@@ -4,10 +4,14 @@
 //! - [`announce`]: tell the segment an address now lives here (gratuitous ARP, unsolicited NA), sent
 //!   only after the address is configured.
 //!
+//! - [`guard`]: after the ADD, watch the segment for another host speaking as a pod's address
+//!   (RFC 5227 §2.4), and defend it where asked.
+//!
 //! Sockets are AF_PACKET, opened for the call and closed after (see [`socket`]). Probes of several
 //! addresses run at the same time on one socket and cost one budget ([`Probe`]).
 
 pub mod frame;
+pub mod guard;
 pub mod socket;
 
 use std::net::IpAddr;

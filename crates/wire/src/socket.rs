@@ -186,6 +186,42 @@ impl PacketSocket {
         }
     }
 
+    /// Ask for a receive queue of `bytes`, past the system's rmem_max (SO_RCVBUFFORCE: needs
+    /// CAP_NET_ADMIN, which the node-agent has).
+    pub fn set_recv_buffer(&self, bytes: usize) -> io::Result<()> {
+        let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+        // SAFETY: `v` is a live c_int and its size is passed with it.
+        cvt(unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUFFORCE,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        })
+        .map(drop)
+    }
+
+    /// Frames the kernel dropped for a full queue since the last call (reading resets the
+    /// kernel's counters).
+    pub fn drops(&self) -> io::Result<u64> {
+        // SAFETY: tpacket_stats is plain old data, valid all zero.
+        let mut st: libc::tpacket_stats = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tpacket_stats>() as libc::socklen_t;
+        // SAFETY: `st` is live and writable for `len` bytes.
+        cvt(unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_STATISTICS,
+                (&mut st as *mut libc::tpacket_stats).cast(),
+                &mut len,
+            )
+        })?;
+        Ok(u64::from(st.tp_drops))
+    }
+
     pub(crate) fn raw_fd(&self) -> i32 {
         self.fd.as_raw_fd()
     }

@@ -6,8 +6,11 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use tether_link::{NetNs, Netlink};
-use tether_wire::{Probe, ProbeBudget, ProbeOutcome, announce, probe};
+use tether_wire::socket::{Filter, PacketSocket};
+use tether_wire::{Probe, ProbeBudget, ProbeOutcome, announce, frame, guard, probe};
 
 struct Segment {
     us: String,
@@ -60,14 +63,12 @@ impl Segment {
 
     /// Run `f(ifindex, mac)` in our netns.
     fn on_us<T: Send>(&self, f: impl FnOnce(u32, [u8; 6]) -> T + Send) -> T {
-        let ns = NetNs::open(&PathBuf::from(format!("/run/netns/{}", self.us))).unwrap();
-        let link = Netlink::in_netns(&ns)
-            .unwrap()
-            .link_by_name("eth0")
-            .unwrap()
-            .unwrap();
-        let mac: [u8; 6] = link.mac.as_deref().unwrap().try_into().unwrap();
-        ns.run(move || f(link.index, mac)).unwrap()
+        on_eth0(&self.us, f)
+    }
+
+    /// Run `f(ifindex, mac)` in the rogue's netns.
+    fn on_rogue<T: Send>(&self, f: impl FnOnce(u32, [u8; 6]) -> T + Send) -> T {
+        on_eth0(&self.rogue, f)
     }
 
     fn rogue_mac(&self) -> String {
@@ -75,6 +76,18 @@ impl Segment {
         let v: Vec<serde_like::Link> = serde_like::parse(&out);
         v[0].address.clone()
     }
+}
+
+/// Run `f(ifindex, mac)` of eth0 in netns `ns`.
+fn on_eth0<T: Send>(ns: &str, f: impl FnOnce(u32, [u8; 6]) -> T + Send) -> T {
+    let ns = NetNs::open(&PathBuf::from(format!("/run/netns/{ns}"))).unwrap();
+    let link = Netlink::in_netns(&ns)
+        .unwrap()
+        .link_by_name("eth0")
+        .unwrap()
+        .unwrap();
+    let mac: [u8; 6] = link.mac.as_deref().unwrap().try_into().unwrap();
+    ns.run(move || f(link.index, mac)).unwrap()
 }
 
 impl Drop for Segment {
@@ -235,4 +248,173 @@ fn gratuitous_arp_updates_the_peer_cache() {
         assert!(Instant::now() < deadline, "peer cache still stale: {neigh}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The guard's run on our side while `rogue` acts on the other: the reports, what the socket
+/// saw, and the guard thread's CPU time. The guard stops once `rogue` has returned and a tick
+/// has passed after it.
+fn guarded<T: Send>(
+    seg: &Segment,
+    watch: &[(&str, bool)],
+    rogue: impl FnOnce(u32, [u8; 6], [u8; 6]) -> T + Send,
+) -> (Vec<guard::Report>, guard::Seen, Duration, T) {
+    let watch: Vec<(IpAddr, bool)> = watch
+        .iter()
+        .map(|(a, d)| (a.parse().unwrap(), *d))
+        .collect();
+    let done = AtomicBool::new(false);
+    let listening = AtomicBool::new(false);
+    let us_mac = seg.on_us(|_, mac| mac);
+    std::thread::scope(|s| {
+        let guard_side = s.spawn(|| {
+            seg.on_us(|ifindex, mac| {
+                let mut g = guard::Guard::new(mac, Duration::from_secs(5));
+                g.set_watch(watch);
+                let (mut reports, mut seen) = (Vec::new(), guard::Seen::default());
+                let cpu = thread_cpu();
+                let mut last = false;
+                guard::run(
+                    ifindex,
+                    &mut g,
+                    Duration::from_millis(20),
+                    |_, s| {
+                        listening.store(true, Ordering::SeqCst);
+                        seen.frames += s.frames;
+                        seen.dropped += s.dropped;
+                        // One more tick after the rogue is done: what it sent is drained.
+                        let stop = last;
+                        last = done.load(Ordering::SeqCst);
+                        !stop
+                    },
+                    |r| reports.push(r),
+                )
+                .unwrap();
+                (reports, seen, thread_cpu() - cpu)
+            })
+        });
+        while !listening.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let out = seg.on_rogue(|ifindex, mac| rogue(ifindex, mac, us_mac));
+        done.store(true, Ordering::SeqCst);
+        let (reports, seen, cpu) = guard_side.join().unwrap();
+        (reports, seen, cpu, out)
+    })
+}
+
+/// CPU time of the calling thread.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a live timespec.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) },
+        0
+    );
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Frames queued on `sock` from `from` speaking as `address` (ARP sender, or NA target).
+fn count_from(sock: &PacketSocket, from: [u8; 6], address: IpAddr) -> usize {
+    let mut buf = [0u8; 2048];
+    let mut n = 0;
+    while let Some(len) = sock.try_recv(&mut buf).unwrap() {
+        let f = &buf[..len];
+        let speaks = match (frame::parse_arp(f), frame::parse_ndp(f)) {
+            (Some(a), _) => a.sha == from && IpAddr::V4(a.spa) == address,
+            (None, Some(n)) => n.eth_src == from && IpAddr::V6(n.target) == address,
+            _ => false,
+        };
+        n += usize::from(speaks);
+    }
+    n
+}
+
+/// A host that announces a pod's address five times is reported once, with its MAC, and a
+/// defended address is announced once in reply, not once per claim.
+#[test]
+fn guard_reports_a_host_taking_a_watched_address_and_defends_it_once() {
+    let seg = Segment::new("guard");
+    for (address, defend) in [("10.77.0.30", true), ("fd00:77::30", false)] {
+        let a: IpAddr = address.parse().unwrap();
+        let (reports, _, _, defences) = guarded(&seg, &[(address, defend)], |ifindex, mac, us| {
+            let sock = PacketSocket::open(ifindex, Filter::ArpOrIcmpv6).unwrap();
+            let claim = match a {
+                IpAddr::V4(v4) => frame::arp_announce(mac, v4),
+                IpAddr::V6(v6) => frame::ndp_announce(mac, v6),
+            };
+            for _ in 0..5 {
+                sock.send(&claim).unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // The defence is sent before the report, within a few ms of the first claim.
+            std::thread::sleep(Duration::from_millis(200));
+            count_from(&sock, us, a)
+        });
+        let rogue = seg.rogue_mac();
+        assert_eq!(reports.len(), 1, "{address}: {reports:?}");
+        assert_eq!(reports[0].claim.address, a);
+        assert_eq!(frame::format_mac(&reports[0].claim.mac), rogue);
+        assert_eq!(reports[0].defended, defend);
+        assert_eq!(
+            defences,
+            usize::from(defend),
+            "{address}: defences on the wire"
+        );
+    }
+}
+
+/// 10,000 ARP frames a second of ordinary chatter (requests between other hosts, announcements
+/// of other addresses, probes of a watched one): nothing reported, nothing sent. Prints the
+/// guard's CPU cost.
+#[test]
+fn guard_is_silent_and_cheap_under_arp_chatter() {
+    let seg = Segment::new("chatter");
+    const FRAMES: u32 = 30_000;
+    let watched: Vec<String> = (40..104).map(|i| format!("10.77.0.{i}")).collect();
+    let watch: Vec<(&str, bool)> = watched.iter().map(|a| (a.as_str(), true)).collect();
+    let (reports, seen, cpu, sent_to_rogue) = guarded(&seg, &watch, |ifindex, mac, us| {
+        let sock = PacketSocket::open(ifindex, Filter::Arp).unwrap();
+        let start = Instant::now();
+        for i in 0..FRAMES {
+            let other = std::net::Ipv4Addr::new(10, 77, 1 + (i % 200) as u8, (i % 250) as u8 + 1);
+            let f = match i % 3 {
+                0 => frame::arp_announce(mac, other),
+                // Another host probing a watched address asks; it does not claim.
+                1 => frame::arp_probe(mac, watched[i as usize % watched.len()].parse().unwrap()),
+                _ => frame::arp_probe(mac, other),
+            };
+            sock.send(&f).unwrap();
+            // 10,000 a second, in bursts of 100.
+            if i % 100 == 99 {
+                let due = start + Duration::from_micros(100) * (i + 1);
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let us_frames = (40..104)
+            .map(|i| count_from(&sock, us, format!("10.77.0.{i}").parse().unwrap()))
+            .sum::<usize>();
+        (us_frames, start.elapsed())
+    });
+    let (sent, took) = sent_to_rogue;
+    assert!(reports.is_empty(), "chatter reported: {reports:?}");
+    assert_eq!(sent, 0, "the guard sent frames while nothing conflicted");
+    assert!(
+        seen.frames + seen.dropped >= u64::from(FRAMES),
+        "the guard saw {} frames and the kernel dropped {} of {FRAMES}",
+        seen.frames,
+        seen.dropped
+    );
+    println!(
+        "guard under chatter: {} frames in {:.2} s ({:.0}/s), {} dropped; {:.1} us of CPU per frame, {:.1} % of one core",
+        seen.frames,
+        took.as_secs_f64(),
+        f64::from(FRAMES) / took.as_secs_f64(),
+        seen.dropped,
+        cpu.as_secs_f64() * 1e6 / seen.frames.max(1) as f64,
+        100.0 * cpu.as_secs_f64() / took.as_secs_f64()
+    );
 }
