@@ -55,6 +55,7 @@
 pub mod api;
 pub mod backoff;
 pub mod by_network;
+pub mod claim_marks;
 pub mod convert;
 pub mod crd;
 pub mod credentials;
@@ -70,6 +71,7 @@ pub mod watching;
 
 pub use api::{ApiClient, RequestCounts};
 pub use backoff::jittered;
+pub use claim_marks::{CLAIMED_LABEL, ClaimMark, Marked};
 pub use convert::{Kinds, Naming, lease_labels, time_text};
 pub use crd::{
     IPLease, IPLeaseSpec, LeasePhase, PodInfo, Quarantine, crd_yaml, network_object_name,

@@ -25,6 +25,7 @@
 //! | `dataDir` | default `/var/lib/cni/tether`; must be absolute |
 //! | `cooldown_s`, `quarantine_s` | default 60 and 600 |
 //! | `probe` | `false`, `true`, or `{"timeout_ms": N, "attempts": N}` (default on, 100 ms, 1) |
+//! | `defend` | `true` or `false` (default): the node-agent's conflict guard answers a claim on a leased address (read by the agent only) |
 //! | `kubernetes` | `kubeconfig` path plus the other keys as JSON; whereabouts' kubeconfig is replaced by the node-agent's, or refused without one ([`KubeconfigSource`]) |
 //!
 //! Unknown keys are ignored; `""` and `null` count as absent (as Go's JSON decoding does).

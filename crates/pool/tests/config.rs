@@ -181,6 +181,21 @@ fn ip_ranges_with_top_level_range_prepended() {
 }
 
 #[test]
+fn defence_is_opt_in() {
+    let defend = |v: serde_json::Value| parse(v).map(|c| c.defend);
+    assert!(!defend(json!({"range": "10.0.0.0/24"})).unwrap());
+    assert!(defend(json!({"range": "10.0.0.0/24", "defend": true})).unwrap());
+    assert!(!defend(json!({"range": "10.0.0.0/24", "defend": null})).unwrap());
+    let e = defend(json!({"range": "10.0.0.0/24", "defend": "yes"}))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("ipam.defend") && e.contains("true or false"),
+        "{e}"
+    );
+}
+
+#[test]
 fn ipv6_only_and_gateway_per_family() {
     let c = parse(json!({"range": "fd00::/120", "gateway": "fd00::1", "ipRanges": [{"range": "10.0.0.0/30"}]})).unwrap();
     assert_eq!(c.ranges[0].candidates(0).next(), Some(ip("fd00::2")));

@@ -309,10 +309,8 @@ fn thread_cpu() -> Duration {
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a live timespec.
-    assert_eq!(
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) },
-        0
-    );
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(r, 0);
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 

@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod cli;
+pub mod conflict_guard;
 pub mod doctor;
 pub mod find_cluster;
 pub mod installed;

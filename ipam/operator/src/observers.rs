@@ -1,5 +1,6 @@
-//! What runs beside a reconciler: the Prometheus endpoint over its metrics registry and the
-//! monitor (conflict Events, pool and record gauges), each on a thread of its own. The node-agent
+//! What runs beside a reconciler: the Prometheus endpoint over its metrics registry, the
+//! monitor (conflict Events, pool and record gauges) and an agent's conflict guard (the wire),
+//! each on a thread of its own. The node-agent
 //! and `tether reconcile`/`tether controller` start them next to [`Reconciler::run`], so the
 //! reconciler knows neither.
 //!
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
+use crate::conflict_guard::ConflictGuard;
 use crate::metrics::{self, Registry};
 use crate::monitor::Monitor;
 use crate::options::Options;
@@ -22,9 +24,10 @@ pub struct Observers {
 }
 
 impl Observers {
-    /// Start the metrics endpoint (with `opts.metrics_addr`) and the monitor (an agent's with
+    /// Start the metrics endpoint (with `opts.metrics_addr`), the monitor (an agent's with
     /// conflict Events or metrics; the controller's always, as it posts the Events of overlapping
-    /// NADs). Neither failing to start stops the caller: it is logged.
+    /// NADs) and an agent's conflict guard (`opts.conflict_guard`). None failing to start stops
+    /// the caller: it is logged.
     pub fn start(opts: &Options, registry: &Arc<Registry>) -> Observers {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
@@ -50,6 +53,19 @@ impl Observers {
             match spawned {
                 Ok(h) => threads.push(h),
                 Err(e) => log::error!("cannot start the monitor: {e}"),
+            }
+        }
+        if opts.conflict_guard && !opts.controller {
+            let (opts, registry, stop) = (opts.clone(), registry.clone(), stop.clone());
+            let spawned = std::thread::Builder::new()
+                .name("conflict guard".into())
+                .spawn(move || match ConflictGuard::new(&opts, registry) {
+                    Ok(g) => g.run(&stop),
+                    Err(e) => log::error!("conflict guard: {e}; the wire is not watched"),
+                });
+            match spawned {
+                Ok(h) => threads.push(h),
+                Err(e) => log::error!("cannot start the conflict guard: {e}"),
             }
         }
         Observers {

@@ -88,6 +88,9 @@ pub struct Options {
     pub metrics_addr: Option<SocketAddr>,
     /// Post a Warning Event on the pod whose ADD met an address conflict.
     pub conflict_events: bool,
+    /// Run the conflict guard ([`crate::conflict_guard`]): watch the masters of this node's
+    /// leased addresses for another MAC claiming one (an agent's, not the controller's).
+    pub conflict_guard: bool,
     /// Time between the monitor's rounds (conflicts, pool gauges).
     pub monitor_interval: Duration,
     /// The node's lease service, shown in the metrics (the agent sets it when it runs one).
@@ -117,6 +120,7 @@ impl Options {
             watch_timeout: Duration::from_secs(300),
             metrics_addr: None,
             conflict_events: true,
+            conflict_guard: false,
             monitor_interval: Duration::from_secs(DEFAULT_MONITOR_INTERVAL_S),
             lease_service: None,
             cni_calls: None,

@@ -197,6 +197,10 @@ pub struct PoolConfig {
     pub probe: ProbeConfig,
     /// `kubernetes` object, if present.
     pub kubernetes: Option<KubernetesConfig>,
+    /// `defend` (default false): the node-agent's conflict guard answers another host's claim on
+    /// a leased address with an announcement (RFC 5227 §2.4), at most one per 10 s. Read by the
+    /// agent only; the guard reports claims whether or not it defends.
+    pub defend: bool,
 }
 
 impl PoolConfig {
@@ -262,6 +266,17 @@ impl PoolConfig {
         let quarantine_s =
             opt_u64(ipam, "quarantine_s", "ipam.quarantine_s")?.unwrap_or(DEFAULT_QUARANTINE_S);
         let probe = parse_probe(ipam)?;
+        let defend = match ipam.get("defend") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(other) => {
+                return Err(ConfigError::invalid(
+                    "ipam.defend",
+                    other,
+                    "expected true or false",
+                ));
+            }
+        };
 
         Ok(PoolConfig {
             network_name,
@@ -277,6 +292,7 @@ impl PoolConfig {
             quarantine_s,
             probe,
             kubernetes,
+            defend,
         })
     }
 

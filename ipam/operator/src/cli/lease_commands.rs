@@ -2,14 +2,18 @@
 //! YAML or names, filtered; and the release of one address (refused while its pod may still be
 //! alive, unless forced).
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 
 use serde_json::json;
 use tether_cluster::Cluster;
+use tether_kube_store::ClaimMark;
 use tether_leases::{Lease, LeaseState, short_id};
 
 use super::lease_filter::{LeaseFilter, matching_labels};
-use super::lease_view::{header, lease_json, lease_name, pod_text, row, state_name};
+use super::lease_view::{
+    header, lease_json, lease_name, mark_json, mark_row, pod_text, row, state_name,
+};
 use crate::output::{EXIT_OK, EXIT_REFUSED, ListOutput, Output, print_items, print_table};
 use crate::store_access::{Backend, OpenStore, StoreArgs};
 
@@ -56,10 +60,24 @@ pub(super) fn leases(
         eprintln!("tether: {} lease(s) from {}", all.len(), open.description);
     }
     let now = now();
+    let marks = claim_marks(&open);
+    let mark = |l: &Lease| {
+        l.is_leased()
+            .then(|| marks.get(&(l.domain.clone(), l.address)))
+            .flatten()
+    };
     match output {
         ListOutput::Json | ListOutput::Yaml => print_items(
             "LeaseList",
-            all.iter().map(|l| lease_json(l, now)).collect(),
+            all.iter()
+                .map(|l| {
+                    let mut v = lease_json(l, now);
+                    if let Some(m) = mark(l) {
+                        mark_json(&mut v, m);
+                    }
+                    v
+                })
+                .collect(),
             output == ListOutput::Yaml,
         )?,
         ListOutput::Name => {
@@ -69,11 +87,36 @@ pub(super) fn leases(
         }
         ListOutput::Table | ListOutput::Wide => {
             let wide = output == ListOutput::Wide;
-            let rows: Vec<Vec<String>> = all.iter().map(|l| row(l, now, wide)).collect();
+            let rows: Vec<Vec<String>> = all
+                .iter()
+                .map(|l| {
+                    let mut r = row(l, now, wide);
+                    if let Some(m) = mark(l) {
+                        mark_row(&mut r, m, now);
+                    }
+                    r
+                })
+                .collect();
             print_table(&header(wide), &rows);
         }
     }
     Ok(EXIT_OK)
+}
+
+/// The conflict guard's marks in the cluster store (one LIST of the marked objects), by domain
+/// and address; none for a file store, or when they cannot be read (said on stderr).
+fn claim_marks(open: &OpenStore) -> HashMap<(Option<String>, IpAddr), ClaimMark> {
+    let Backend::Kube(k) = &open.backend else {
+        return HashMap::new();
+    };
+    k.restart_budget();
+    match k.claim_marks() {
+        Ok(m) => m.into_iter().map(|(d, a, m)| ((d, a), m)).collect(),
+        Err(e) => {
+            eprintln!("tether: the conflict guard's marks are not shown: {e}");
+            HashMap::new()
+        }
+    }
 }
 
 /// `release`'s target: `NETWORK/ADDRESS` (as `tether leases -o name` prints it), or an address

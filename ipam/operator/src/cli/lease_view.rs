@@ -2,7 +2,7 @@
 //! and `kubectl get ipleases` say the same), RFC 3339 times, and the table columns.
 
 use serde_json::{Value, json};
-use tether_kube_store::time_text;
+use tether_kube_store::{ClaimMark, time_text};
 use tether_leases::{Lease, LeaseState, short_id};
 
 /// `5s`, `3m`, `2h`, `4d`.
@@ -86,6 +86,29 @@ pub fn header(wide: bool) -> Vec<&'static str> {
         h.extend(["ISOLATED-FABRIC", "CONTAINER", "MAC"]);
     }
     h
+}
+
+/// The columns of [`header`] that a claim mark changes.
+const STATE_COLUMN: usize = 5;
+const MAC_COLUMN: usize = 9;
+
+/// The conflict guard's mark on a Leased record, in its JSON: `claimedBy`.
+pub fn mark_json(v: &mut Value, m: &ClaimMark) {
+    v["claimedBy"] = json!({ "mac": m.mac, "at": time(m.at) });
+}
+
+/// The conflict guard's mark on a Leased record, in its row: the state says who claimed the
+/// address and when; the wide MAC column is the claimant's.
+pub fn mark_row(r: &mut [String], m: &ClaimMark, now: u64) {
+    r[STATE_COLUMN] = format!(
+        "{}, claimed by {} {} ago",
+        r[STATE_COLUMN],
+        m.mac,
+        age(now.saturating_sub(m.at))
+    );
+    if let Some(mac) = r.get_mut(MAC_COLUMN) {
+        *mac = m.mac.clone();
+    }
 }
 
 /// One lease's row under [`header`].
@@ -176,5 +199,33 @@ mod tests {
         }
         assert_eq!(row(&l, 0, false)[3], "net1");
         assert_eq!(lease_name(&l), "mgmt/10.0.0.5");
+    }
+
+    #[test]
+    fn a_claim_mark_shows_in_the_state_and_the_mac() {
+        let l = lease(LeaseState::Leased);
+        let m = ClaimMark {
+            mac: "02:00:00:00:00:99".into(),
+            at: 1_700_000_000,
+        };
+        for wide in [false, true] {
+            let mut r = row(&l, 1_700_000_040, wide);
+            mark_row(&mut r, &m, 1_700_000_040);
+            assert_eq!(
+                r[STATE_COLUMN],
+                "Leased, claimed by 02:00:00:00:00:99 40s ago"
+            );
+            assert_eq!(header(wide)[STATE_COLUMN], "STATE");
+            if wide {
+                assert_eq!(
+                    (header(wide)[MAC_COLUMN], r[MAC_COLUMN].as_str()),
+                    ("MAC", "02:00:00:00:00:99")
+                );
+            }
+        }
+        let mut v = lease_json(&l, 0);
+        mark_json(&mut v, &m);
+        assert_eq!(v["claimedBy"]["mac"], "02:00:00:00:00:99");
+        assert_eq!(v["claimedBy"]["at"], "2023-11-14T22:13:20Z");
     }
 }

@@ -402,6 +402,7 @@ pub fn run(args: Vec<OsString>) -> i32 {
                 metrics_addr,
                 monitor_interval_s: options::DEFAULT_MONITOR_INTERVAL_S,
                 no_conflict_events: true,
+                no_conflict_guard: true,
             };
             match args.api_options(kubeconfig, None, "the controller") {
                 Ok(opts) => run_reconcile(

@@ -43,6 +43,10 @@ pub struct ReconcileArgs {
     /// Do not post an AddressConflict Event on a pod whose ADD met an address in use.
     #[arg(long)]
     pub no_conflict_events: bool,
+    /// Do not watch the masters of this node's leased addresses for another host claiming one
+    /// (the conflict guard: an AddressConflict Event, a metric and a mark on the IPLease).
+    #[arg(long)]
+    pub no_conflict_guard: bool,
 }
 
 impl ReconcileArgs {
@@ -112,6 +116,7 @@ impl ReconcileArgs {
         }
         o.monitor_interval = std::time::Duration::from_secs(self.monitor_interval_s);
         o.conflict_events = !self.no_conflict_events;
+        o.conflict_guard = !self.no_conflict_guard;
         Ok(o)
     }
 }

@@ -16,6 +16,7 @@ use crate::report::{PassReport, StoreName};
 
 mod cni_calls;
 mod endpoint;
+mod guard;
 mod nad_overlaps;
 pub use cni_calls::{Absorbed, CniCalls};
 pub use endpoint::{parse_listen_addr, serve, start};
@@ -74,6 +75,7 @@ struct State {
     lease_names: Option<(bool, usize, usize)>,
     /// The leading controller's overlap findings by kind (`None`: not checked here).
     nad_overlaps: Option<BTreeMap<&'static str, u64>>,
+    guard: guard::GuardState,
 }
 
 /// Label name of a store.
@@ -426,6 +428,7 @@ impl Registry {
             "Overlap findings among the cluster's NADs (the leading controller): ranges of two uniqueness domains on one master, or of one domain with another prefix or gateway.",
             nad_overlaps::samples(&s),
         );
+        guard::families(&s, &mut family);
         drop(s);
         family(
             "tether_api_requests_total",

@@ -1,0 +1,290 @@
+//! Issue 40, part 5, on the real API server and a wire of this kernel: the node-agent's conflict
+//! guard. A pod's address is leased by the real tether-ipam on a node (its node-bound
+//! credential, the shipped node-scope policy); a "rogue" host on the same wire (a netns at the
+//! other end of a veth pair whose host end is the NAD's master) then announces that address.
+//! Within 5 s the pod has a Warning Event naming the address and the MAC, the counter counts it,
+//! the IPLease carries the mark `tether leases` shows, and, as the NAD asks for defence, exactly
+//! one announcement went back on the wire. The pod's DEL clears the mark with the lease.
+
+mod reconcile_support;
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reconcile_support::*;
+use serde_json::{Value, json};
+use tether_kube_store::KubeSettings;
+use tether_link::{NetNs, Netlink};
+use tether_operator::metrics::Registry;
+use tether_operator::observers::Observers;
+use tether_operator::options::Options;
+use tether_wire::frame;
+use tether_wire::socket::{Filter, PacketSocket};
+
+/// A veth pair: `master` in the host's netns (the NAD's master), `eth0` in the rogue's.
+struct Wire {
+    master: String,
+    rogue: String,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Wire {
+    fn new() -> Wire {
+        let id = std::process::id() % 100_000;
+        let w = Wire {
+            master: format!("tg{id}"),
+            rogue: format!("tether-guard-rogue-{id}"),
+        };
+        let _ = Command::new("ip").args(["link", "del", &w.master]).output();
+        let _ = Command::new("ip").args(["netns", "del", &w.rogue]).output();
+        ip(&["netns", "add", &w.rogue]);
+        ip(&[
+            "link", "add", &w.master, "type", "veth", "peer", "name", "eth0", "netns", &w.rogue,
+        ]);
+        ip(&["link", "set", &w.master, "up"]);
+        ip(&["-n", &w.rogue, "link", "set", "eth0", "up"]);
+        w
+    }
+
+    /// Run `f(ifindex, mac)` of the rogue's eth0, in its netns.
+    fn on_rogue<T: Send>(&self, f: impl FnOnce(u32, [u8; 6]) -> T + Send) -> T {
+        let ns = NetNs::open(&PathBuf::from(format!("/run/netns/{}", self.rogue))).unwrap();
+        let link = Netlink::in_netns(&ns)
+            .unwrap()
+            .link_by_name("eth0")
+            .unwrap()
+            .unwrap();
+        let mac: [u8; 6] = link.mac.as_deref().unwrap().try_into().unwrap();
+        ns.run(move || f(link.index, mac)).unwrap()
+    }
+
+    fn master_mac(&self) -> [u8; 6] {
+        let link = Netlink::current()
+            .unwrap()
+            .link_by_name(&self.master)
+            .unwrap()
+            .unwrap();
+        link.mac.as_deref().unwrap().try_into().unwrap()
+    }
+}
+
+impl Drop for Wire {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.master])
+            .output();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.rogue])
+            .output();
+    }
+}
+
+/// The sample of `name` with every label of `labels` in the registry's text.
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+        (n == name
+            && labels
+                .iter()
+                .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\""))))
+        .then(|| value.parse().unwrap())
+    })
+}
+
+/// The AddressConflict Events of pod `train/<pod>`.
+fn conflict_events(env: &Env, pod: &str) -> Vec<Value> {
+    let list = env
+        .get_json("/api/v1/namespaces/train/events", None)
+        .unwrap();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["reason"] == "AddressConflict" && e["involvedObject"]["name"] == pod)
+        .cloned()
+        .collect()
+}
+
+/// The IPLease object of `address` in the test network's domain.
+fn lease_object(env: &Env, net: &str, address: &str) -> Value {
+    env.lease_objects(net)
+        .into_iter()
+        .find(|o| o["spec"]["address"] == address)
+        .unwrap_or_else(|| panic!("no IPLease for {address}"))
+}
+
+fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+#[ignore = "needs a real API server and root: make test starts one (../shared/peers)"]
+fn a_host_taking_a_pods_address_is_an_event_a_metric_and_a_mark_within_5_s() {
+    let env = Env::real("guard");
+    nad_crd(&env);
+    let node = node(&env, "guard");
+    let wire = Wire::new();
+    let net = env.name("guarded");
+    let pod = env.name("guarded-pod");
+    let uid = env.pod("train", pod, "", node.name);
+    let conf = json!({"cniVersion": "1.0.0", "name": net, "type": "tether-ipvlan",
+        "master": wire.master,
+        "ipam": {"type": "tether-ipam", "range": "10.94.0.0/24", "probe": false,
+                 "store": "kubernetes", "isolated_fabric": fabric_of(net),
+                 "dataDir": node.dir, "defend": true}});
+    let _nad = cluster_nad(
+        &env,
+        "train",
+        &env.name("guarded-nad").replace('_', "-"),
+        &conf,
+    );
+
+    // The agent's guard, with the agent's credential (bound to its node, as in the DaemonSet).
+    let mut opts = Options::new(node.name);
+    opts.kube = Some(KubeSettings::with_kubeconfig(node.kubeconfig.clone()));
+    opts.conflict_guard = true;
+    opts.monitor_interval = Duration::from_secs(3600);
+    let registry = Arc::new(Registry::default());
+    let observers = Observers::start(&opts, &registry);
+
+    let sandbox = SandboxOf {
+        pod,
+        uid: &uid,
+        sandbox: "s1",
+    };
+    let (code, r) = call_sandbox(&ipam_bin(), &node, None, "ADD", &sandbox, &conf);
+    assert_eq!(code, 0, "ADD: {r}");
+    let address = first_address(&r);
+    let addr: IpAddr = address.parse().unwrap();
+    let watched = [("interface", wire.master.as_str())];
+    let took = wait_until(Duration::from_secs(10), || {
+        sample(
+            &registry.render(),
+            "tether_guard_watched_addresses",
+            &watched,
+        ) == Some(1.0)
+    });
+    assert!(
+        took.is_some(),
+        "the new lease is not watched on {}:\n{}",
+        wire.master,
+        registry.render()
+    );
+
+    // The rogue announces the pod's address five times; it counts what comes back from the
+    // master's MAC for that address.
+    let ours = wire.master_mac();
+    let t0 = Instant::now();
+    let ((rogue_mac, defences), event) = std::thread::scope(|s| {
+        let rogue = s.spawn(|| {
+            wire.on_rogue(|ifindex, mac| {
+                let sock = PacketSocket::open(ifindex, Filter::Arp).unwrap();
+                let IpAddr::V4(v4) = addr else { unreachable!() };
+                for _ in 0..5 {
+                    sock.send(&frame::arp_announce(mac, v4)).unwrap();
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                // Past the Event's 5 s: every defence sent for these claims is in.
+                let mut buf = [0u8; 2048];
+                let mut defences = 0;
+                let until = Instant::now() + Duration::from_secs(6);
+                while Instant::now() < until {
+                    while let Some(n) = sock.try_recv(&mut buf).unwrap() {
+                        let a = frame::parse_arp(&buf[..n]);
+                        defences += usize::from(a.is_some_and(|a| a.sha == ours && a.spa == v4));
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                (frame::format_mac(&mac), defences)
+            })
+        });
+        let event = wait_until(Duration::from_secs(5), || {
+            !conflict_events(&env, pod).is_empty()
+        })
+        .map(|_| t0.elapsed());
+        (rogue.join().unwrap(), event)
+    });
+    let events = conflict_events(&env, pod);
+    assert!(
+        event.is_some(),
+        "no AddressConflict Event on the pod within 5 s of the claim"
+    );
+    println!(
+        "conflict guard: Event on the pod {:.2} s after the first claim",
+        event.unwrap().as_secs_f64()
+    );
+    assert_eq!(events.len(), 1, "{events:?}");
+    let msg = events[0]["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&address) && msg.contains(&rogue_mac) && msg.contains(&wire.master),
+        "{msg}"
+    );
+    assert_eq!(events[0]["type"], "Warning");
+    assert_eq!(events[0]["involvedObject"]["uid"], uid.as_str());
+    assert_eq!(
+        defences, 1,
+        "one announcement in defence within DEFEND_INTERVAL, whatever the rogue sends"
+    );
+    let claims = [
+        ("network", net),
+        ("address", address.as_str()),
+        ("mac", rogue_mac.as_str()),
+    ];
+    assert_eq!(
+        sample(&registry.render(), "tether_address_claims_total", &claims),
+        Some(1.0),
+        "{}",
+        registry.render()
+    );
+    let obj = lease_object(&env, net, &address);
+    assert_eq!(obj["metadata"]["labels"]["ipam.tether.dev/claimed"], "true");
+    assert_eq!(
+        obj["metadata"]["annotations"]["ipam.tether.dev/claimed-by"],
+        rogue_mac.as_str()
+    );
+    let kc = env.kubeconfig.to_str().unwrap();
+    let o = tether(&["leases", "--kubeconfig", kc, "--network", net]);
+    assert_eq!(o.status.code(), Some(0));
+    let shown = stdout(&o);
+    assert!(
+        shown.contains(&format!("Leased, claimed by {rogue_mac}")),
+        "{shown}"
+    );
+
+    // The pod's DEL releases the lease (its version changed with the mark) and the mark goes
+    // with the holding; the address is no longer watched.
+    let (code, r) = call_sandbox(&ipam_bin(), &node, None, "DEL", &sandbox, &conf);
+    assert_eq!(code, 0, "DEL: {r}");
+    assert!(is_released(&env.state(net, &address)));
+    let obj = lease_object(&env, net, &address);
+    assert!(
+        obj["metadata"]["labels"]
+            .get("ipam.tether.dev/claimed")
+            .is_none(),
+        "{obj}"
+    );
+    let shown = stdout(&tether(&["leases", "--kubeconfig", kc, "--network", net]));
+    assert!(!shown.contains("claimed by"), "{shown}");
+    let unwatched = wait_until(Duration::from_secs(10), || {
+        sample(
+            &registry.render(),
+            "tether_guard_watched_addresses",
+            &watched,
+        )
+        .is_none()
+    });
+    assert!(unwatched.is_some(), "{}", registry.render());
+    observers.stop();
+}
