@@ -33,6 +33,7 @@ command -v containerd >/dev/null || need+=(containerd)
 command -v runc >/dev/null || need+=(runc)
 command -v socat >/dev/null || need+=(socat)
 command -v jq >/dev/null || need+=(jq)
+command -v tcpdump >/dev/null || need+=(tcpdump)  # test-events.sh: the conflict guard's defence on the wire
 command -v iptables >/dev/null || need+=(iptables)
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
 if ((${#need[@]})); then

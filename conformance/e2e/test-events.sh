@@ -12,7 +12,8 @@
 #   5. The IPLease CRD missing (deleted, with no pod holding a tether address) → deploy/tether.yaml
 #      applied again.
 #   (After 2.) A pool address another host answers for: an AddressConflict Event on the pod, as
-#      docs/monitoring.md's commands show it.
+#      docs/monitoring.md's commands show it. Then a host that takes a running pod's address: the
+#      node-agent's conflict guard reports it (Event, metric, mark on the lease) and defends it.
 #   (Before 5.) Two NADs on one segment: a pod asking mgmt-fixed (the whole /24) for the address
 #      mgmt-pool gave trainer-0 is refused, naming the holder; deleting it leaves trainer-0's lease.
 # Times: fault seen (event) and fixed → Running, in $E2E_DIR/timings.txt.
@@ -151,6 +152,71 @@ grep -q "train .*AddressConflict .*10.20.30.231.*$mac" <<<"$OUT" && grep -q "War
 pass "conflict: 10.20.30.231 answered by $mac on the wire → AddressConflict Event on train/worker-3, shown by docs/monitoring.md's commands as written"
 ip -n e2e-wire addr del 10.20.30.231/24 dev wire0
 K delete namespace train --wait=false >&2
+
+# ---- a host takes a running pod's address: the node-agent's conflict guard ------------------------
+# A pod runs with 10.20.30.233 (NAD guarded, "defend": true); then netns e2e-wire, the segment's
+# other end, is given that address and speaks from it (the ARP request of one ping). The guard on
+# enp5s0 sees the claim: within 5 s an AddressConflict Event on the pod naming the address and
+# e2e-wire's MAC; the claim counted; the IPLease marked, and `tether leases` says so; one
+# gratuitous ARP back from the master, in defence.
+K apply -f - >&2 <<'EOF' || fail "creating NAD guarded"
+apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {name: guarded, namespace: default}
+spec:
+  config: '{"cniVersion": "1.0.0", "type": "tether-ipvlan", "master": "enp5s0", "ipam": {"type": "tether-ipam", "range": "10.20.30.233-10.20.30.233/24", "gateway": "10.20.30.1", "defend": true}}'
+EOF
+agent_ip=$(K -n kube-system get pod "$(agent_pod)" -o jsonpath='{.status.podIP}')
+agent_metrics() { curl -fsS --max-time 10 "http://$agent_ip:9464/metrics"; }
+watched() { agent_metrics | awk '/^tether_guard_watched_addresses\{interface="enp5s0"\}/ {print $2}'; }
+before=$(watched) || fail "guard: cannot read the node-agent's metrics on $agent_ip:9464"
+busybox_pod guarded '[{"name": "guarded", "interface": "net1"}]'
+wait_running 180 guarded
+[ "$(addr_of guarded net1)" = 10.20.30.233 ] || fail "guard: guarded has net1 $(addr_of guarded net1), not 10.20.30.233"
+t=$(now)
+one_more_watched() { [ "$(watched)" = $(( ${before:-0} + 1 )) ]; }
+wait_for 30 one_more_watched ||
+  fail "guard: 30 s after guarded runs the agent watches $(watched) addresses on enp5s0, not $(( ${before:-0} + 1 )): $(agent_metrics | grep '^tether_guard')"
+timing guard-running-to-watched "$(since "$t")"
+master_mac=$(ip -j link show dev enp5s0 | jq -r '.[0].address')
+# The defence: a gratuitous ARP for .233 (0x0a141ee9, as sender and as target) from the master.
+ip netns exec e2e-wire timeout 30 tcpdump -c 1 -l -nn -i wire0 \
+  "arp and ether src $master_mac and arp[14:4] = 0x0a141ee9 and arp[24:4] = 0x0a141ee9" \
+  >"$E2E_DIR/guard-defence.txt" 2>"$E2E_DIR/guard-tcpdump.err" &
+capture=$!
+listening() { grep -q "listening on" "$E2E_DIR/guard-tcpdump.err"; }
+wait_for 20 listening || fail "guard: tcpdump in e2e-wire did not start: $(cat "$E2E_DIR/guard-tcpdump.err")"
+ip -n e2e-wire addr add 10.20.30.233/24 dev wire0
+mac=$(ip -n e2e-wire -j link show dev wire0 | jq -r '.[0].address')
+t=$(now)
+ip netns exec e2e-wire ping -c 1 -W 1 -I 10.20.30.233 10.20.30.250 >/dev/null 2>&1 || true
+claim_event() {
+  pod_events_json guarded AddressConflict |
+    jq -e --arg m "$mac" '[.items[] | select((.message | contains("10.20.30.233")) and (.message | contains($m)))] | length == 1'
+}
+wait_for 5 claim_event || { pod_events default guarded >&2; fail "guard: no AddressConflict Event naming 10.20.30.233 and $mac on guarded within 5 s of the claim"; }
+claim_s=$(since "$t")
+timing guard-claim-to-event "$claim_s"
+wait "$capture" || fail "guard: no defence from $master_mac on the wire: $(cat "$E2E_DIR/guard-tcpdump.err")"
+grep -q "10.20.30.233" "$E2E_DIR/guard-defence.txt" ||
+  fail "guard: the captured defence is not a gratuitous ARP for 10.20.30.233: $(cat "$E2E_DIR/guard-defence.txt")"
+marked() {
+  lease_of 10.20.30.233 |
+    jq -e --arg m "$mac" '.metadata.labels["ipam.tether.dev/claimed"] == "true" and .metadata.annotations["ipam.tether.dev/claimed-by"] == $m'
+}
+wait_for 5 marked || fail "guard: the IPLease of 10.20.30.233 is not marked as claimed by $mac: $(lease_of 10.20.30.233)"
+shown=$(env -u KUBECONFIG HOME=/nonexistent "$E2E_ROOT/target/image/tether" leases --network guarded 2>&1) ||
+  fail "guard: tether leases failed: $shown"
+grep -q "Leased, claimed by $mac" <<<"$shown" || fail "guard: tether leases does not show the claim: $shown"
+grep -q "^tether_address_claims_total{network=\"guarded\",address=\"10.20.30.233\",mac=\"$mac\"} 1$" <<<"$(agent_metrics)" ||
+  fail "guard: tether_address_claims_total does not count the claim: $(agent_metrics | grep '^tether_address_claim')"
+pass "guard: 10.20.30.233 of running pod guarded spoken for by $mac on the wire → AddressConflict Event in $claim_s s, one gratuitous ARP back from $master_mac, the claim counted, the IPLease marked and shown by tether leases"
+ip -n e2e-wire addr del 10.20.30.233/24 dev wire0
+delete_pods 120 guarded
+released 10.20.30.233 || fail "guard: guarded deleted, the IPLease of 10.20.30.233 is $(lease_state 10.20.30.233)"
+[ -z "$(lease_of 10.20.30.233 | jq -r '.metadata.labels["ipam.tether.dev/claimed"] // empty')" ] ||
+  fail "guard: the released IPLease of 10.20.30.233 still carries the claim mark"
+K delete net-attach-def guarded >&2
 
 # ---- one address, one holder across NADs ---------------------------------------------------------
 # mgmt-fixed spans the /24 that mgmt-pool's range is part of: the address the pool gave trainer-0

@@ -14,12 +14,14 @@
 //! It sends nothing else: no probes, no announcements while nothing conflicts.
 //!
 //! What it watches comes from this node's files ([`watch_set`]), every second; which interface
-//! from the NADs (`master`), read every 30 s from the API server's watch cache. One thread per
+//! from the NADs (`master`), read every 30 s from the API server's watch cache, and at once when
+//! a network new on this node shows in its journal. One thread per
 //! interface ([`interface`]) runs the socket loop; this one, the supervisor, keeps them in step
 //! and does the API work, so a slow API server never delays reading the wire.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -28,6 +30,7 @@ use std::time::{Duration, Instant};
 use tether_cluster::{PodWarning, Posted};
 use tether_kube_store::{ClaimMark, Marked};
 use tether_pool::StoreKind;
+use tether_pool::config::DEFAULT_DATA_DIR;
 use tether_wire::frame::format_mac;
 use tether_wire::guard::{DEFEND_INTERVAL, Report};
 use tether_wire::socket::link_facts;
@@ -43,12 +46,16 @@ pub mod interface;
 pub mod watch_set;
 
 use interface::{Heard, Watcher};
-use watch_set::{GuardedNetwork, Held, WatchSet, guarded_networks, held_addresses};
+use watch_set::{
+    GuardedNetwork, Held, WatchSet, guarded_networks, held_addresses, unknown_journals,
+};
 
 /// How often the node's files are read for what to watch.
 const ROUND: Duration = Duration::from_secs(1);
 /// How often the NADs are read for which interface each network uses.
 const NADS_EVERY: Duration = Duration::from_secs(30);
+/// The soonest the NADs are read again when a network new on this node shows in its journal.
+const NADS_SOONEST: Duration = Duration::from_secs(2);
 
 /// The supervisor of one node's guard threads.
 pub struct ConflictGuard {
@@ -64,6 +71,8 @@ pub struct ConflictGuard {
     heard: Receiver<Heard>,
     /// Problems said once until they change (a missing master, a socket that cannot open).
     warned: HashSet<String>,
+    /// Journal directories no NAD accounted for at the last read of the NADs.
+    unknown: BTreeSet<PathBuf>,
 }
 
 impl ConflictGuard {
@@ -83,6 +92,7 @@ impl ConflictGuard {
             heard_tx,
             heard,
             warned: HashSet::new(),
+            unknown: BTreeSet::new(),
         })
     }
 
@@ -111,8 +121,15 @@ impl ConflictGuard {
 
     /// Read what to watch and bring the interface threads in step with it.
     pub fn round(&mut self) {
-        if self.nads_read.is_none_or(|t| t.elapsed() >= NADS_EVERY) {
+        // A network new on this node (its first ADD made its journal) is read from its NAD at
+        // once, not at the next periodic read: a new lease is watched within seconds.
+        let unknown = unknown_journals(&self.networks, Path::new(DEFAULT_DATA_DIR));
+        let new_network = unknown.iter().any(|d| !self.unknown.contains(d));
+        let due = self.nads_read.is_none_or(|t| t.elapsed() >= NADS_EVERY)
+            || (new_network && self.nads_read.is_none_or(|t| t.elapsed() >= NADS_SOONEST));
+        if due {
             self.read_nads();
+            self.unknown = unknown_journals(&self.networks, Path::new(DEFAULT_DATA_DIR));
         }
         let default_master = self
             .networks

@@ -4,11 +4,11 @@
 //! and the journal names an address before its claim is sent, so a new lease is watched within a
 //! second of its ADD.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use tether_leases::{AttachmentIndex, FileJournal, FileStore, Lease};
+use tether_leases::{AttachmentIndex, FileJournal, FileStore, Lease, file_stem};
 use tether_pool::StoreKind;
 
 use crate::nads::NadNetwork;
@@ -56,6 +56,31 @@ pub fn guarded_networks(nads: &[NadNetwork]) -> Vec<GuardedNetwork> {
                 store: c.store,
                 data_dir: c.data_dir.clone(),
             }),
+        }
+    }
+    out
+}
+
+/// The journal directories under `networks`' data directories and `default_dir` that no network
+/// of `networks` accounts for: a network used on this node whose NAD the guard has not read yet
+/// (its first ADD here created the directory), or one whose NAD is gone.
+pub fn unknown_journals(networks: &[GuardedNetwork], default_dir: &Path) -> BTreeSet<PathBuf> {
+    let mut dirs: BTreeSet<&Path> = networks.iter().map(|n| n.data_dir.as_path()).collect();
+    dirs.insert(default_dir);
+    let known: BTreeSet<PathBuf> = networks
+        .iter()
+        .map(|n| n.data_dir.join("journal").join(file_stem(&n.network)))
+        .collect();
+    let mut out = BTreeSet::new();
+    for d in dirs {
+        let Ok(entries) = std::fs::read_dir(d.join("journal")) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() && !known.contains(&p) {
+                out.insert(p);
+            }
         }
     }
     out
@@ -238,6 +263,12 @@ mod tests {
         // Another node's records are not guarded here.
         let (set, _) = held_addresses(&nets, "n2", Some("eth0"));
         assert!(!set.contains_key("eth2"));
+        // Every journal is accounted for; a network whose NAD is not read yet is not.
+        assert!(unknown_journals(&nets, &dir).is_empty());
+        let other = FileJournal::new(dir.join("journal"));
+        other.record("storage", &entry).unwrap();
+        let unknown = unknown_journals(&nets, &dir);
+        assert_eq!(unknown.len(), 1, "{unknown:?}");
         // Released: no longer watched.
         entry.leases.clear();
         journal.record("compute", &entry).unwrap();
