@@ -180,7 +180,17 @@ impl ConflictGuard {
         };
         kube.restart_budget();
         match kube.cluster.network_attachment_definitions() {
-            Ok(Some(nads)) => self.networks = guarded_networks(&nad_networks(&nads)),
+            Ok(Some(nads)) => {
+                let (networks, left_out) = guarded_networks(&nad_networks(&nads));
+                self.networks = networks;
+                for nad in left_out {
+                    if self.warned.insert(format!("left out {nad}")) {
+                        log::info!(
+                            "conflict guard: NAD {nad} is not guarded: only ipvlan pods answer with their master's MAC"
+                        );
+                    }
+                }
+            }
             Ok(None) => self.networks.clear(),
             Err(e) => log::error!("conflict guard: listing the NetworkAttachmentDefinitions: {e}"),
         }
@@ -258,6 +268,7 @@ impl ConflictGuard {
         let mac = format_mac(&report.claim.mac);
         let now = now_s();
         let l = &held.lease;
+        let mut recorded = true;
         if let (StoreKind::Kubernetes, Some(kube)) = (held.store, &self.kube) {
             kube.restart_budget();
             let mark = ClaimMark {
@@ -266,14 +277,18 @@ impl ConflictGuard {
             };
             match kube.leases.mark_claimed(l, &mark) {
                 Ok(Marked::Marked) => {}
-                // Released or taken over since the last round: the claim is on no pod of ours.
-                Ok(Marked::NotHeld) => {
+                // Released since the last round (its DEL removed the journal entry too): the
+                // claim is on no pod of ours. Still journaled: the pod runs with the address, but
+                // the store released it, as the controller does for a node it lost: another
+                // pod may be given the address, and this pod is the one to move.
+                Ok(Marked::NotHeld) if !held.still_journaled() => {
                     log::info!(
                         "conflict guard: {address} of network {} was claimed by {mac}, but this node no longer holds it",
                         l.network
                     );
                     return;
                 }
+                Ok(Marked::NotHeld) => recorded = false,
                 Err(e) => log::error!(
                     "conflict guard: marking the lease of {address} of network {} as claimed by {mac}: {e}",
                     l.network
@@ -294,12 +309,20 @@ impl ConflictGuard {
                 ""
             }
         );
-        self.post_event(interface, &held, &mac, report.defended, now);
+        self.post_event(interface, &held, &mac, report.defended, recorded, now);
     }
 
     /// The Warning Event on the holder's pod: one per sandbox and claimant (its name says so, so
     /// an agent restarted later does not post it again).
-    fn post_event(&mut self, interface: &str, held: &Held, mac: &str, defended: bool, now: u64) {
+    fn post_event(
+        &mut self,
+        interface: &str,
+        held: &Held,
+        mac: &str,
+        defended: bool,
+        recorded: bool,
+        now: u64,
+    ) {
         let l = &held.lease;
         let (Some(kube), true, Some(ns), Some(pod)) =
             (&self.kube, self.events, &l.pod.namespace, &l.pod.name)
@@ -320,7 +343,7 @@ impl ConflictGuard {
             uid: l.pod.uid.clone(),
             key: format!("{key:016x}"),
             reason: CONFLICT_REASON.into(),
-            message: claim_message(held, mac, interface, &self.node, defended),
+            message: claim_message(held, mac, interface, &self.node, defended, recorded),
             node: self.node.clone(),
             at: now,
         };
@@ -355,9 +378,25 @@ fn default_route_interface() -> Option<String> {
         .map(|l| l.name)
 }
 
-/// The Event's message.
-fn claim_message(held: &Held, mac: &str, interface: &str, node: &str, defended: bool) -> String {
+/// The Event's message; `recorded`: the cluster store still has the lease as this pod's.
+fn claim_message(
+    held: &Held,
+    mac: &str,
+    interface: &str,
+    node: &str,
+    defended: bool,
+    recorded: bool,
+) -> String {
     let l = &held.lease;
+    if !recorded {
+        return format!(
+            "{} of network {} is in use by this pod ({}) and claimed by another host: MAC {mac} spoke as this address on \
+             {interface} of node {node}. The cluster store no longer records this pod's lease (it was released while this \
+             node could not reach the API server, or taken over), so the address may have been given to another pod. Delete \
+             this pod so that it gets an address of its own.",
+            l.address, l.network, l.ifname
+        );
+    }
     let defence = if defended {
         format!(
             "tether announced the address back on {interface} (the NAD sets \"defend\": true; at most once per {} s)",

@@ -22,6 +22,8 @@ pub struct NadNetwork {
     pub cfg: PoolConfig,
     /// The attacher's `master` (`None`: the interface of the default route, or the chained one).
     pub master: Option<String>,
+    /// The attacher's `type` (`tether-ipvlan`, `macvlan`…), when the config names one.
+    pub attacher: Option<String>,
 }
 
 /// Every tether-ipam configuration of `nads`, in NAD order (namespace, name), read as the plugin
@@ -39,6 +41,7 @@ pub fn nad_networks(nads: &[NadConfig]) -> Vec<NadNetwork> {
                 Ok(cfg) => out.push(NadNetwork {
                     nad: name.clone(),
                     master: master_of(&raw),
+                    attacher: attacher_of(&raw),
                     cfg,
                 }),
                 Err(e) => log::debug!("NAD {name}: {e}"),
@@ -60,6 +63,7 @@ pub fn network_of(file: NetworkFile, path: &Path, agent: &NodeAgent) -> Result<N
     Ok(NadNetwork {
         nad: file.nad.unwrap_or_else(|| path.display().to_string()),
         master: master_of(&file.config),
+        attacher: attacher_of(&file.config),
         cfg,
     })
 }
@@ -82,6 +86,14 @@ pub(crate) fn master_of(config: &Value) -> Option<String> {
         .and_then(Value::as_str)
         .map(str::trim)
         .filter(|m| !m.is_empty())
+        .map(str::to_string)
+}
+
+/// The attacher's `type` of a network configuration, if it names one.
+pub(crate) fn attacher_of(config: &Value) -> Option<String> {
+    config
+        .get("type")
+        .and_then(Value::as_str)
         .map(str::to_string)
 }
 

@@ -289,6 +289,7 @@ mod tests {
         NadNetwork {
             nad: nad.into(),
             master: config["master"].as_str().map(str::to_string),
+            attacher: None,
             cfg: PoolConfig::from_value(&config, &NodeAgent::on_every_node()).unwrap(),
         }
     }

@@ -21,7 +21,7 @@ use tether_pool::{
 use tether_trusted_fs::Place;
 
 use crate::manifests::{NetworkDocument, plugins_of, read_documents};
-use crate::nads::{NadNetwork, master_of, nad_networks, with_files};
+use crate::nads::{NadNetwork, attacher_of, master_of, nad_networks, with_files};
 use crate::output::{EXIT_FAILED, EXIT_OK, Output};
 use crate::overlap::findings;
 use crate::store_access::describe_store;
@@ -316,6 +316,7 @@ fn check_ipam(plugin: &Value, doc: &NetworkDocument, node_local: bool, c: &mut C
             c.ipam = Some(NadNetwork {
                 nad: doc.nad.clone().unwrap_or_else(|| doc.source.clone()),
                 master: master_of(plugin),
+                attacher: attacher_of(plugin),
                 cfg,
             });
         }

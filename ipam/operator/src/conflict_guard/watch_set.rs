@@ -33,17 +33,53 @@ pub struct Held {
     pub lease: Lease,
     pub store: StoreKind,
     pub defend: bool,
+    /// The network's `dataDir`.
+    pub data_dir: PathBuf,
+}
+
+impl Held {
+    /// Does the node's journal still say the attachment holds the address? (A DEL removes its
+    /// entry right after its release; a node cut off from the API server keeps it while its pod
+    /// runs, whatever the controller did to the record meanwhile.)
+    pub fn still_journaled(&self) -> bool {
+        let l = &self.lease;
+        FileJournal::new(self.data_dir.join("journal"))
+            .lookup(&l.network, &l.container_id, &l.ifname, &l.pod)
+            .ok()
+            .and_then(|found| found.mine)
+            .is_some_and(|e| e.held().any(|h| h.address == l.address))
+    }
 }
 
 /// Master name → address → what holds it.
 pub type WatchSet = BTreeMap<String, BTreeMap<IpAddr, Held>>;
 
+/// The attachers whose pods answer for their addresses with the master's MAC (ipvlan): a frame
+/// from any other MAC speaking as such an address is another host's. A macvlan pod has a MAC of
+/// its own, which the guard cannot tell from a stranger's, and an announcement from the master
+/// would send its traffic to the wrong MAC, so its networks are not guarded.
+pub const GUARDED_ATTACHERS: &[&str] = &["tether-ipvlan", "ipvlan"];
+
 /// The networks of `nads`, one per (network, master): NADs of one network on one master are
-/// one; defence is on if any of them asks.
-pub fn guarded_networks(nads: &[NadNetwork]) -> Vec<GuardedNetwork> {
+/// one; defence is on if any of them asks. NADs of another attacher than ipvlan are left out
+/// and returned as `namespace/name (type)`.
+pub fn guarded_networks(nads: &[NadNetwork]) -> (Vec<GuardedNetwork>, Vec<String>) {
     let mut out: Vec<GuardedNetwork> = Vec::new();
+    let mut left_out = Vec::new();
     for n in nads {
         let c = &n.cfg;
+        if !n
+            .attacher
+            .as_deref()
+            .is_some_and(|a| GUARDED_ATTACHERS.contains(&a))
+        {
+            left_out.push(format!(
+                "{} ({})",
+                n.nad,
+                n.attacher.as_deref().unwrap_or("no type")
+            ));
+            continue;
+        }
         match out
             .iter_mut()
             .find(|g| g.network == c.network_name && g.master == n.master)
@@ -58,7 +94,7 @@ pub fn guarded_networks(nads: &[NadNetwork]) -> Vec<GuardedNetwork> {
             }),
         }
     }
-    out
+    (out, left_out)
 }
 
 /// The journal directories under `networks`' data directories and `default_dir` that no network
@@ -145,6 +181,7 @@ pub fn held_addresses(
                 lease,
                 store: g.store,
                 defend: g.defend,
+                data_dir: g.data_dir.clone(),
             });
         }
     }
@@ -165,6 +202,7 @@ mod tests {
         NadNetwork {
             nad: nad.into(),
             master: master.map(str::to_string),
+            attacher: Some("tether-ipvlan".into()),
             cfg: PoolConfig::from_value(
                 &json!({"name": name, "ipam": ipam}),
                 &NodeAgent::on_every_node(),
@@ -190,9 +228,21 @@ mod tests {
         }
     }
 
+    fn set_entry_holder(set: &WatchSet) -> Held {
+        set["eth2"].values().next().unwrap().clone()
+    }
+
     #[test]
     fn one_network_per_master_and_defence_if_any_nad_asks() {
-        let nets = guarded_networks(&[
+        let mut macvlan = nad(
+            "d/mgmt",
+            "mgmt",
+            Some("eth3"),
+            json!({"range": "10.1.0.0/24"}),
+        );
+        macvlan.attacher = Some("macvlan".into());
+        let (nets, left_out) = guarded_networks(&[
+            macvlan,
             nad(
                 "a/mgmt",
                 "mgmt",
@@ -207,6 +257,11 @@ mod tests {
             ),
             nad("c/mgmt", "mgmt", None, json!({"range": "10.1.0.0/24"})),
         ]);
+        assert_eq!(
+            left_out,
+            ["d/mgmt (macvlan)"],
+            "its pods have MACs of their own"
+        );
         assert_eq!(nets.len(), 2);
         assert!(nets[0].defend && nets[0].master.as_deref() == Some("eth1"));
         assert!(!nets[1].defend && nets[1].master.is_none());
@@ -218,7 +273,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let dd = dir.display().to_string();
-        let nets = guarded_networks(&[
+        let (nets, _) = guarded_networks(&[
             nad(
                 "a/compute",
                 "compute",
@@ -254,7 +309,12 @@ mod tests {
         assert!(errors.is_empty(), "{errors:?}");
         let eth2: Vec<_> = set["eth2"].keys().map(|a| a.to_string()).collect();
         assert_eq!(eth2, ["10.2.0.5"]);
-        assert!(set["eth2"].values().all(|h| h.defend));
+        assert!(
+            set["eth2"]
+                .values()
+                .all(|h| h.defend && h.still_journaled())
+        );
+        let was = set_entry_holder(&set);
         let eth0: Vec<_> = set["eth0"].keys().map(|a| a.to_string()).collect();
         assert_eq!(eth0, ["10.1.0.7"], "no master: the default route's");
         // Without a default route, the network naming no master is not watched.
@@ -272,6 +332,7 @@ mod tests {
         // Released: no longer watched.
         entry.leases.clear();
         journal.record("compute", &entry).unwrap();
+        assert!(!was.still_journaled());
         let (set, _) = held_addresses(&nets, "n1", Some("eth0"));
         assert!(!set.contains_key("eth2"));
         let _ = std::fs::remove_dir_all(&dir);

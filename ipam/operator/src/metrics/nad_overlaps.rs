@@ -48,6 +48,7 @@ mod tests {
         let net = |nad: &str, fabric: Option<&str>| NadNetwork {
             nad: nad.into(),
             master: None,
+            attacher: None,
             cfg: PoolConfig::from_value(
                 &json!({"name": nad, "ipam": {"range": "10.30.0.0/24", "isolated_fabric": fabric}}),
                 &tether_pool::NodeAgent::on_every_node(),
