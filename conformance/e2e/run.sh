@@ -79,7 +79,8 @@ fi
 status=1
 finish() {
   local rc=$?
-  [ "$status" = 0 ] || [ "$rc" = 0 ] || status=$rc
+  # An exit of its own (a signal's trap: 130) fails a run the node had not failed yet.
+  [ "$rc" = 0 ] || [ "$status" != 0 ] || status=$rc
   "$E2E_HERE/control-plane.sh" down || true
   echo "---- e2e timings (s; +N = since the start of make e2e) ----" >&2
   cat "$E2E_DIR/timings.txt" >&2 2>/dev/null || true
