@@ -188,6 +188,9 @@ listening() { grep -q "listening on" "$E2E_DIR/guard-tcpdump.err"; }
 wait_for 20 listening || fail "guard: tcpdump in e2e-wire did not start: $(cat "$E2E_DIR/guard-tcpdump.err")"
 ip -n e2e-wire addr add 10.20.30.233/24 dev wire0
 mac=$(ip -n e2e-wire -j link show dev wire0 | jq -r '.[0].address')
+# Its neighbour cache emptied first: an entry left from the checks before (.250 was a pod's) would
+# let the ping go out without an ARP request, and the claim with it.
+ip -n e2e-wire neigh flush dev wire0
 t=$(now)
 ip netns exec e2e-wire ping -c 1 -W 1 -I 10.20.30.233 10.20.30.250 >/dev/null 2>&1 || true
 claim_event() {
