@@ -45,6 +45,8 @@ pub struct PodPlacement {
     pub uid: String,
     /// `spec.nodeName`; `None` while unscheduled.
     pub node: Option<String>,
+    /// Being deleted (`metadata.deletionTimestamp` set): its sandbox is stopped or stopping.
+    pub terminating: bool,
 }
 
 #[derive(Deserialize, Default)]
@@ -58,8 +60,6 @@ struct HeartbeatSpec {
 struct NameOnly {
     #[serde(default)]
     name: Option<String>,
-    #[serde(default)]
-    uid: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -100,10 +100,19 @@ struct PodSpec {
     node_name: Option<String>,
 }
 
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct PodMeta {
+    #[serde(default)]
+    uid: Option<String>,
+    #[serde(default)]
+    deletion_timestamp: Option<String>,
+}
+
 #[derive(Deserialize)]
 struct PodObject {
     #[serde(default)]
-    metadata: NameOnly,
+    metadata: PodMeta,
     #[serde(default)]
     spec: PodSpec,
 }
@@ -203,6 +212,7 @@ impl Cluster {
             Ok(p) => Ok(Some(PodPlacement {
                 uid: p.metadata.uid.unwrap_or_default(),
                 node: p.spec.node_name.filter(|n| !n.is_empty()),
+                terminating: p.metadata.deletion_timestamp.is_some(),
             })),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
             Err(e) => Err(self.api().map_other("get", "pods", &what, e)),

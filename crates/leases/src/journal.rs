@@ -75,6 +75,11 @@ impl From<JournalError> for StoreError {
     }
 }
 
+/// Whether `e` says the directory does not exist.
+fn is_missing(e: &TrustError) -> bool {
+    matches!(e, TrustError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+}
+
 /// A network's directory and the names of its entries.
 type Listing = (Arc<TrustedDir>, Vec<String>);
 
@@ -158,20 +163,27 @@ impl FileJournal {
     }
 
     fn open_net(&self, network: &str, create: bool) -> Result<Option<TrustedDir>, JournalError> {
-        let missing = |e: &TrustError| matches!(e, TrustError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound);
-        let root = match TrustedDir::open(
+        let Some(root) = self.root(create)? else {
+            return Ok(None);
+        };
+        match root.subdir(&file_stem(network), create) {
+            Ok(d) => Ok(Some(d)),
+            Err(e) if !create && is_missing(&e) => Ok(None),
+            Err(e) => Err(JournalError::Dir(e)),
+        }
+    }
+
+    /// The journal's own directory, checked (created 0700 with `create`); `None` when it does
+    /// not exist and `create` is off.
+    fn root(&self, create: bool) -> Result<Option<TrustedDir>, JournalError> {
+        match TrustedDir::open(
             "ipam.dataDir (its journal/)",
             &self.dir,
             Place::State,
             create,
         ) {
-            Ok(d) => d,
-            Err(e) if !create && missing(&e) => return Ok(None),
-            Err(e) => return Err(JournalError::Dir(e)),
-        };
-        match root.subdir(&file_stem(network), create) {
             Ok(d) => Ok(Some(d)),
-            Err(e) if !create && missing(&e) => Ok(None),
+            Err(e) if !create && is_missing(&e) => Ok(None),
             Err(e) => Err(JournalError::Dir(e)),
         }
     }
@@ -270,6 +282,12 @@ impl FileJournal {
         let Some(d) = self.net(network, false)? else {
             return Ok(None);
         };
+        let names = Self::entry_names(&d)?;
+        Ok(Some((d, names)))
+    }
+
+    /// The entry file names in a network's directory `d`.
+    fn entry_names(d: &TrustedDir) -> Result<Vec<String>, JournalError> {
         let mut out = Vec::new();
         for n in d.entries().map_err(JournalError::Dir)? {
             if let Some(n) = n.to_str()
@@ -279,7 +297,37 @@ impl FileJournal {
                 out.push(n.to_string());
             }
         }
-        Ok(Some((d, out)))
+        Ok(out)
+    }
+
+    /// Every entry of every network on this node (none when the journal does not exist yet):
+    /// what the node's reconciler compares with the store. Each entry's leases name their
+    /// network.
+    pub fn every_entry(&self) -> Result<Vec<JournalEntry>, JournalError> {
+        let Some(root) = self.root(false)? else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for net in root.entries().map_err(JournalError::Dir)? {
+            let Some(net) = net.to_str().filter(|n| !n.starts_with('.')) else {
+                continue;
+            };
+            let d = match root.subdir(net, false) {
+                Ok(d) => d,
+                // Removed meanwhile: nothing to read.
+                Err(e) if is_missing(&e) => continue,
+                // A stray file or a symlink is nobody's journal, and never followed.
+                Err(e @ TrustError::UnfitFile { .. }) => {
+                    log::warn!("ignoring {e} in the node's lease journal");
+                    continue;
+                }
+                Err(e) => return Err(JournalError::Dir(e)),
+            };
+            for n in Self::entry_names(&d)? {
+                out.extend(Self::read_entry(&d, &n)?);
+            }
+        }
+        Ok(out)
     }
 }
 

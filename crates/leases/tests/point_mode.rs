@@ -929,3 +929,65 @@ fn a_repeated_add_after_an_unanswered_claim_holds_one_address() {
         assert_eq!(a.del(&cid, "net1").unwrap().len(), 1);
     }
 }
+
+#[test]
+fn every_entry_reads_each_network_and_follows_nothing_else() {
+    // What the node's reconciler compares with the store after a partition: every network's
+    // entries; a stray file or a symlink among the network directories is skipped, not followed.
+    let d = TempDir::new("pm-every");
+    let journal = FileJournal::new(d.sub("journal"));
+    assert!(journal.every_entry().unwrap().is_empty(), "no journal yet");
+    for (net, cid, addr) in [("mgmt", "c1", "10.0.0.5"), ("compute", "c2", "10.1.0.5")] {
+        let lease = Lease {
+            network: net.into(),
+            domain: None,
+            address: ip(addr),
+            prefix_len: 24,
+            range_index: Some(0),
+            container_id: cid.into(),
+            ifname: "net1".into(),
+            pod: pod("ns", cid, "u"),
+            node: Some("a".into()),
+            state: LeaseState::Leased,
+            since: 1,
+            version: Some("1".into()),
+        };
+        let entry = JournalEntry {
+            container_id: cid.into(),
+            ifname: "net1".into(),
+            pod: lease.pod.clone(),
+            leases: vec![lease],
+            pending: None,
+        };
+        journal.record(net, &entry).unwrap();
+    }
+    let elsewhere = TempDir::new("pm-every-elsewhere");
+    let n = Node::new(&elsewhere, &elsewhere, "b");
+    let clock = FakeClock::new(1_000);
+    let a = alloc(&n, "10.9.0.0/24", &NoProbe, &clock);
+    a.add(&req_on(&n, "c9", pod("ns", "p9", "u9"))).unwrap();
+    std::fs::write(d.sub("journal").join("stray"), b"not a network").unwrap();
+    // Node b's directory of network mgmt, which holds c9's entry.
+    let theirs = std::fs::read_dir(elsewhere.sub("journal-b"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.is_dir())
+        .unwrap();
+    assert!(std::fs::read_dir(&theirs).unwrap().count() > 0);
+    std::os::unix::fs::symlink(&theirs, d.sub("journal").join("link")).unwrap();
+    let mut found: Vec<(String, String)> = journal
+        .every_entry()
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.container_id, e.leases[0].network.clone()))
+        .collect();
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            ("c1".into(), "mgmt".into()),
+            ("c2".into(), "compute".into())
+        ]
+    );
+}

@@ -23,6 +23,16 @@ pub struct Released {
     pub reason: StaleReason,
 }
 
+/// An address this node's running pod uses while the store leases it to another node's pod
+/// (see [`crate::reconcile`]'s rejoin).
+#[derive(Debug, Clone)]
+pub struct HeldElsewhere {
+    /// This node's attachment, as its journal names it.
+    pub ours: Lease,
+    /// The store's record.
+    pub theirs: Lease,
+}
+
 /// What one pass did.
 #[derive(Debug, Clone, Default)]
 pub struct PassReport {
@@ -41,6 +51,14 @@ pub struct PassReport {
     pub swept: bool,
     /// Whether this agent is the sweeper, when the pass listed the agent nodes (full passes).
     pub sweeper: Option<bool>,
+    /// Leases this node's running pods use that the store had released or lost (a partition),
+    /// written back as theirs.
+    pub taken_back: Vec<Lease>,
+    /// Addresses this node's running pods use that the store leases to another node's pod.
+    pub held_elsewhere: Vec<HeldElsewhere>,
+    /// Whether the node's journal was compared with the store (so `held_elsewhere` is the
+    /// whole finding, not a pass that could not look).
+    pub journal_compared: bool,
     /// Failures (the pass went on past each).
     pub errors: Vec<String>,
     /// Unix time when a lease now inside its grace period (and whose pod the cache does not
@@ -64,12 +82,19 @@ pub(crate) fn log_report(r: &PassReport, full: bool) {
     for e in &r.errors {
         log::error!("reconcile: {e}");
     }
-    if !r.released.is_empty() || r.lost_races > 0 || r.pruned > 0 {
+    if !r.released.is_empty()
+        || r.lost_races > 0
+        || r.pruned > 0
+        || !r.taken_back.is_empty()
+        || !r.held_elsewhere.is_empty()
+    {
         log::warn!(
-            "reconcile ({}): {} record(s) examined, {} released, {} old record(s) deleted, {} changed meanwhile, {} alive after all",
+            "reconcile ({}): {} record(s) examined, {} released, {} taken back, {} leased elsewhere, {} old record(s) deleted, {} changed meanwhile, {} alive after all",
             if full { "full pass" } else { "pod event" },
             r.examined,
             r.released.len(),
+            r.taken_back.len(),
+            r.held_elsewhere.len(),
             r.pruned,
             r.lost_races,
             r.confirmed_alive

@@ -93,43 +93,12 @@ impl Drop for Wire {
     }
 }
 
-/// The sample of `name` with every label of `labels` in the registry's text.
-fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
-        let (series, value) = l.rsplit_once(' ')?;
-        let (n, rest) = series.split_once('{').unwrap_or((series, ""));
-        (n == name
-            && labels
-                .iter()
-                .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\""))))
-        .then(|| value.parse().unwrap())
-    })
-}
-
-/// The AddressConflict Events of pod `train/<pod>`.
-fn conflict_events(env: &Env, pod: &str) -> Vec<Value> {
-    let list = env
-        .get_json("/api/v1/namespaces/train/events", None)
-        .unwrap();
-    list["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["reason"] == "AddressConflict" && e["involvedObject"]["name"] == pod)
-        .cloned()
-        .collect()
-}
-
 /// The IPLease object of `address` in the test network's domain.
 fn lease_object(env: &Env, net: &str, address: &str) -> Value {
     env.lease_objects(net)
         .into_iter()
         .find(|o| o["spec"]["address"] == address)
         .unwrap_or_else(|| panic!("no IPLease for {address}"))
-}
-
-fn stdout(o: &std::process::Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 /// A node with the agent's guard running, a network on the wire's master, and a pod of it.

@@ -40,19 +40,6 @@ fn scrape(addr: SocketAddr) -> String {
     body.to_string()
 }
 
-/// The value of the sample of `name` carrying every label of `labels`.
-fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
-        let (series, value) = l.rsplit_once(' ')?;
-        let (n, rest) = series.split_once('{').unwrap_or((series, ""));
-        (n == name
-            && labels
-                .iter()
-                .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\""))))
-        .then(|| value.parse().unwrap())
-    })
-}
-
 /// Scrape until `cond` holds (10 s); returns the last scrape.
 fn scrape_until(addr: SocketAddr, what: &str, mut cond: impl FnMut(&str) -> bool) -> String {
     let mut last = String::new();

@@ -451,10 +451,21 @@ fn run_reconcile(opts: reconcile::Options, once: bool, output: Output) -> Result
                         v
                     })
                     .collect();
+                let taken_back: Vec<Value> = report
+                    .taken_back
+                    .iter()
+                    .map(|l| lease_json(l, now()))
+                    .collect();
+                let elsewhere: Vec<Value> = report
+                    .held_elsewhere
+                    .iter()
+                    .map(|x| json!({"ours": lease_json(&x.ours, now()), "theirs": lease_json(&x.theirs, now())}))
+                    .collect();
                 println!(
                     "{}",
                     serde_json::to_string_pretty(&json!({
-                        "released": released, "examined": report.examined, "lostRaces": report.lost_races,
+                        "released": released, "takenBack": taken_back, "leasedElsewhere": elsewhere,
+                        "examined": report.examined, "lostRaces": report.lost_races,
                         "confirmedAlive": report.confirmed_alive, "swept": report.swept, "errors": report.errors,
                     }))
                     .expect("json")
@@ -463,6 +474,25 @@ fn run_reconcile(opts: reconcile::Options, once: bool, output: Output) -> Result
             Output::Table => {
                 for x in &report.released {
                     println!("{}", reconcile::describe(x));
+                }
+                for l in &report.taken_back {
+                    println!(
+                        "took back {} network {} pod {} uid {}: the store no longer had it as the pod's, and the pod on this node still uses it",
+                        l.address,
+                        l.network,
+                        l.pod,
+                        l.pod.uid.as_deref().unwrap_or("?")
+                    );
+                }
+                for x in &report.held_elsewhere {
+                    println!(
+                        "leased elsewhere {} network {}: used by pod {} on this node, leased to pod {} on node {}",
+                        x.ours.address,
+                        x.ours.network,
+                        x.ours.pod,
+                        x.theirs.pod,
+                        x.theirs.node.as_deref().unwrap_or("?")
+                    );
                 }
                 println!(
                     "{} record(s) examined, {} released, {} changed meanwhile, {} alive after all{}",

@@ -1,6 +1,7 @@
 //! The lease reconciler: releases leases whose pod is gone, or whose pod name now belongs to
 //! another pod (another uid), and never a live one. Run by the node-agent on every node, or as
-//! `tether reconcile`.
+//! `tether reconcile`. A node's passes also take back what its running pods use after the
+//! controller released it while the node was cut off ([`rejoin`]).
 //!
 //! # What it releases, and why that is safe
 //!
@@ -92,6 +93,7 @@
 #![allow(clippy::result_large_err)]
 
 mod lost_nodes;
+mod rejoin;
 mod run_loop;
 
 use std::collections::HashMap;
@@ -105,9 +107,10 @@ use tether_leases::{FileStore, Lease, LeaseStore, StoreError};
 use crate::kube::Kube;
 use crate::metrics::Registry;
 pub use crate::options::Options;
-pub use crate::report::{PassReport, Released, StoreName, describe};
+pub use crate::report::{HeldElsewhere, PassReport, Released, StoreName, describe};
 use crate::report::{due_at, now_s};
 pub use lost_nodes::{silence_check_every, sweeper};
+pub use rejoin::SETTLE_S;
 
 /// (namespace, name) → uid of the pods of this node, kept by the watch thread.
 #[derive(Default)]
@@ -256,6 +259,7 @@ impl Reconciler {
             Ok(leases) => {
                 self.judge(StoreName::Kubernetes, &leases, &pods, now, kube, &mut r);
                 self.prune(&leases, now, kube, &mut r);
+                self.rejoin(&leases, now, kube, &mut r);
             }
             Err(KubeStoreError::CrdMissing { .. }) => {
                 log::debug!("the IPLease CRD is not installed: no cluster-wide leases to reconcile")

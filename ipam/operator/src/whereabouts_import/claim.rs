@@ -267,6 +267,7 @@ mod tests {
         let pod = PodPlacement {
             uid: "u7".into(),
             node: Some("gpu-3".into()),
+            terminating: false,
         };
         let l = wanted(&e, &p, pod, 1_000);
         assert_eq!(l.scope(), p.scope);

@@ -1179,3 +1179,30 @@ pub fn doc_block(file: &str, name: &str, env: &[(&str, &str)]) -> Output {
     }
     c.output().unwrap()
 }
+
+/// The sample of `name` with every label of `labels` in the registry's text.
+pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+        (n == name
+            && labels
+                .iter()
+                .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\""))))
+        .then(|| value.parse().unwrap())
+    })
+}
+
+/// The AddressConflict Events of pod `train/<pod>`.
+pub fn conflict_events(env: &Env, pod: &str) -> Vec<Value> {
+    let list = env
+        .get_json("/api/v1/namespaces/train/events", None)
+        .unwrap();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["reason"] == "AddressConflict" && e["involvedObject"]["name"] == pod)
+        .cloned()
+        .collect()
+}
