@@ -17,7 +17,9 @@ use crate::report::{PassReport, StoreName};
 mod cni_calls;
 mod endpoint;
 mod guard;
+mod lease_service;
 mod nad_overlaps;
+mod rejoin;
 pub use cni_calls::{Absorbed, CniCalls};
 pub use endpoint::{parse_listen_addr, serve, start};
 
@@ -76,6 +78,7 @@ struct State {
     /// The leading controller's overlap findings by kind (`None`: not checked here).
     nad_overlaps: Option<BTreeMap<&'static str, u64>>,
     guard: guard::GuardState,
+    rejoin: rejoin::RejoinState,
 }
 
 /// Label name of a store.
@@ -137,6 +140,7 @@ impl Registry {
         if let Some(me) = r.sweeper {
             s.pool_reporter = Some(me);
         }
+        rejoin::record(&mut s, r);
     }
 
     /// The reconcile loop is alive at `now` (unix seconds).
@@ -429,6 +433,7 @@ impl Registry {
             nad_overlaps::samples(&s),
         );
         guard::families(&s, &mut family);
+        rejoin::families(&s, &mut family);
         drop(s);
         family(
             "tether_api_requests_total",
@@ -461,45 +466,7 @@ impl Registry {
                 .collect(),
         );
         if let Some(g) = &self.lease_service {
-            let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed) as f64;
-            let st = g.stats();
-            family(
-                "tether_lease_service_connections_total",
-                "counter",
-                "Plugin calls that connected to the node's lease service: welcomed, or refused (another store, busy, stopping: the plugin went straight to the API).",
-                vec![
-                    (labels(&[("outcome", "welcomed")]), load(&st.welcomed)),
-                    (labels(&[("outcome", "refused")]), load(&st.refused)),
-                ],
-            );
-            let requests = st.requests.load(Ordering::Relaxed);
-            let from_cache = st.from_cache.load(Ordering::Relaxed);
-            family(
-                "tether_lease_service_requests_total",
-                "counter",
-                "Lease-store requests the lease service answered: from the networks it keeps in memory, or with an API request.",
-                vec![
-                    (labels(&[("answered", "memory")]), from_cache as f64),
-                    (
-                        labels(&[("answered", "api")]),
-                        requests.saturating_sub(from_cache) as f64,
-                    ),
-                ],
-            );
-            family(
-                "tether_lease_service_network_records",
-                "gauge",
-                "Records of a network the lease service keeps by a watch; standing synced (answers from memory), filling, or off (not kept: too large, or its watch failed).",
-                g.networks()
-                    .into_iter()
-                    .map(|n| {
-                        (
-                            labels(&[("network", &n.network), ("standing", n.standing.as_str())]),
-                            n.records as f64,
-                        )
-                    })
-                    .collect(),
-            );
+            lease_service::families(g, &mut family);
         }
         if let Some(c) = &self.cni_calls {
             out.push_str(&c.render());
@@ -576,25 +543,5 @@ mod tests {
             !t.contains("tether_lease_service"),
             "no lease service, no lease-service families"
         );
-    }
-
-    #[test]
-    fn the_lease_service_shows_what_it_answered_and_how() {
-        let g = ServiceGauges::default();
-        let st = g.stats();
-        st.welcomed.store(7, Ordering::Relaxed);
-        st.refused.store(1, Ordering::Relaxed);
-        st.requests.store(20, Ordering::Relaxed);
-        st.from_cache.store(12, Ordering::Relaxed);
-        let t = Registry::default().serving(Some(g)).render();
-        for line in [
-            "tether_lease_service_connections_total{outcome=\"welcomed\"} 7\n",
-            "tether_lease_service_connections_total{outcome=\"refused\"} 1\n",
-            "tether_lease_service_requests_total{answered=\"memory\"} 12\n",
-            "tether_lease_service_requests_total{answered=\"api\"} 8\n",
-            "# TYPE tether_lease_service_network_records gauge\n",
-        ] {
-            assert!(t.contains(line), "{line} in {t}");
-        }
     }
 }
