@@ -218,7 +218,7 @@ impl Rig {
                 })
             });
             let event = wait_until(Duration::from_secs(5), || {
-                !conflict_events(&self.env, self.pod).is_empty()
+                !conflict_events(&self.env, "train", self.pod).is_empty()
             })
             .map(|_| t0.elapsed());
             (rogue.join().unwrap(), event)
@@ -244,7 +244,7 @@ fn a_host_taking_a_pods_address_is_an_event_a_metric_and_a_mark_within_5_s() {
     let (env, net, pod) = (&rig.env, rig.net, rig.pod);
     let address = rig.add();
     let (rogue_mac, defences, event) = rig.claim(&address);
-    let events = conflict_events(env, pod);
+    let events = conflict_events(env, "train", pod);
     assert!(
         event.is_some(),
         "no AddressConflict Event on the pod within 5 s of the claim"
@@ -354,7 +354,7 @@ fn a_pod_whose_lease_was_released_behind_its_back_is_told_to_move() {
         event.is_some(),
         "no AddressConflict Event on the pod within 5 s of the claim"
     );
-    let events = conflict_events(env, pod);
+    let events = conflict_events(env, "train", pod);
     let msg = events[0]["message"].as_str().unwrap();
     assert!(
         msg.contains(&address)

@@ -51,20 +51,6 @@ fn scrape_until(addr: SocketAddr, what: &str, mut cond: impl FnMut(&str) -> bool
     last
 }
 
-/// The AddressConflict Events of pod `ns/pod`.
-fn conflict_events(env: &Env, ns: &str, pod: &str) -> Vec<Value> {
-    let list = env
-        .get_json(&format!("/api/v1/namespaces/{ns}/events"), None)
-        .unwrap();
-    list["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["reason"] == "AddressConflict" && e["involvedObject"]["name"] == pod)
-        .cloned()
-        .collect()
-}
-
 /// A reconciler of `node` serving metrics on a free port, monitoring every 200 ms; the sweeper
 /// (so the pool reporter) when `node` is the only agent node of this test.
 fn options(env: &Env, node: &str) -> Options {

@@ -146,7 +146,18 @@ fn a_silent_nodes_addresses_come_back_after_the_grace_and_a_trusted_nodes_never(
     clear_election();
     let _controller = controller(&kc, "ctl-silence", &["--node-lost-grace-s", "60"]);
     pod_with_lease(&env, ns, "on-late-2", late.name, net, "10.143.0.6");
-    std::thread::sleep(Duration::from_secs(3));
+    // It leads before the node goes quiet, as a controller that was running already does.
+    let leads = wait_until(Duration::from_secs(30), || {
+        env.get_json(
+            &format!("/apis/coordination.k8s.io/v1/namespaces/{AGENT_NS}/leases"),
+            Some("tether-controller"),
+        )
+        .is_ok_and(|l| l["spec"]["holderIdentity"] == "ctl-silence")
+    });
+    assert!(
+        leads.is_some(),
+        "the controller did not take the lead in 30 s"
+    );
     let quiet_since = now() - 50;
     heartbeat(&env, late.name, quiet_since);
     ready(late.name, "Unknown");
@@ -277,7 +288,7 @@ fn a_node_back_from_a_partition_takes_back_what_its_running_pods_use() {
         last.contains(&format!("leased elsewhere {}", addr["taken"].0)) && last.contains(a.name),
         "{last}"
     );
-    let events = conflict_events(&env, env.name("taken"));
+    let events = conflict_events(&env, "train", env.name("taken"));
     let on_taken: Vec<&str> = events
         .iter()
         .filter_map(|e| e["message"].as_str())
@@ -292,6 +303,33 @@ fn a_node_back_from_a_partition_takes_back_what_its_running_pods_use() {
     let again = agent_pass(&b);
     assert!(!again.contains("took back"), "{again}");
     assert_eq!(lease_of("kept").version, kept.version, "{again}");
+
+    // The agent's own loop keeps what it learnt: the deleted pod's entry (its DEL never came) is
+    // read against the store once, not on every pass. The address held elsewhere is read each
+    // pass (a record and a pod GET): either pod may be deleted any time.
+    let mut o = env.reconciler_options(b.name);
+    o.data_dir = Some(b.dir.clone());
+    let rec = tether_operator::reconcile::Reconciler::new(o).unwrap();
+    let gets = || {
+        sample(
+            &rec.metrics().render(),
+            "tether_api_requests_total",
+            &[("verb", "get")],
+        )
+        .unwrap_or(0.0)
+    };
+    let first = rec.pass(true);
+    let after_first = gets();
+    let second = rec.pass(true);
+    assert_eq!(first.held_elsewhere.len(), 1, "{:?}", first.errors);
+    assert_eq!(second.held_elsewhere.len(), 1, "{:?}", second.errors);
+    assert!(first.taken_back.is_empty() && second.taken_back.is_empty());
+    assert_eq!(
+        gets() - after_first,
+        2.0,
+        "GETs of the second pass (the first made {after_first})"
+    );
+    assert!(!lease_of("deleted").is_leased());
 
     // The lease taken back is the pod's like any other: its sandbox's DEL releases it.
     let s = SandboxOf {

@@ -138,6 +138,9 @@ pub struct Reconciler {
     /// Silent nodes judged since their last heartbeat with nothing left to release (node →
     /// that heartbeat): not listed again until it changes.
     silent_done: Mutex<HashMap<String, u64>>,
+    /// UIDs of pods the rejoin found gone or replaced: the journal entries that name them (a
+    /// DEL that never reached tether) are not read against the store again.
+    gone_pods: Mutex<std::collections::HashSet<String>>,
     metrics: Arc<Registry>,
 }
 
@@ -181,6 +184,7 @@ impl Reconciler {
             warned_agents: AtomicBool::new(false),
             warned_ready: Mutex::default(),
             silent_done: Mutex::default(),
+            gone_pods: Mutex::default(),
             metrics,
         })
     }

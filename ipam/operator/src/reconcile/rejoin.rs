@@ -15,6 +15,9 @@
 //!   choice); the pass reports it, and with conflict Events an `AddressConflict` Warning on this
 //!   node's pod says which pod holds it and asks for one of them to be deleted.
 //!
+//! An entry whose pod is gone or was replaced (a DEL that never reached tether) is read against
+//! the store once, then not again while the agent runs.
+//!
 //! An entry is taken at its word only where nothing else explains it: it has no work left for
 //! the store (`pending`: a DEL or a claim whose answer never came, settled by the next call), its
 //! pod exists with the same uid, is bound to this node and is not being deleted, no newer
@@ -79,7 +82,15 @@ impl Reconciler {
             }
         };
         let errors = r.errors.len();
-        for entry in entries.iter().filter(|e| e.pending.is_none()) {
+        let gone = {
+            let mut g = self.gone_pods.lock().unwrap_or_else(|p| p.into_inner());
+            g.retain(|uid| entries.iter().any(|e| e.pod.uid.as_ref() == Some(uid)));
+            g.clone()
+        };
+        let judged = |e: &&JournalEntry| {
+            e.pending.is_none() && e.pod.uid.as_ref().is_none_or(|u| !gone.contains(u))
+        };
+        for entry in entries.iter().filter(judged) {
             for held in entry.held().filter(|l| l.version.is_some()) {
                 let listed = leases.iter().any(|c| {
                     c.address == held.address
@@ -156,11 +167,15 @@ impl Reconciler {
             return false;
         };
         kube.restart_budget();
+        let gone = || {
+            let mut g = self.gone_pods.lock().unwrap_or_else(|p| p.into_inner());
+            g.insert(uid.clone());
+            false
+        };
         match kube.cluster.pod_placement(ns, name) {
-            Ok(Some(p)) => {
-                p.uid == *uid && p.node.as_deref() == Some(&self.opts.node) && !p.terminating
-            }
-            Ok(None) => false,
+            Ok(Some(p)) if p.uid != *uid => gone(),
+            Ok(Some(p)) => p.node.as_deref() == Some(&self.opts.node) && !p.terminating,
+            Ok(None) => gone(),
             Err(e) => {
                 r.errors.push(format!("checking pod {ns}/{name}: {e}"));
                 false

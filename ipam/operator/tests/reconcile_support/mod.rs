@@ -1193,10 +1193,10 @@ pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     })
 }
 
-/// The AddressConflict Events of pod `train/<pod>`.
-pub fn conflict_events(env: &Env, pod: &str) -> Vec<Value> {
+/// The AddressConflict Events of pod `ns/pod`.
+pub fn conflict_events(env: &Env, ns: &str, pod: &str) -> Vec<Value> {
     let list = env
-        .get_json("/api/v1/namespaces/train/events", None)
+        .get_json(&format!("/api/v1/namespaces/{ns}/events"), None)
         .unwrap();
     list["items"]
         .as_array()
