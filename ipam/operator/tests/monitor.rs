@@ -459,20 +459,11 @@ fn without_rbac_for_events_the_conflict_is_still_counted_and_the_failure_shows()
 
 /// The Events on NAD `ns/nad` with `reason`.
 fn nad_events(env: &Env, ns: &str, nad: &str, reason: &str) -> Vec<Value> {
-    let list = env
-        .get_json(&format!("/api/v1/namespaces/{ns}/events"), None)
-        .unwrap();
-    list["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| {
-            e["reason"] == reason
-                && e["involvedObject"]["kind"] == "NetworkAttachmentDefinition"
-                && e["involvedObject"]["name"] == nad
-        })
-        .cloned()
-        .collect()
+    events_where(env, ns, |e| {
+        e["reason"] == reason
+            && e["involvedObject"]["kind"] == "NetworkAttachmentDefinition"
+            && e["involvedObject"]["name"] == nad
+    })
 }
 
 /// Issue 36 (guards): the leading controller compares the NADs' ranges. Two isolated fabrics

@@ -1193,8 +1193,8 @@ pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     })
 }
 
-/// The AddressConflict Events of pod `ns/pod`.
-pub fn conflict_events(env: &Env, ns: &str, pod: &str) -> Vec<Value> {
+/// The Events of namespace `ns` that `keep` keeps.
+pub fn events_where(env: &Env, ns: &str, keep: impl Fn(&Value) -> bool) -> Vec<Value> {
     let list = env
         .get_json(&format!("/api/v1/namespaces/{ns}/events"), None)
         .unwrap();
@@ -1202,7 +1202,14 @@ pub fn conflict_events(env: &Env, ns: &str, pod: &str) -> Vec<Value> {
         .as_array()
         .unwrap()
         .iter()
-        .filter(|e| e["reason"] == "AddressConflict" && e["involvedObject"]["name"] == pod)
+        .filter(|e| keep(e))
         .cloned()
         .collect()
+}
+
+/// The AddressConflict Events of pod `ns/pod`.
+pub fn conflict_events(env: &Env, ns: &str, pod: &str) -> Vec<Value> {
+    events_where(env, ns, |e| {
+        e["reason"] == "AddressConflict" && e["involvedObject"]["name"] == pod
+    })
 }
