@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::{Duration, Instant};
 
-use tether_cluster::{PodWarning, Posted};
+use tether_cluster::Posted;
 use tether_kube_store::{ClaimMark, Marked};
 use tether_pool::StoreKind;
 use tether_pool::config::DEFAULT_DATA_DIR;
@@ -37,7 +37,7 @@ use tether_wire::socket::link_facts;
 
 use crate::kube::Kube;
 use crate::metrics::Registry;
-use crate::monitor::CONFLICT_REASON;
+use crate::monitor::conflict_warning;
 use crate::nads::nad_networks;
 use crate::options::Options;
 use crate::report::now_s;
@@ -324,28 +324,20 @@ impl ConflictGuard {
         now: u64,
     ) {
         let l = &held.lease;
-        let (Some(kube), true, Some(ns), Some(pod)) =
-            (&self.kube, self.events, &l.pod.namespace, &l.pod.name)
-        else {
+        let (Some(kube), true) = (&self.kube, self.events) else {
             return;
         };
-        let key = tether_stable_hash::fnv1a64(
-            format!(
+        let Some(w) = conflict_warning(
+            &l.pod,
+            &format!(
                 "claim/{}/{}/{mac}/{}/{}",
                 l.network, l.address, l.container_id, l.ifname
-            )
-            .as_bytes(),
-            0,
-        );
-        let w = PodWarning {
-            namespace: ns.clone(),
-            pod: pod.clone(),
-            uid: l.pod.uid.clone(),
-            key: format!("{key:016x}"),
-            reason: CONFLICT_REASON.into(),
-            message: claim_message(held, mac, interface, &self.node, defended, recorded),
-            node: self.node.clone(),
-            at: now,
+            ),
+            claim_message(held, mac, interface, &self.node, defended, recorded),
+            &self.node,
+            now,
+        ) else {
+            return;
         };
         kube.restart_budget();
         match kube.cluster.post_pod_event(&w) {
@@ -354,7 +346,8 @@ impl ConflictGuard {
             Err(e) => {
                 self.registry.event(false);
                 self.say_once(format!(
-                    "cannot post the AddressConflict Event on pod {ns}/{pod}: {e}"
+                    "cannot post the AddressConflict Event on pod {}/{}: {e}",
+                    w.namespace, w.pod
                 ));
             }
         }

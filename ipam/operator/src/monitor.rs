@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use tether_cluster::{NadConfig, PodWarning, Posted};
 use tether_kube_store::{Kinds, KubeStoreError};
-use tether_leases::{Allocator, FileStore, Lease, LeaseState, NoProbe, SystemClock};
+use tether_leases::{Allocator, FileStore, Lease, LeaseState, NoProbe, PodRef, SystemClock};
 use tether_pool::StoreKind;
 
 use crate::kube::Kube;
@@ -50,6 +50,31 @@ mod overlap_events;
 pub const CONFLICT_REASON: &str = "AddressConflict";
 /// Conflicts older than this when first seen get no Event (and are not counted).
 pub const EVENT_MAX_AGE_S: u64 = 3600;
+
+/// The `AddressConflict` Warning on `pod`, named after a hash of `occurrence` so that posting
+/// the same occurrence again (a later pass, a restarted agent) finds it instead of adding one;
+/// `None` for a pod without a namespace or name.
+pub(crate) fn conflict_warning(
+    pod: &PodRef,
+    occurrence: &str,
+    message: String,
+    node: &str,
+    at: u64,
+) -> Option<PodWarning> {
+    Some(PodWarning {
+        namespace: pod.namespace.clone()?,
+        pod: pod.name.clone()?,
+        uid: pod.uid.clone(),
+        key: format!(
+            "{:016x}",
+            tether_stable_hash::fnv1a64(occurrence.as_bytes(), 0)
+        ),
+        reason: CONFLICT_REASON.into(),
+        message,
+        node: node.into(),
+        at,
+    })
+}
 
 /// A conflict: (network, address, MAC, when).
 type Conflict = (String, IpAddr, String, u64);
@@ -223,25 +248,18 @@ impl Monitor {
                 continue;
             }
             let node = l.node.clone().unwrap_or_else(|| self.node.clone());
-            let event = match (&l.pod.namespace, &l.pod.name) {
-                (Some(ns), Some(name)) if self.events => Some(PodWarning {
-                    namespace: ns.clone(),
-                    pod: name.clone(),
-                    uid: l.pod.uid.clone(),
-                    key: format!(
-                        "{:016x}",
-                        tether_stable_hash::fnv1a64(
-                            format!("{}/{}/{mac}/{at}", l.network, l.address).as_bytes(),
-                            0
-                        )
-                    ),
-                    reason: CONFLICT_REASON.into(),
-                    message: conflict_message(l, mac, &node),
-                    node: node.clone(),
-                    at: *at,
-                }),
-                _ => None,
-            };
+            let event = self
+                .events
+                .then(|| {
+                    conflict_warning(
+                        &l.pod,
+                        &format!("{}/{}/{mac}/{at}", l.network, l.address),
+                        conflict_message(l, mac, &node),
+                        &node,
+                        *at,
+                    )
+                })
+                .flatten();
             let (counted, how) = match (&event, &self.kube) {
                 (Some(w), Some(k)) => {
                     k.restart_budget();

@@ -306,21 +306,31 @@ fn a_node_back_from_a_partition_takes_back_what_its_running_pods_use() {
 
     // The agent's own loop keeps what it learnt: the deleted pod's entry (its DEL never came) is
     // read against the store once, not on every pass. The address held elsewhere is read each
-    // pass (a record and a pod GET): either pod may be deleted any time.
+    // pass (a record and a pod GET): either pod may be deleted any time; its Event is posted
+    // once.
     let mut o = env.reconciler_options(b.name);
     o.data_dir = Some(b.dir.clone());
     let rec = tether_operator::reconcile::Reconciler::new(o).unwrap();
-    let gets = || {
+    let requests = |verb| {
         sample(
             &rec.metrics().render(),
             "tether_api_requests_total",
-            &[("verb", "get")],
+            &[("verb", verb)],
         )
         .unwrap_or(0.0)
     };
+    let gets = || requests("get");
     let first = rec.pass(true);
     let after_first = gets();
+    // This agent had not posted the double holder's Event yet: it does (and finds it there).
+    let created = requests("create");
+    assert_eq!(created, 1.0, "the Event POST of the first pass");
     let second = rec.pass(true);
+    assert_eq!(
+        requests("create"),
+        created,
+        "the second pass posts the Event again"
+    );
     assert_eq!(first.held_elsewhere.len(), 1, "{:?}", first.errors);
     assert_eq!(second.held_elsewhere.len(), 1, "{:?}", second.errors);
     assert!(first.taken_back.is_empty() && second.taken_back.is_empty());

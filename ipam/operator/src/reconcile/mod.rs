@@ -141,6 +141,9 @@ pub struct Reconciler {
     /// UIDs of pods the rejoin found gone or replaced: the journal entries that name them (a
     /// DEL that never reached tether) are not read against the store again.
     gone_pods: Mutex<std::collections::HashSet<String>>,
+    /// The double holders whose `AddressConflict` Event the rejoin has posted, by occurrence:
+    /// not posted again while they last.
+    posted_elsewhere: Mutex<std::collections::HashSet<String>>,
     metrics: Arc<Registry>,
 }
 
@@ -185,6 +188,7 @@ impl Reconciler {
             warned_ready: Mutex::default(),
             silent_done: Mutex::default(),
             gone_pods: Mutex::default(),
+            posted_elsewhere: Mutex::default(),
             metrics,
         })
     }

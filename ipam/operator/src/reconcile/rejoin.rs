@@ -25,12 +25,14 @@
 //! [`SETTLE_S`] seconds (a DEL between its write and its journal update), and the entry is still
 //! there right before the write.
 
-use tether_cluster::{PodWarning, Posted};
+use std::collections::HashSet;
+
+use tether_cluster::Posted;
 use tether_leases::{AttachmentIndex, FileJournal, JournalEntry, Lease, LeaseState, LeaseStore};
 
 use super::Reconciler;
 use crate::kube::Kube;
-use crate::monitor::CONFLICT_REASON;
+use crate::monitor::conflict_warning;
 use crate::report::{HeldElsewhere, PassReport};
 
 /// A record changed this recently is left for the next pass: a DEL releases the record before
@@ -90,6 +92,8 @@ impl Reconciler {
         let judged = |e: &&JournalEntry| {
             e.pending.is_none() && e.pod.uid.as_ref().is_none_or(|u| !gone.contains(u))
         };
+        let mut seen = HashSet::new();
+        let mut event_failures = 0;
         for entry in entries.iter().filter(judged) {
             for held in entry.held().filter(|l| l.version.is_some()) {
                 let listed = leases.iter().any(|c| {
@@ -119,15 +123,25 @@ impl Reconciler {
                         }
                     }
                     Standing::Elsewhere(theirs) => {
-                        if self.pod_runs_here(entry, kube, r) {
-                            self.held_elsewhere(entry, held, theirs, now, kube, r);
+                        if self.pod_runs_here(entry, kube, r)
+                            && self.held_elsewhere(entry, held, theirs, now, kube, &mut seen, r)
+                        {
+                            event_failures += 1;
                         }
                     }
                 }
             }
         }
-        // Every entry was judged: what it found is the whole finding.
-        r.journal_compared = r.errors.len() == errors;
+        // Every entry was judged: what it found is the whole finding (an Event that could not
+        // be posted does not change it).
+        r.journal_compared = r.errors.len() == errors + event_failures;
+        if r.journal_compared {
+            // A double holder that ended and comes back later gets an Event again.
+            self.posted_elsewhere
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|o| seen.contains(o));
+        }
     }
 
     /// Whether nothing but a release behind this node's back explains `current`, the record of
@@ -244,7 +258,10 @@ impl Reconciler {
         }
     }
 
-    /// Report `held`, used by `entry`'s running pod, as leased to `theirs` of another node.
+    /// Report `held`, used by `entry`'s running pod, as leased to `theirs` of another node, and
+    /// note the occurrence in `seen`; true if its Event could not be posted (an error of the
+    /// report, not of the comparison).
+    #[allow(clippy::too_many_arguments)]
     fn held_elsewhere(
         &self,
         entry: &JournalEntry,
@@ -252,43 +269,39 @@ impl Reconciler {
         theirs: Lease,
         now: u64,
         kube: &Kube,
+        seen: &mut HashSet<String>,
         r: &mut PassReport,
-    ) {
+    ) -> bool {
         let message = elsewhere_message(held, &theirs, &self.opts.node);
         log::error!("reconcile: pod {}: {message}", entry.pod);
-        if self.opts.conflict_events
-            && let (Some(ns), Some(pod)) = (&entry.pod.namespace, &entry.pod.name)
-        {
-            let key = tether_stable_hash::fnv1a64(
-                format!(
-                    "elsewhere/{}/{}/{}/{}/{}",
-                    held.network,
-                    held.address,
-                    entry.container_id,
-                    entry.ifname,
-                    theirs.container_id
-                )
-                .as_bytes(),
-                0,
-            );
-            let w = PodWarning {
-                namespace: ns.clone(),
-                pod: pod.clone(),
-                uid: entry.pod.uid.clone(),
-                key: format!("{key:016x}"),
-                reason: CONFLICT_REASON.into(),
-                message,
-                node: self.opts.node.clone(),
-                at: now,
-            };
-            kube.restart_budget();
-            match kube.cluster.post_pod_event(&w) {
-                Ok(Posted::Created | Posted::AlreadyThere) => {}
-                Err(e) => r.errors.push(format!(
-                    "posting the AddressConflict Event on pod {ns}/{pod}: {e}"
-                )),
+        let occurrence = format!(
+            "elsewhere/{}/{}/{}/{}/{}",
+            held.network, held.address, entry.container_id, entry.ifname, theirs.container_id
+        );
+        let posted = self.opts.conflict_events.then(|| {
+            let warning = conflict_warning(&entry.pod, &occurrence, message, &self.opts.node, now)?;
+            let mut known = self
+                .posted_elsewhere
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            // Posted by an earlier pass: the Event is there while the double holder lasts.
+            if !known.insert(occurrence.clone()) {
+                return Some(true);
             }
-        }
+            kube.restart_budget();
+            match kube.cluster.post_pod_event(&warning) {
+                Ok(Posted::Created | Posted::AlreadyThere) => Some(true),
+                Err(e) => {
+                    known.remove(&occurrence);
+                    r.errors.push(format!(
+                        "posting the AddressConflict Event on pod {}/{}: {e}",
+                        warning.namespace, warning.pod
+                    ));
+                    Some(false)
+                }
+            }
+        });
+        seen.insert(occurrence);
         r.held_elsewhere.push(HeldElsewhere {
             ours: Lease {
                 container_id: entry.container_id.clone(),
@@ -298,6 +311,7 @@ impl Reconciler {
             },
             theirs,
         });
+        posted.flatten() == Some(false)
     }
 }
 
