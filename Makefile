@@ -212,7 +212,7 @@ demo: deps driver
 # their lifecycle through the kubelet and five faults as users see them (docs/e2e.md). The VM is
 # killed after E2E_TIMEOUT s; everything started is stopped by pid. Logs and times:
 # target/lab/e2e/. Ports (host loopback) 47443, 47379, 47380, 47257, 47259: TETHER_E2E_*_PORT.
-E2E_TIMEOUT ?= 2100
+E2E_TIMEOUT ?= 3000
 .PHONY: e2e bench-node
 e2e: image release
 	TETHER_E2E_TIMEOUT=$(E2E_TIMEOUT) conformance/e2e/run.sh

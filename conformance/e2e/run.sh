@@ -11,7 +11,7 @@
 #   The VM reaches the API server, and nothing else, through one forwarded port
 #   (TETHER_LAB_FORWARD): 10.0.2.100:$E2E_API_PORT in the VM is 127.0.0.1:$E2E_API_PORT here.
 #
-# Bounded: the VM is killed after TETHER_E2E_TIMEOUT s (default 2100); everything started is stopped
+# Bounded: the VM is killed after TETHER_E2E_TIMEOUT s (default 3000); everything started is stopped
 # by pid (the VM's own services by node.sh, the control plane here, also on failure or Ctrl-C).
 # Exit status 0 only if every check passed. State and logs: target/lab/e2e/ (cleared at the start
 # of each run): timings.txt, results.txt, cp/logs/ (control plane), logs/ (containerd, kubelet,
@@ -108,6 +108,6 @@ echo "control-plane-ready $(since "$T0")" >>"$E2E_DIR/timings.txt"
 # ---- the node, in the lab VM ----
 export TETHER_LAB_FORWARD=$E2E_API_PORT
 export TETHER_LAB_MEMORY=${TETHER_LAB_MEMORY:-4G}
-export TETHER_LAB_TIMEOUT=${TETHER_E2E_TIMEOUT:-2100}
+export TETHER_LAB_TIMEOUT=${TETHER_E2E_TIMEOUT:-3000}
 status=0
 conformance/lab/run.sh "bash $(printf '%q' "$E2E_HERE/node.sh")" || status=$?

@@ -9,12 +9,12 @@
 #   2. docs/upgrade.md `upgrade` as written, with the release's tether-<v>.yaml, while six more
 #      pods start: all Running, the old pods' addresses and leases unchanged, no address Leased
 #      twice, the node's plugins say this version, doctor in the agent finds them of its version.
-#      Deleted: every lease of either version Released by the new plugins.
-#   3. The CRD guard: with a pod's address Leased, deleting the IPLease CRD is refused and nothing
-#      is lost. Then docs/upgrade.md `uninstall-check`, `uninstall` and `node-cleanup` as written:
-#      nothing of tether left (plugins, kubeconfig, state, socket, CRD, leases, agent), and the
-#      token the node kept is refused by the API server.
-#   4. The release's chart: helm install (the CRD from crds/), a pod Running, helm upgrade with a
+#   3. The CRD guard: with those pods' addresses Leased, deleting the IPLease CRD is refused and
+#      nothing is lost. The pods deleted: every lease of either version Released by the new plugins.
+#   4. docs/upgrade.md `uninstall-check`, `uninstall` and `node-cleanup` as written: nothing of
+#      tether left (plugins, kubeconfig, state, socket, CRD, leases, agent), and the token the node
+#      kept is refused by the API server.
+#   5. The release's chart: helm install (the CRD from crds/), a pod Running, helm upgrade with a
 #      changed value (the DaemonSet rolls; the pod keeps its address), helm uninstall (the CRD and
 #      the pod's lease kept). tether-<v>.yaml applied again for test-node-gone.sh.
 set -euo pipefail
@@ -88,6 +88,13 @@ done
 failed=0
 for i in 0 1 2 3 4 5; do failed=$((failed + $(event_count "up-new-$i" FailedCreatePodSandBox))); done
 pass "docs/upgrade.md upgrade as written, 0.1.0 → $VERSION, 6 pods starting: all Running $(since "$t") s on ($failed sandbox failures, each retried to success), the 3 old pods kept ${before[*]}, 18 leases, none twice; plugins $VERSION, doctor agrees"
+
+# ---- 3. the CRD guard, with these pods' addresses Leased; then the pods deleted ----------------
+a=$(addr_of up-old-0 net1)
+if out=$(K delete crd "$LEASES" 2>&1); then fail "the IPLease CRD was deleted while $a was Leased: $out"; fi
+grep -q 'tether-iplease-crd-guard' <<<"$out" || fail "deleting the CRD failed, but not by the guard: $out"
+assert_leased "$a" up-old-0 net1
+pass "deleting the IPLease CRD while $a is Leased: refused by tether-iplease-crd-guard, the lease kept"
 mapfile -t all < <(printf 'up-old-%s\n' 0 1 2; printf 'up-new-%s\n' 0 1 2 3 4 5)
 addrs=$(leases_json | jq -r '.items[] | select(.spec.state == "Leased") | .spec.address')
 delete_pods 180 "${all[@]}"
@@ -95,16 +102,7 @@ all_released() { local a; for a in $addrs; do released "$a" || return 1; done; }
 wait_for 60 all_released || fail "not every lease Released after deleting the pods: $(leases_json | jq -c '[.items[] | select(.spec.state == "Leased") | .spec.address]')"
 pass "the 9 pods deleted: all 18 leases (3 pods' written by 0.1.0) Released by the $VERSION plugins"
 
-# ---- 3. the CRD guard, then uninstalled as docs/upgrade.md says -------------------------------
-busybox_pod guarded '[{"name": "mgmt-pool", "interface": "net1"}]'
-wait_running 120 guarded
-a=$(addr_of guarded net1)
-if out=$(K delete crd "$LEASES" 2>&1); then fail "the IPLease CRD was deleted while $a was Leased: $out"; fi
-grep -q 'tether-iplease-crd-guard' <<<"$out" || fail "deleting the CRD failed, but not by the guard: $out"
-assert_leased "$a" guarded net1
-pass "deleting the IPLease CRD while $a is Leased: refused by tether-iplease-crd-guard, the lease kept"
-delete_pods 120 guarded
-wait_for 60 released "$a" || fail "$a not Released after its pod was deleted"
+# ---- 4. uninstalled as docs/upgrade.md says ---------------------------------------------------
 K delete -f "$E2E_ROOT/deploy/examples/" --wait=true >&2 || fail "deleting the example NADs"
 run_block docs/upgrade.md uninstall-check
 grep -q 'no leases match' <<<"$OUT" || { echo "$OUT" >&2; fail "uninstall-check listed Leased addresses"; }
@@ -128,7 +126,7 @@ pass "docs/upgrade.md uninstall as written: no plugin, kubeconfig, state or sock
 # other starts again here too. No plugin runs from here on but for CNI calls.
 exec_trace_start || fail "cannot restart the exec trace"
 
-# ---- 4. the chart: install, upgrade, uninstall --------------------------------------------------
+# ---- 5. the chart: install, upgrade, uninstall --------------------------------------------------
 t=$(now)
 helm install tether "$REL/tether-$VERSION.tgz" --namespace kube-system >&2 || fail "helm install $REL/tether-$VERSION.tgz"
 wait_for 240 agent_on "tether:$VERSION" || fail "helm install: the agent did not become Ready"
