@@ -213,9 +213,15 @@ demo: deps driver
 # killed after E2E_TIMEOUT s; everything started is stopped by pid. Logs and times:
 # target/lab/e2e/. Ports (host loopback) 47443, 47379, 47380, 47257, 47259: TETHER_E2E_*_PORT.
 E2E_TIMEOUT ?= 3000
-.PHONY: e2e bench-node
+.PHONY: e2e e2e-two-nodes bench-node
 e2e: image release
 	TETHER_E2E_TIMEOUT=$(E2E_TIMEOUT) conformance/e2e/run.sh
+
+# Two nodes on one wire (conformance/e2e/test-two-nodes.sh, docs/e2e.md#two-nodes-on-one-wire): a
+# second kubelet + containerd in the same VM, in namespaces of its own, its NICs on the same
+# segments. The first step of issue 40; not part of `make test` yet.
+e2e-two-nodes: image release
+	TETHER_E2E_TIMEOUT=900 TETHER_E2E_CHECKS="install.sh test-two-nodes.sh" conformance/e2e/run.sh
 
 # The same node, benchmarked (conformance/e2e/bench-node.sh): BENCH_NODE_PODS pods with two
 # attachments each to Running, tether-ipvlan + tether-ipam vs the reference ipvlan + whereabouts,

@@ -11,7 +11,9 @@ K() { kubectl -s http://127.0.0.1:8001 "$@"; }
 # (host, live API server), and the emulated VM multiplies both.
 API=http://127.0.0.1:8001
 GET() { local path=$1; shift; curl -fsS --max-time 30 -G "$@" "$API$path"; }
-CTR() { ctr -n k8s.io "$@"; }
+# The node's containerd; with CTR_NS=<pid of another containerd> (test-two-nodes.sh's node B,
+# in namespaces of its own) that one's, seen from its mount and network namespaces.
+CTR() { ${CTR_NS:+nsenter -t "$CTR_NS" -m -n} ctr -n k8s.io "$@"; }
 RES=$E2E_DIR/results.txt
 # Each result carries the seconds since run.sh started: the tail of a run that ran out of time
 # shows where the time went.
@@ -103,14 +105,15 @@ lease_of() { # address: that address's IPLease as one line of JSON (none: empty)
   leases_json | jq -c --arg a "$1" '.items[] | select(.spec.address == $a)'
 }
 lease_state() { lease_of "$1" | jq -r '.spec.state // empty'; }
-# assert_leased ADDRESS POD IFNAME: Leased to POD (name, namespace, UID) on this node for IFNAME
+# assert_leased ADDRESS POD IFNAME [NODE]: Leased to POD (name, namespace, UID) on NODE (this one)
+# for IFNAME
 assert_leased() {
-  local lease uid
+  local lease uid node=${4:-$E2E_NODE}
   lease=$(lease_of "$1")
   uid=$(pod_uid "$2")
-  jq -e --arg p "$2" --arg u "$uid" --arg n "$E2E_NODE" --arg i "$3" \
+  jq -e --arg p "$2" --arg u "$uid" --arg n "$node" --arg i "$3" \
     '.spec.state == "Leased" and .spec.pod.name == $p and .spec.pod.namespace == "default" and .spec.pod.uid == $u and .spec.node == $n and .spec.ifname == $i' \
-    <<<"$lease" >/dev/null || fail "IPLease of $1 is not Leased to default/$2 (uid $uid) $3 on $E2E_NODE: ${lease:-none}"
+    <<<"$lease" >/dev/null || fail "IPLease of $1 is not Leased to default/$2 (uid $uid) $3 on $node: ${lease:-none}"
 }
 released() { [ "$(lease_state "$1")" = Released ]; }
 pod_events_json() { # POD REASON: the pod's events of that reason, as the API lists them
@@ -125,7 +128,8 @@ has_event() { [ -n "$(event_text "$1" "$2")" ]; }
 event_count() { # POD REASON: how many times REASON was reported for POD (events aggregate repeats)
   pod_events_json "$1" "$2" | jq '[.items[] | .count // 1] | add // 0'
 }
-# busybox_pod NAME NETWORKS_JSON: a pod on the cluster network plus the selected networks
+# busybox_pod NAME NETWORKS_JSON [NODE]: a pod on the cluster network plus the selected networks
+# (on NODE: bound there, not scheduled)
 # (Created through the proxy, as YAML: a kubectl start costs ~1.5 s under TCG; the API server
 # takes application/yaml.)
 busybox_pod() {
@@ -139,6 +143,7 @@ metadata:
   annotations:
     k8s.v1.cni.cncf.io/networks: '$2'
 spec:
+  ${3:+nodeName: $3}
   terminationGracePeriodSeconds: 1
   containers:
   - name: main

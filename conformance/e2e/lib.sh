@@ -17,6 +17,7 @@ E2E_SCHED_PORT=${TETHER_E2E_SCHED_PORT:-47259}
 # What the lab VM's one forwarded port looks like from inside the VM (conformance/lab/run.sh).
 E2E_GUEST_API_HOST=10.0.2.100
 E2E_NODE=${TETHER_E2E_NODE:-e2e-node}
+E2E_NODE_B=e2e-node-b   # test-two-nodes.sh's second node (node-b.sh), in the same VM
 E2E_TOKEN=e2e-admin-token
 PEERS_BIN_DIR=${PEERS_BIN_DIR:-/var/cache/tether-peers/bin}
 PEERS=${TETHER_PEERS:-$E2E_ROOT/../shared/peers}

@@ -80,6 +80,7 @@ teardown() {
     e2e_log "pods deleted"
   fi
   stop_pidfile "$W/pids/kubelet.pid" kubelet 20
+  stop_pidfile "$E2E_DIR/node-b/pids/kubelet.pid" kubelet 20   # test-two-nodes.sh's node B
   stop_pidfile "$W/pids/controller.pid" tether   # test-node-gone.sh's
   if ours "$W/pids/containerd.pid" containerd >/dev/null; then
     for t in $(CTR tasks ls -q 2>/dev/null); do CTR tasks kill -s SIGKILL "$t" >/dev/null 2>&1; done
@@ -87,6 +88,8 @@ teardown() {
     for t in $(CTR tasks ls -q 2>/dev/null); do CTR tasks delete -f "$t" >/dev/null 2>&1; done
   fi
   stop_pidfile "$W/pids/containerd.pid" containerd 20
+  stop_pidfile "$E2E_DIR/node-b/pids/containerd.pid" containerd 20
+  stop_pidfile "$E2E_DIR/node-b/pids/multus-proxy.pid" kubectl
   e2e_log "kubelet and containerd stopped"
   for p in /proc/[0-9]*; do   # shims of our containerd (it does not stop them), by pid
     case $(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) in
