@@ -141,9 +141,9 @@ pub struct Reconciler {
     /// UIDs of pods the rejoin found gone or replaced: the journal entries that name them (a
     /// DEL that never reached tether) are not read against the store again.
     gone_pods: Mutex<std::collections::HashSet<String>>,
-    /// The double holders whose `AddressConflict` Event the rejoin has posted, by occurrence:
-    /// not posted again while they last.
-    posted_elsewhere: Mutex<std::collections::HashSet<String>>,
+    /// The double holders whose `AddressConflict` Event the rejoin has posted: occurrence →
+    /// when (unix s); posted again only every `rejoin::REPOST_S` while they last.
+    posted_elsewhere: Mutex<HashMap<String, u64>>,
     metrics: Arc<Registry>,
 }
 

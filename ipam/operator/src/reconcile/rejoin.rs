@@ -39,6 +39,10 @@ use crate::report::{HeldElsewhere, PassReport};
 /// it removes its journal entry.
 pub const SETTLE_S: u64 = 10;
 
+/// How often a lasting double holder's `AddressConflict` Event is posted again (an API write
+/// each time): well inside the API server's default Event TTL of one hour.
+pub const REPOST_S: u64 = 600;
+
 /// Where a journaled lease stands against the store's record of its address.
 #[derive(Debug, PartialEq)]
 enum Standing {
@@ -140,7 +144,7 @@ impl Reconciler {
             self.posted_elsewhere
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .retain(|o| seen.contains(o));
+                .retain(|o, _| seen.contains(o));
         }
     }
 
@@ -284,15 +288,24 @@ impl Reconciler {
                 .posted_elsewhere
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            // Posted by an earlier pass: the Event is there while the double holder lasts.
-            if !known.insert(occurrence.clone()) {
+            // Posted by a recent pass: the Event is there. Posted again now and then, as the API
+            // server drops Events after their TTL (1 h by default) while the double holder lasts.
+            if known
+                .get(&occurrence)
+                .is_some_and(|&at| now.saturating_sub(at) < REPOST_S)
+            {
                 return Some(true);
             }
+            known.insert(occurrence.clone(), now);
+            drop(known);
             kube.restart_budget();
             match kube.cluster.post_pod_event(&warning) {
                 Ok(Posted::Created | Posted::AlreadyThere) => Some(true),
                 Err(e) => {
-                    known.remove(&occurrence);
+                    self.posted_elsewhere
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&occurrence);
                     r.errors.push(format!(
                         "posting the AddressConflict Event on pod {}/{}: {e}",
                         warning.namespace, warning.pod
