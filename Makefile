@@ -217,11 +217,11 @@ E2E_TIMEOUT ?= 3000
 e2e: image release
 	TETHER_E2E_TIMEOUT=$(E2E_TIMEOUT) conformance/e2e/run.sh
 
-# Two nodes on one wire (conformance/e2e/test-two-nodes.sh, docs/e2e.md#two-nodes-on-one-wire): a
+# Only the two-node part of `make e2e` (docs/e2e.md#two-nodes-on-one-wire), on a fresh install: a
 # second kubelet + containerd in the same VM, in namespaces of its own, its NICs on the same
-# segments. The first step of issue 40; not part of `make test` yet.
+# segments; pods across, B's partition, A's deletion.
 e2e-two-nodes: image release
-	TETHER_E2E_TIMEOUT=900 TETHER_E2E_CHECKS="install.sh test-two-nodes.sh" conformance/e2e/run.sh
+	TETHER_E2E_TIMEOUT=1500 TETHER_E2E_CHECKS="install.sh test-two-nodes.sh test-node-gone.sh" conformance/e2e/run.sh
 
 # The same node, benchmarked (conformance/e2e/bench-node.sh): BENCH_NODE_PODS pods with two
 # attachments each to Running, tether-ipvlan + tether-ipam vs the reference ipvlan + whereabouts,

@@ -14,13 +14,16 @@ GET() { local path=$1; shift; curl -fsS --max-time 30 -G "$@" "$API$path"; }
 # The node's containerd; with CTR_NS=<pid of another containerd> (test-two-nodes.sh's node B,
 # in namespaces of its own) that one's, seen from its mount and network namespaces.
 CTR() { ${CTR_NS:+nsenter -t "$CTR_NS" -m -n} ctr -n k8s.io "$@"; }
+# on_b COMMAND...: COMMAND with CTR on node B's containerd (sandbox_pid, assert_ipvlan, ping_from)
+on_b() { CTR_NS=$(cat "$E2E_DIR/node-b/pids/containerd.pid") "$@"; }
 RES=$E2E_DIR/results.txt
 # Each result carries the seconds since run.sh started: the tail of a run that ran out of time
 # shows where the time went.
 E2E_T0=$(cat "$E2E_DIR/t0" 2>/dev/null || now)
 pass() { echo "PASS +$(since "$E2E_T0" | cut -d. -f1)s $*" | tee -a "$RES" >&2; }
 fail() { echo "FAIL +$(since "$E2E_T0" | cut -d. -f1)s $*" | tee -a "$RES" >&2; exit 1; }
-timing() { echo "$1 $2" >>"$E2E_DIR/timings.txt"; e2e_log "$1: $2 s"; }
+# timing NAME SECONDS: a figure, with the script that measured it (run.sh's summary)
+timing() { echo "$1 $2 ${0##*/}" >>"$E2E_DIR/timings.txt"; e2e_log "$1: $2 s"; }
 # The management pool of deploy/examples/nad-management-pool.yaml: .241-.250 without .245.
 POOL_RE='^10\.20\.30\.(24[1-46-9]|250)$'
 COMPUTE_RE='^192\.168\.100\.([1-9][0-9]|1[0-9][0-9]|2[0-4][0-9]|250)$'
@@ -128,6 +131,30 @@ has_event() { [ -n "$(event_text "$1" "$2")" ]; }
 event_count() { # POD REASON: how many times REASON was reported for POD (events aggregate repeats)
   pod_events_json "$1" "$2" | jq '[.items[] | .count // 1] | add // 0'
 }
+# expect_event POD WHAT STRING...: POD not Running, a FailedCreatePodSandBox event containing every STRING
+expect_event() {
+  local pod=$1 what=$2 msg s t; shift 2
+  t=$(now)
+  wait_for 120 has_event "$pod" FailedCreatePodSandBox || { pod_events default "$pod" >&2; fail "$what: no FailedCreatePodSandBox event for $pod in 120 s"; }
+  timing "$what-create-to-event" "$(since "$t")"
+  [ "$(pod_phase "$pod")" != Running ] || fail "$what: $pod is Running"
+  msg=$(event_text "$pod" FailedCreatePodSandBox)
+  echo "$msg" >"$E2E_DIR/event-$what.txt"
+  for s in "$@"; do
+    [[ "$msg" == *"$s"* ]] || fail "$what: the event of $pod does not say '$s': $msg"
+  done
+  [ -z "$(leases_json | jq -r --arg p "$pod" '.items[] | select(.spec.pod.name == $p and .spec.state == "Leased") | .spec.address')" ] ||
+    fail "$what: $pod holds a lease although its sandbox failed"
+  pass "$what: $pod not started, nothing leased; kubectl describe shows: ${msg#*error adding container to network }"
+}
+# recovers POD WHAT: after the fix, POD Running by itself (no one touches it)
+recovers() {
+  local t
+  t=$(now)
+  wait_running "${TETHER_E2E_RECOVER_TIMEOUT:-180}" "$1"
+  timing "$2-fixed-to-running" "$(since "$t")"
+}
+
 # busybox_pod NAME NETWORKS_JSON [NODE]: a pod on the cluster network plus the selected networks
 # (on NODE: bound there, not scheduled)
 # (Created through the proxy, as YAML: a kubectl start costs ~1.5 s under TCG; the API server
@@ -179,11 +206,12 @@ delete_pods() {
   wait_for "$s" all_gone "$@" || fail "still in the API $s s after delete: $*"
 }
 agents_json() { GET /api/v1/namespaces/kube-system/pods --data-urlencode labelSelector=app.kubernetes.io/name=tether; }
-agent_json() { agents_json | jq -c '[.items[] | select(.metadata.deletionTimestamp == null)][0] // empty'; } # not being deleted
-agent_pod() { agent_json | jq -r '.metadata.name'; }
-agent_image() { agent_json | jq -r '.spec.containers[0].image'; }
-agent_ready() {
-  local p
-  p=$(agent_pod)
-  [ -n "$p" ] && [ "$(GET "/api/v1/namespaces/kube-system/pods/$p" | jq -r '.status.conditions[]? | select(.type == "Ready") | .status')" = True ]
+# agent_json [NODE]: the agent pod on NODE (default: this node, A) that is not being deleted
+agent_json() {
+  agents_json | jq -c --arg n "${1:-$E2E_NODE}" '[.items[] | select(.spec.nodeName == $n and .metadata.deletionTimestamp == null)][0] // empty'
+}
+agent_pod() { agent_json "$@" | jq -r '.metadata.name'; }
+agent_image() { agent_json "$@" | jq -r '.spec.containers[0].image'; }
+agent_ready() { # [NODE]
+  [ "$(agent_json "$@" | jq -r '.status.conditions[]? | select(.type == "Ready") | .status')" = True ]
 }

@@ -23,7 +23,7 @@
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 CP=$E2E_DIR/cp
-PKI=$CP/pki
+PKI=$E2E_PKI
 KUBECTL=${KUBECTL:-$PEERS_BIN_DIR/kubectl}
 NICE=${NICE:-nice -n 5}
 READY_TIMEOUT=${TETHER_E2E_API_TIMEOUT:-120}
@@ -37,40 +37,6 @@ down() {
 }
 
 K() { "$KUBECTL" --kubeconfig "$CP/admin.kubeconfig" "$@"; }
-
-issue() { # name subject ext-lines...: a key and a cert from the CA
-  local n=$1 subj=$2; shift 2
-  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -sha256 -subj "$subj" \
-    -keyout "$PKI/$n.key" -out "$PKI/$n.csr" 2>/dev/null
-  printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" "$@" >"$PKI/$n.ext"
-  openssl x509 -req -in "$PKI/$n.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
-    -days 30 -sha256 -extfile "$PKI/$n.ext" -out "$PKI/$n.crt" 2>/dev/null
-  chmod 600 "$PKI/$n.key"
-}
-kubeconfig() { # name server user-yaml...: a kubeconfig with inline CA, on stdout
-  local n=$1 server=$2; shift 2
-  cat <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: e2e
-  cluster:
-    server: $server
-    certificate-authority-data: $(base64 -w0 <"$PKI/ca.crt")
-users:
-- name: $n
-  user:
-$(printf '    %s\n' "$@")
-contexts:
-- name: e2e
-  context: {cluster: e2e, user: $n}
-current-context: e2e
-EOF
-}
-certkubeconfig() { # name server: a kubeconfig with the client cert and key of NAME inline
-  kubeconfig "$1" "$2" "client-certificate-data: $(base64 -w0 <"$PKI/$1.crt")" \
-    "client-key-data: $(base64 -w0 <"$PKI/$1.key")"
-}
 
 up() {
   [ -x "$PEERS_BIN_DIR/kube-apiserver" ] || e2e_die "no $PEERS_BIN_DIR/kube-apiserver (PEERS_BIN_DIR; .ci/deps.sh builds it)"

@@ -46,6 +46,41 @@ stop_pidfile() {
   if [ -d "/proc/$pid" ]; then e2e_log "$2 (pid $pid) ignored SIGTERM: SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; fi
   rm -f "$1"
 }
+# The e2e CA (control-plane.sh makes it; node-b.sh issues node B's credential from it too).
+E2E_PKI=$E2E_DIR/cp/pki
+issue() { # name subject ext-lines...: a key and a cert from the CA
+  local n=$1 subj=$2; shift 2
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -sha256 -subj "$subj" \
+    -keyout "$E2E_PKI/$n.key" -out "$E2E_PKI/$n.csr" 2>/dev/null
+  printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" "$@" >"$E2E_PKI/$n.ext"
+  openssl x509 -req -in "$E2E_PKI/$n.csr" -CA "$E2E_PKI/ca.crt" -CAkey "$E2E_PKI/ca.key" -CAcreateserial \
+    -days 30 -sha256 -extfile "$E2E_PKI/$n.ext" -out "$E2E_PKI/$n.crt" 2>/dev/null
+  chmod 600 "$E2E_PKI/$n.key"
+}
+kubeconfig() { # name server user-yaml...: a kubeconfig with inline CA, on stdout
+  local n=$1 server=$2; shift 2
+  cat <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: e2e
+  cluster:
+    server: $server
+    certificate-authority-data: $(base64 -w0 <"$E2E_PKI/ca.crt")
+users:
+- name: $n
+  user:
+$(printf '    %s\n' "$@")
+contexts:
+- name: e2e
+  context: {cluster: e2e, user: $n}
+current-context: e2e
+EOF
+}
+certkubeconfig() { # name server: a kubeconfig with the client cert and key of NAME inline
+  kubeconfig "$1" "$2" "client-certificate-data: $(base64 -w0 <"$E2E_PKI/$1.crt")" \
+    "client-key-data: $(base64 -w0 <"$E2E_PKI/$1.key")"
+}
 # now: seconds since the epoch, with decimals (for the measured times)
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}'; }

@@ -20,7 +20,6 @@ set -euo pipefail
 B=$E2E_NODE_B
 BD=$E2E_DIR/node-b
 CP=$E2E_DIR/cp
-PKI=$CP/pki
 mkdir -p "$BD/logs" "$BD/pids"
 tb=$(now)
 
@@ -56,17 +55,12 @@ ip -n nodeb route add default via 10.0.3.1
 sysctl -qw net.ipv4.ip_forward=1
 iptables -t nat -A POSTROUTING -s 10.0.3.0/24 ! -d 10.0.3.0/24 -j MASQUERADE
 ip netns exec nodeb iptables -t nat -A OUTPUT -d 10.96.0.1/32 -p tcp --dport 443 -j DNAT --to-destination "$E2E_GUEST_API_HOST:$E2E_API_PORT"
-ip netns exec nodeb curl -s --max-time 10 -o /dev/null --cacert "$PKI/ca.crt" https://10.96.0.1/readyz ||
+ip netns exec nodeb curl -s --max-time 10 -o /dev/null --cacert "$E2E_PKI/ca.crt" https://10.96.0.1/readyz ||
   fail "node B cannot reach the API server"
 
 # ---- its credential ---------------------------------------------------------------------------
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -sha256 -subj "/O=system:nodes/CN=system:node:$B" \
-  -keyout "$BD/kubelet.key" -out "$BD/kubelet.csr" 2>/dev/null
-printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" "extendedKeyUsage=clientAuth" >"$BD/kubelet.ext"
-openssl x509 -req -in "$BD/kubelet.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial -days 1 -sha256 \
-  -extfile "$BD/kubelet.ext" -out "$BD/kubelet.crt" 2>/dev/null
-sed -e "s|client-certificate-data: .*|client-certificate-data: $(base64 -w0 <"$BD/kubelet.crt")|" \
-  -e "s|client-key-data: .*|client-key-data: $(base64 -w0 <"$BD/kubelet.key")|" "$CP/kubelet.kubeconfig" >"$BD/kubelet.kubeconfig"
+issue kubelet-b "/O=system:nodes/CN=system:node:$B" "extendedKeyUsage=clientAuth"
+certkubeconfig kubelet-b "https://$E2E_GUEST_API_HOST:$E2E_API_PORT" >"$BD/kubelet.kubeconfig"
 
 # ---- its filesystem view, containerd and kubelet, inside its namespaces -----------------------
 mkdir -p /sys/fs/cgroup/nodeb
@@ -110,9 +104,5 @@ echo $! >"$BD/pids/inside.pid"
 b_ready() { [ "$(GET "/api/v1/nodes/$B" | jq -r '.status.conditions[]? | select(.type == "Ready") | .status')" = True ]; }
 wait_for 150 b_ready || { tail -n 30 "$BD/logs/inside.log" "$BD/logs/kubelet.log" "$BD/logs/containerd.log" >&2 || true; fail "node $B not Ready in 150 s"; }
 pass "node $B Ready $(since "$tb") s after its start (network, credential, containerd, images, kubelet)"
-b_agent_ready() {
-  GET /api/v1/namespaces/kube-system/pods --data-urlencode labelSelector=app.kubernetes.io/name=tether |
-    jq -e --arg n "$B" '[.items[] | select(.spec.nodeName == $n) | .status.conditions[]? | select(.type == "Ready" and .status == "True")] | length == 1' >/dev/null
-}
-wait_for 300 b_agent_ready || { tail -n 30 "$BD/logs/kubelet.log" >&2 || true; fail "tether's agent not Ready on $B"; }
+wait_for 300 agent_ready "$B" || { tail -n 30 "$BD/logs/kubelet.log" >&2 || true; fail "tether's agent not Ready on $B"; }
 pass "tether's agent Ready on $B $(since "$tb") s after its start"

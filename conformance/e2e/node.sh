@@ -329,7 +329,21 @@ left=$(( ${TETHER_LAB_TIMEOUT:-600} - TEARDOWN_S - ${SECONDS} - BOOT_S ))
 # count of CNI calls is held against.
 exec_trace_start || e2e_die "cannot trace the plugins' execs (tracefs, sched_process_exec)"
 # The scripts, in order (TETHER_E2E_CHECKS; `make bench-node`: install.sh bench-node.sh).
-checks=${TETHER_E2E_CHECKS:-install.sh test-docs.sh test.sh test-events.sh test-thick.sh test-release.sh test-node-gone.sh}
+checks=${TETHER_E2E_CHECKS:-install.sh test-docs.sh test.sh test-events.sh test-thick.sh test-release.sh test-two-nodes.sh test-node-gone.sh}
+# Each script's line in checks.txt (run.sh's summary): its name, the nodes in the cluster when it
+# ended (node B once test-two-nodes.sh brought it up), its seconds, its exit status, and how many
+# PASS lines it wrote.
+run_checks() {
+  local c t n rc nodes
+  for c in "$@"; do
+    t=$(date +%s); n=$(grep -c '^PASS' "$E2E_DIR/results.txt" 2>/dev/null || true)
+    rc=0; bash "$E2E_HERE/$c" || rc=$?
+    nodes=$E2E_NODE; [ ! -s "$E2E_DIR/node-b/pids/kubelet.pid" ] || nodes+=,$E2E_NODE_B
+    echo "$c $nodes $(( $(date +%s) - t )) $rc $(( $(grep -c '^PASS' "$E2E_DIR/results.txt" 2>/dev/null || true) - ${n:-0} ))" >>"$E2E_DIR/checks.txt"
+    [ "$rc" = 0 ] || return "$rc"
+  done
+}
+export -f run_checks
 [ "${TETHER_E2E_NODE_ONLY:-0}" = 1 ] ||
-  timeout -k 5 "$left" bash -c 'd=$1; shift; for c in "$@"; do bash "$d/$c" || exit; done' checks "$E2E_HERE" $checks ||
+  timeout -k 5 "$left" bash -c '. "$1/lib.sh"; shift; run_checks "$@"' checks "$E2E_HERE" $checks ||
   { rc=$?; [ $rc != 124 ] || e2e_log "the checks did not finish in $left s"; exit $rc; }

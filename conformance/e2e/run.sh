@@ -96,6 +96,14 @@ finish() {
   [ ! -s "$E2E_DIR/bench-node.md" ] || { echo "---- bench-node ----" >&2; cat "$E2E_DIR/bench-node.md" >&2; }
   echo "---- e2e results ----" >&2
   cat "$E2E_DIR/results.txt" >&2 2>/dev/null || echo "(no results: the node did not get to the checks)" >&2
+  if [ -s "$E2E_DIR/checks.txt" ]; then
+    # Each check script with the nodes it ran on, its time, its result, and its figures (the
+    # timings it recorded, in timings.txt's order).
+    echo "---- e2e summary: node A $E2E_NODE (the VM's namespaces), node B $E2E_NODE_B (netns nodeb) ----" >&2
+    awk 'FNR == NR {fig[$3] = fig[$3] (fig[$3] == "" ? "" : ", ") $1 " " $2; next}
+         {printf "%-20s %-22s %5d s  %s (%d PASS)  %s\n", $1, $2, $3, ($4 == 0 ? "passed" : "FAILED " $4), $5, fig[$1]}' \
+      "$E2E_DIR/timings.txt" "$E2E_DIR/checks.txt" >&2
+  fi
   if [ "$status" = 0 ]; then e2e_log "PASSED in $(since "$T0") s"; else e2e_log "FAILED (status $status) after $(since "$T0") s; logs in ${E2E_DIR#"$E2E_ROOT"/}/{cp/logs,logs}"; fi
   exit "$status"
 }

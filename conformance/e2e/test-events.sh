@@ -20,30 +20,6 @@
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/checks.sh"
 
-# expect_event POD WHAT STRING...: POD not Running, a FailedCreatePodSandBox event containing every STRING
-expect_event() {
-  local pod=$1 what=$2 msg s t; shift 2
-  t=$(now)
-  wait_for 120 has_event "$pod" FailedCreatePodSandBox || { pod_events default "$pod" >&2; fail "$what: no FailedCreatePodSandBox event for $pod in 120 s"; }
-  timing "$what-create-to-event" "$(since "$t")"
-  [ "$(pod_phase "$pod")" != Running ] || fail "$what: $pod is Running"
-  msg=$(event_text "$pod" FailedCreatePodSandBox)
-  echo "$msg" >"$E2E_DIR/event-$what.txt"
-  for s in "$@"; do
-    [[ "$msg" == *"$s"* ]] || fail "$what: the event of $pod does not say '$s': $msg"
-  done
-  [ -z "$(leases_json | jq -r --arg p "$pod" '.items[] | select(.spec.pod.name == $p and .spec.state == "Leased") | .spec.address')" ] ||
-    fail "$what: $pod holds a lease although its sandbox failed"
-  pass "$what: $pod not started, nothing leased; kubectl describe shows: ${msg#*error adding container to network }"
-}
-# recovers POD WHAT: after the fix, POD Running by itself (no one touches it)
-recovers() {
-  local t
-  t=$(now)
-  wait_running "${TETHER_E2E_RECOVER_TIMEOUT:-180}" "$1"
-  timing "$2-fixed-to-running" "$(since "$t")"
-}
-
 # ---- 1. an exhausted pool ------------------------------------------------------------------------
 nad tiny enp5s0 10.20.30.200-10.20.30.200/24
 busybox_pod tiny-a '[{"name": "tiny", "interface": "net1"}]'

@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
-# The e2e checks, part 3 and last (it ends the node): `kubectl delete node` with the real
-# kube-controller-manager's pod GC, and tether's controller reclaiming the node's leases.
+# The e2e checks, last (it ends node A): a node cut off from the API server while its pods keep
+# the wire (node B, after test-two-nodes.sh), and `kubectl delete node` with the real
+# kube-controller-manager's pod GC, with tether's controller reclaiming both nodes' leases.
 #
-# The controller must outlive the node, as it does on a control-plane node of a real cluster. This
-# cluster has one node, which deploy/tether.yaml's controller Deployment does not select (it asks
-# for node-role.kubernetes.io/control-plane), so `tether controller` runs here as a process outside
-# the kubelet, from the image's binary, with a token of its own ServiceAccount (tether-controller,
-# the manifest's RBAC) and the Deployment's flags.
+# The controller must outlive the nodes, as it does on a control-plane node of a real cluster. The
+# manifest's controller Deployment asks for node-role.kubernetes.io/control-plane, which neither
+# node has, so `tether controller` runs here as a process outside the kubelets, from the image's
+# binary, with a token of its own ServiceAccount (tether-controller, the manifest's RBAC) and the
+# Deployment's flags.
 #
-#   1. Two pods on mgmt-pool + compute, Running, four leases Leased.
-#   2. The kubelet stopped (the node goes silent; its containers keep running), the Node deleted.
-#   Before 2, with the controller leading: the series deploy/monitoring names are served; the
-#      agent's count of CNI calls covers the kernel's trace of the plugins' execs (>= 99 %); the
-#      pages' commands for the controller's overlap Events and the lease names, as written.
-#   3. The pod GC controller deletes the node's pods; the controller releases all four leases
+#   1. Two pods on A and one (cut-b) on B, on mgmt-pool + compute, Running, six leases Leased.
+#   2. With the controller leading: the series deploy/monitoring names are served; the two agents'
+#      counts of CNI calls cover the kernel's trace of the plugins' execs (>= 99 %; one kernel
+#      runs both nodes); the pages' commands for the controller's overlap Events and the lease
+#      names, as written.
+#   3. A partition (issue 40 part 3): B's namespace drops everything to the API server; cut-b keeps
+#      answering on the wire. Once B is lost (heartbeat silent for the node-lost grace, 60 s here,
+#      and not Ready) the controller releases cut-b's leases. A pod on A that asks mgmt-fixed for
+#      cut-b's address is refused: its probe heard cut-b, the address is quarantined with B's MAC
+#      and the pod's event names that MAC. B heals: its agent takes both addresses back for cut-b
+#      from its journal, one holder each, and cut-b's DEL releases them.
+#   4. A's kubelet stopped (the node goes silent; its containers keep running), the Node deleted.
+#      The pod GC controller deletes the node's pods; the controller releases all four leases
 #      (confirmed by a GET of each pod) within 30 s of the later of the pods' deletion and the end
 #      of the leases' grace (30 s here: these pods are young). Time from the Node's deletion.
 set -euo pipefail
@@ -21,16 +29,20 @@ set -euo pipefail
 W=/run/e2e
 seed_nads # applied by test.sh already; again so that this check also runs alone
 
-busybox_pod gone-a '[{"name": "mgmt-pool", "interface": "net1"}, {"name": "compute", "interface": "net2"}]'
-busybox_pod gone-b '[{"name": "mgmt-pool", "interface": "net1"}, {"name": "compute", "interface": "net2"}]'
-wait_running 240 gone-a gone-b
+NETS='[{"name": "mgmt-pool", "interface": "net1"}, {"name": "compute", "interface": "net2"}]'
+busybox_pod gone-a "$NETS" "$E2E_NODE"
+busybox_pod gone-b "$NETS" "$E2E_NODE"
+busybox_pod cut-b "$NETS" "$E2E_NODE_B"
+wait_running 240 gone-a gone-b cut-b
+b1=$(on_b assert_ipvlan cut-b net1 "$POOL_RE"); b2=$(on_b assert_ipvlan cut-b net2 "$COMPUTE_RE")
+assert_leased "$b1" cut-b net1 "$E2E_NODE_B"; assert_leased "$b2" cut-b net2 "$E2E_NODE_B"
 ADDRS=()
 for p in gone-a gone-b; do
   a1=$(assert_ipvlan $p net1 "$POOL_RE"); a2=$(assert_ipvlan $p net2 "$COMPUTE_RE")
   assert_leased "$a1" $p net1; assert_leased "$a2" $p net2
   ADDRS+=("$a1" "$a2")
 done
-pass "gone-a and gone-b Running; ${ADDRS[*]} Leased"
+pass "gone-a and gone-b Running on $E2E_NODE (${ADDRS[*]}), cut-b on $E2E_NODE_B ($b1 $b2): each Leased on its node"
 
 # ---- the controller, outside the node --------------------------------------------------------
 token=$(K -n kube-system create token tether-controller --duration=2h) || fail "kubectl create token tether-controller"
@@ -50,10 +62,11 @@ current-context: e2e
 EOF
 chmod 600 "$W/controller.kubeconfig"
 cp "$E2E_ROOT/target/image/tether" "$W/bin/tether"
-# The Deployment's flags (deploy/tether.yaml), but its metrics address and a grace of 30 s (not
-# 120): these pods are young, and the run waits for their grace to end.
+# The Deployment's flags (deploy/tether.yaml), but its metrics address, a grace of 30 s (not 120:
+# these pods are young, and the run waits for their grace to end) and a node-lost grace of 60 s
+# (not 240, the least it takes: the partition below waits for it).
 POD_NAME=e2e-controller-outside POD_NAMESPACE=kube-system setsid nohup "$W/bin/tether" controller \
-  --kubeconfig "$W/controller.kubeconfig" --interval-s=60 --node-lost-grace-s=240 --grace-s=30 --metrics-addr=127.0.0.1:9465 \
+  --kubeconfig "$W/controller.kubeconfig" --interval-s=60 --node-lost-grace-s=60 --grace-s=30 --metrics-addr=127.0.0.1:9465 \
   >"$W/logs/controller.log" 2>&1 </dev/null &
 echo $! >"$W/pids/controller.pid"
 leads() { grep -q "leads" "$W/logs/controller.log"; }
@@ -88,17 +101,18 @@ for s in tether_pool_size tether_pool_free; do
     fail "the controller serves no $s of mgmt-pool, which TetherPoolAlmostFull and TetherPoolExhausted read"
 done
 pass "the $(wc -l <<<"$named") series deploy/monitoring's rules and dashboard name are served by the controller and the agent; the pool alerts' series carry mgmt-pool"
-# Every CNI call this node made since tether was last installed on it clean (test-release.sh
-# uninstalls it and restarts the trace), counted by its agents: the kernel's record of
-# each exec of a tether plugin (lib.sh) against the agent's
-# tether_cni_call_duration_seconds_count. Among them the calls made while no agent ran (test.sh's
-# image roll and the agent's deletion), which the next agent took in from the call spool.
+# Every CNI call the nodes made since tether was last installed clean (test-release.sh uninstalls
+# it and restarts the trace), counted by their agents: the kernel's record of each exec of a
+# tether plugin (lib.sh; one kernel runs both nodes) against the sum of the agents'
+# tether_cni_call_duration_seconds_count.
 counted_calls() { # PLUGIN METRICS: the agent's count of PLUGIN's calls
   awk -v p="$1" 'index($1, "tether_cni_call_duration_seconds_count{plugin=\"" p "\"") == 1 {n += $2} END {print n + 0}' <<<"$2"
 }
+agent_ips=$(agents_json | jq -r '.items[] | select(.metadata.deletionTimestamp == null) | .status.podIP')
+[ "$(wc -w <<<"$agent_ips")" = 2 ] || fail "not one agent on each node: $agent_ips"
 calls_covered() {
-  local m p t c
-  m=$(curl -fsS --max-time 10 "http://$agent_ip:9464/metrics") || return 1
+  local m='' p t c ip
+  for ip in $agent_ips; do m+=$(curl -fsS --max-time 10 "http://$ip:9464/metrics")$'\n' || return 1; done
   COVERAGE=()
   for p in tether-ipvlan tether-ipam; do
     t=$(traced_execs "$p") && c=$(counted_calls "$p" "$m") || return 1
@@ -109,9 +123,9 @@ calls_covered() {
 }
 if ! wait_for 30 calls_covered; then
   calls_covered || true
-  fail "the agent's count of CNI calls does not cover the node's: ${COVERAGE[*]} (execs the kernel traced)"
+  fail "the agents' count of CNI calls does not cover the nodes': ${COVERAGE[*]} (execs the kernel traced)"
 fi
-pass "the agent counted the node's CNI calls through agent restarts and the image roll: ${COVERAGE[*]} (execs the kernel traced)"
+pass "the agents of $E2E_NODE and $E2E_NODE_B counted the nodes' CNI calls: ${COVERAGE[*]} (execs the kernel traced)"
 # It sees the node-agent (label ipam.tether.dev/lease-names=by-address) Ready long enough and
 # ends the mirrors under network names: it says so in the ConfigMap tether-lease-names, deletes
 # them, and the agent writes the switch beside the plugins' kubeconfig, which they read per ADD.
@@ -141,6 +155,47 @@ OUT=$(KUBECONFIG=$ADMIN bash -euo pipefail -c "$(cd "$E2E_ROOT" && python3 confo
 grep -q '"mirrorLegacyNames":"false"' <<<"$OUT" && [ "$(tail -n 1 <<<"$OUT")" = 0 ] ||
   { echo "$OUT" >&2; fail "docs/operations.md lease-names-status does not show the mirrors ended"; }
 pass "docs/operations.md lease-names-status as written: mirrorLegacyNames false, 0 mirrors left"
+
+# ---- a partition: B cut off from the API server, not from the wire -----------------------------
+bmac=$(ip -n nodeb -j link show dev enp5s0 | jq -r '.[0].address')
+gateway_sees() { # ADDRESS MAC: the gateway reaches ADDRESS, and its ARP entry is MAC
+  ip netns exec e2e-wire ping -c 1 -W 3 "$1" >/dev/null &&
+    [ "$(ip -n e2e-wire -j neigh show "$1" | jq -r '.[0].lladdr')" = "$2" ]
+}
+gateway_sees "$b1" "$bmac" || fail "the gateway does not reach cut-b's $b1 at B's MAC $bmac"
+# Everything B sends to the API server (its kubelet, agent, Multus' proxy; 10.96.0.1 is DNAT'ed
+# to it before the filter table sees it) is dropped; its wire is untouched.
+ip netns exec nodeb iptables -I OUTPUT -d "$E2E_GUEST_API_HOST" -j DROP
+t=$(now)
+b_agent_log() { # what B's agent said, and B's journal (in B's mount namespace)
+  nsenter -t "$(cat "$E2E_DIR/node-b/pids/containerd.pid")" -m sh -c \
+    'tail -n 80 /var/log/pods/kube-system_tether-*/agent/*.log; for f in /var/lib/cni/tether/journal/*; do echo "$f: $(cat "$f")"; done' 2>&1 | cut -c1-600
+}
+b_released() { released "$b1" && released "$b2"; }
+wait_for 300 b_released || { tail -20 "$W/logs/controller.log" >&2; fail "cut-b's leases not Released 300 s into B's partition: $b1=$(lease_state "$b1") $b2=$(lease_state "$b2")"; }
+timing partition-to-leases-released "$(since "$t")"
+[ "$(K get node "$E2E_NODE_B" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" != True ] || fail "the controller released B's leases while B was Ready"
+gateway_sees "$b1" "$bmac" || fail "cut-b's $b1 no longer answers on the wire after the release"
+pass "partition: $E2E_NODE_B cut off from the API server $(since "$t") s ago, not Ready; the controller released cut-b's $b1 $b2; cut-b still answers on the wire from $bmac"
+busybox_pod steal "[{\"name\": \"mgmt-fixed\", \"interface\": \"net1\", \"ips\": [\"$b1/24\"]}]" "$E2E_NODE"
+expect_event steal partition "requested address $b1 of network mgmt-fixed is already in use on the segment by MAC $bmac"
+q=$(lease_of "$b1")
+jq -e --arg m "$bmac" '.spec.state == "Quarantined" and .spec.quarantine.mac == $m' <<<"$q" >/dev/null ||
+  fail "$b1 is not quarantined with B's MAC $bmac after steal's probe heard it: $q"
+delete_pods 120 steal
+pass "partition: steal on $E2E_NODE asked for $b1: refused, the probe heard cut-b ($bmac), $b1 quarantined with that MAC"
+ip netns exec nodeb iptables -D OUTPUT -d "$E2E_GUEST_API_HOST" -j DROP
+t=$(now)
+b_back() { [ "$(lease_of "$b1" | jq -r '.spec.state + " " + .spec.pod.name')" = "Leased cut-b" ] && [ "$(lease_of "$b2" | jq -r '.spec.state + " " + .spec.pod.name')" = "Leased cut-b" ]; }
+wait_for 240 b_back || { b_agent_log >&2; fail "B healed 240 s ago, its agent did not take back cut-b's addresses: $(lease_of "$b1") $(lease_of "$b2")"; }
+timing partition-healed-to-leases-taken-back "$(since "$t")"
+assert_leased "$b1" cut-b net1 "$E2E_NODE_B"; assert_leased "$b2" cut-b net2 "$E2E_NODE_B"
+[ -z "$(leases_json | jq -r '.items[] | select(.spec.pod.name == "steal") | .spec.address')" ] || fail "steal, deleted, still holds a lease"
+gateway_sees "$b1" "$bmac" || fail "the gateway's ARP entry for $b1 is not B's $bmac after the heal"
+pass "partition healed: B's agent took $b1 and $b2 back for cut-b from its journal $(since "$t") s later; one holder each, the gateway's ARP entry for $b1 still $bmac"
+delete_pods 120 cut-b
+wait_for 60 released "$b1" && wait_for 60 released "$b2" || fail "cut-b deleted on the healed $E2E_NODE_B: $b1=$(lease_state "$b1") $b2=$(lease_state "$b2")"
+pass "cut-b deleted on the healed $E2E_NODE_B: its DELs released $b1 and $b2"
 
 # ---- the node goes away ------------------------------------------------------------------------
 stop_pidfile "$W/pids/kubelet.pid" kubelet 20
