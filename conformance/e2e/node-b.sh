@@ -98,7 +98,7 @@ echo \$! >"$BD/pids/kubelet.pid"
 # The namespaces live as long as their processes; this shell waits with them.
 wait
 EOF
-[ -f /run/e2e/00-multus.conf ] || cp /etc/cni/net.d/00-multus.conf /run/e2e/00-multus.conf
+[ -s /run/e2e/00-multus.conf ] || fail "no /run/e2e/00-multus.conf (node.sh keeps the thin one for node B)"
 setsid nohup ip netns exec nodeb unshare -m --propagation unchanged bash "$BD/inside.sh" >"$BD/logs/inside.log" 2>&1 </dev/null &
 echo $! >"$BD/pids/inside.pid"
 b_ready() { [ "$(GET "/api/v1/nodes/$B" | jq -r '.status.conditions[]? | select(.type == "Ready") | .status')" = True ]; }

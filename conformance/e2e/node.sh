@@ -212,6 +212,8 @@ cat >/etc/cni/net.d/00-multus.conf <<'EOF'
   ]
 }
 EOF
+# Node B's thin Multus starts from this file (node-b.sh): test-thick.sh replaces it on this node.
+cp /etc/cni/net.d/00-multus.conf /run/e2e/00-multus.conf
 # The test's own way to the API server (admin token), through one kept-alive TLS connection.
 setsid nohup kubectl proxy --kubeconfig "$CP/guest-admin.kubeconfig" --address 127.0.0.1 --port "${ADMIN_PROXY#*:}" \
   --accept-hosts '^127\.0\.0\.1$' >"$W/logs/admin-proxy.log" 2>&1 </dev/null &

@@ -23,7 +23,9 @@ t=$(now)
 jq '.delegates[0].plugins[0] + {cniVersion: "0.3.1", name: "cluster"}' /etc/cni/net.d/00-multus.conf >/etc/cni/net.d/10-cluster.conf ||
   fail "cannot derive 10-cluster.conf from the thin 00-multus.conf"
 rm -f /etc/cni/net.d/00-multus.conf /etc/cni/net.d/multus.d/multus.kubeconfig
-K apply -f "$E2E_HERE/multus-thick.yaml" >&2 || fail "kubectl apply -f multus-thick.yaml"
+# On node A only: node B, which joins later (test-two-nodes.sh), keeps thin Multus.
+sed "s|^      hostNetwork: true|      nodeSelector: {kubernetes.io/hostname: $E2E_NODE}\n      hostNetwork: true|" "$E2E_HERE/multus-thick.yaml" |
+  K apply -f - >&2 || fail "kubectl apply -f multus-thick.yaml"
 multus_pod() { K -n kube-system get pods -l app=multus -o jsonpath='{.items[0].metadata.name}'; }
 multus_ready() {
   [ "$(K -n kube-system get pods -l app=multus -o jsonpath='{.items[0].status.conditions[?(@.type=="Ready")].status}')" = True ]
