@@ -6,7 +6,7 @@
 #   1. The previous release (0.1.0: its image and its tether.yaml, conformance/upgrade/
 #      previous-release.sh) applied: its agent Ready, its plugins on the node; three pods on
 #      mgmt-pool + compute Running on it.
-#   2. docs/upgrade.md `upgrade` as written, with the release's tether-<v>.yaml, while six more
+#   2. docs/upgrade.md `upgrade` as written, with the release's tether-<v>.yaml, while four more
 #      pods start: all Running, the old pods' addresses and leases unchanged, no address Leased
 #      twice, the node's plugins say this version, doctor in the agent finds them of its version.
 #   3. The CRD guard: with those pods' addresses Leased, deleting the IPLease CRD is refused and
@@ -62,11 +62,11 @@ pass "previous release 0.1.0 installed from its tether.yaml: agent Ready, its pl
 
 # ---- 2. upgraded as docs/upgrade.md says, while pods start ------------------------------------
 t=$(now)
-for i in 0 1 2 3 4 5; do busybox_pod "up-new-$i" "$NETS"; done
+for i in 0 1 2 3; do busybox_pod "up-new-$i" "$NETS"; done
 BLOCK_DIR=$REL run_block docs/upgrade.md upgrade
 agent_on "tether:$VERSION" || fail "after the upgrade's rollout status the agent is $(agent_image), not Ready on tether:$VERSION"
-wait_running 300 up-new-0 up-new-1 up-new-2 up-new-3 up-new-4 up-new-5
-timing upgrade-with-6-pods-starting "$(since "$t")"
+wait_running 300 up-new-0 up-new-1 up-new-2 up-new-3
+timing upgrade-with-4-pods-starting "$(since "$t")"
 for i in 0 1 2; do
   p=up-old-$i
   now_addrs="$(addr_of "$p" net1) $(addr_of "$p" net2)"
@@ -76,7 +76,7 @@ done
 twice=$(leased_twice)
 [ -z "$twice" ] || fail "Leased twice after the upgrade: $twice"
 n=$(leases_json | jq '[.items[] | select(.spec.state == "Leased")] | length')
-[ "$n" = 18 ] || fail "$n addresses Leased after the upgrade, expected 18 (9 pods × 2)"
+[ "$n" = 14 ] || fail "$n addresses Leased after the upgrade, expected 14 (7 pods × 2)"
 ver=$(/opt/cni/bin/tether-ipam --version) && [[ $ver == "tether-ipam $VERSION "* ]] || fail "the node's tether-ipam says '$ver', not $VERSION"
 agent_ctr=$(CTR containers ls -q "labels.\"io.kubernetes.pod.name\"==$(agent_pod),labels.\"io.kubernetes.container.name\"==agent")
 doctor=$(CTR tasks exec --exec-id "doctor-$RANDOM" "$agent_ctr" tether doctor 2>&1) ||
@@ -86,8 +86,8 @@ for b in tether-ipvlan tether-ipam; do
     { echo "$doctor" >&2; fail "doctor in the agent did not find $b of its own build ($VERSION)"; }
 done
 failed=0
-for i in 0 1 2 3 4 5; do failed=$((failed + $(event_count "up-new-$i" FailedCreatePodSandBox))); done
-pass "docs/upgrade.md upgrade as written, 0.1.0 → $VERSION, 6 pods starting: all Running $(since "$t") s on ($failed sandbox failures, each retried to success), the 3 old pods kept ${before[*]}, 18 leases, none twice; plugins $VERSION, doctor agrees"
+for i in 0 1 2 3; do failed=$((failed + $(event_count "up-new-$i" FailedCreatePodSandBox))); done
+pass "docs/upgrade.md upgrade as written, 0.1.0 → $VERSION, 4 pods starting: all Running $(since "$t") s on ($failed sandbox failures, each retried to success), the 3 old pods kept ${before[*]}, 14 leases, none twice; plugins $VERSION, doctor agrees"
 
 # ---- 3. the CRD guard, with these pods' addresses Leased; then the pods deleted ----------------
 a=$(addr_of up-old-0 net1)
@@ -95,12 +95,12 @@ if out=$(K delete crd "$LEASES" 2>&1); then fail "the IPLease CRD was deleted wh
 grep -q 'tether-iplease-crd-guard' <<<"$out" || fail "deleting the CRD failed, but not by the guard: $out"
 assert_leased "$a" up-old-0 net1
 pass "deleting the IPLease CRD while $a is Leased: refused by tether-iplease-crd-guard, the lease kept"
-mapfile -t all < <(printf 'up-old-%s\n' 0 1 2; printf 'up-new-%s\n' 0 1 2 3 4 5)
+mapfile -t all < <(printf 'up-old-%s\n' 0 1 2; printf 'up-new-%s\n' 0 1 2 3)
 addrs=$(leases_json | jq -r '.items[] | select(.spec.state == "Leased") | .spec.address')
 delete_pods 180 "${all[@]}"
 all_released() { local a; for a in $addrs; do released "$a" || return 1; done; }
 wait_for 60 all_released || fail "not every lease Released after deleting the pods: $(leases_json | jq -c '[.items[] | select(.spec.state == "Leased") | .spec.address]')"
-pass "the 9 pods deleted: all 18 leases (3 pods' written by 0.1.0) Released by the $VERSION plugins"
+pass "the 7 pods deleted: all 14 leases (3 pods' written by 0.1.0) Released by the $VERSION plugins"
 
 # ---- 4. uninstalled as docs/upgrade.md says ---------------------------------------------------
 K delete -f "$E2E_ROOT/deploy/examples/" --wait=true >&2 || fail "deleting the example NADs"
