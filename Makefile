@@ -221,7 +221,7 @@ e2e: image release
 # second kubelet + containerd in the same VM, in namespaces of its own, its NICs on the same
 # segments; pods across, B's partition, A's deletion.
 e2e-two-nodes: image release
-	TETHER_E2E_TIMEOUT=1500 TETHER_E2E_CHECKS="install.sh test-two-nodes.sh test-node-gone.sh" conformance/e2e/run.sh
+	TETHER_E2E_TIMEOUT=1500 TETHER_E2E_PARTITION=1 TETHER_E2E_CHECKS="install.sh test-two-nodes.sh test-node-gone.sh" conformance/e2e/run.sh
 
 # The same node, benchmarked (conformance/e2e/bench-node.sh): BENCH_NODE_PODS pods with two
 # attachments each to Running, tether-ipvlan + tether-ipam vs the reference ipvlan + whereabouts,
